@@ -1,0 +1,42 @@
+# The README's commands. Every target that runs code first makes sure .venv exists and is
+# up to date with pyproject.toml and constraints.txt (the stamp file makes `make venv` idempotent).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.hexad-installed
+EXTRAS ?= test,exp
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test test-slow bench lint format clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+demo: venv
+	$(PY) -m experiments.demo
+
+test: venv
+	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "no tests collected: not a failure"; exit 0; fi; exit $$rc
+
+test-slow: venv
+	$(PY) -m pytest -q -m slow $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && exit 0; exit $$rc
+
+bench: venv
+	$(PY) -m kernels --quick
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,422 @@
+"""The shared experiment runner: CLI, configs, result files, progress and plots.
+
+Every study module looks like this (see DESIGN.md, "Contracts / Experiments")::
+
+    '''One paragraph on what the study measures.
+
+    Command:  python -m experiments.my_study [--quick] [--out DIR] [--seed N] [--set k=v ...]
+    Runtime:  --quick about 40 s on 2 CPU cores; full about 20 min.
+    summary.json keys: ``acc`` (test accuracy), ...
+    '''
+    import dataclasses
+    from experiments import _runner
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        n_steps: int = 1000
+        lr: float = 1e-3
+
+    def run(cfg: Config, ctx: _runner.Context) -> dict:
+        for chunk in ctx.progress(range(10), desc="train"):
+            ...                                  # one jitted chunk of work
+            ctx.log(step=chunk, loss=float(loss))  # -> metrics.jsonl
+        ctx.save_plot(fig, "curve")               # -> curve.png
+        return {"acc": 0.9}                        # -> summary.json
+
+    STUDY = _runner.Study("my_study", Config, run, quick={"n_steps": 50})
+
+    if __name__ == "__main__":
+        STUDY.main()
+
+``python -m experiments.demo`` finds every module of this package that defines ``STUDY`` and
+runs it with ``--quick``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import math
+import os
+import sys
+import time
+import types
+import typing
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Context",
+    "Study",
+    "apply_overrides",
+    "parse_set",
+    "to_jsonable",
+]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+# --------------------------------------------------------------------------------------------
+# Configs and --set overrides
+# --------------------------------------------------------------------------------------------
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls)}
+
+
+def _convert(name: str, text: str, typ: Any) -> Any:
+    """Converts the string ``text`` to ``typ`` or raises a ValueError naming ``name``."""
+    origin = typing.get_origin(typ)
+    args = typing.get_args(typ)
+    if origin in (typing.Union, types.UnionType):
+        if text.lower() in ("none", "null") and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _convert(name, text, a)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(f"--set {name}={text!r}: expected one of {typ}; " + "; ".join(errors))
+    if typ is bool:
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"--set {name}={text!r}: expected a bool (true/false), got {text!r}")
+    if typ is int:
+        try:
+            return int(text)
+        except ValueError:
+            raise ValueError(f"--set {name}={text!r}: expected an int, got {text!r}") from None
+    if typ is float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"--set {name}={text!r}: expected a float, got {text!r}") from None
+        return value
+    if typ is str:
+        return text
+    if origin in (tuple, list):
+        items = [t for t in text.strip("()[]").split(",") if t.strip()]
+        if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+            elem = [args[0]] * len(items)
+        elif origin is tuple and args:
+            if len(args) != len(items):
+                raise ValueError(
+                    f"--set {name}={text!r}: expected {len(args)} comma-separated values, "
+                    f"got {len(items)}"
+                )
+            elem = list(args)
+        else:
+            elem = [args[0] if args else str] * len(items)
+        values = [_convert(name, t.strip(), e) for t, e in zip(items, elem, strict=True)]
+        return tuple(values) if origin is tuple else values
+    if typing.get_origin(typ) is typing.Literal:
+        for choice in args:
+            if str(choice) == text:
+                return choice
+        raise ValueError(f"--set {name}={text!r}: expected one of {list(args)}, got {text!r}")
+    if typ is Any:
+        return text
+    raise ValueError(f"--set {name}: fields of type {typ} cannot be set from the command line")
+
+
+def parse_set(items: Iterable[str]) -> dict[str, str]:
+    """Parses ``["a=1", "b=x"]`` into ``{"a": "1", "b": "x"}`` with a clear error on bad items."""
+    out: dict[str, str] = {}
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"--set expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        k = k.strip()
+        if not k:
+            raise ValueError(f"--set expects key=value with a non-empty key, got {item!r}")
+        out[k] = v.strip()
+    return out
+
+
+def apply_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
+    """Returns a copy of the frozen dataclass ``config`` with ``overrides`` applied.
+
+    String values are converted to each field's annotated type; other values are checked
+    against it. Unknown keys and values of the wrong type raise ``ValueError`` naming the key.
+    """
+    if not dataclasses.is_dataclass(config):
+        raise TypeError(f"config: expected a dataclass instance, got {type(config).__name__}")
+    types_ = _field_types(type(config))
+    changes = {}
+    for k, v in overrides.items():
+        if k not in types_:
+            known = ", ".join(sorted(types_))
+            raise ValueError(
+                f"unknown config key {k!r} for {type(config).__name__}; known: {known}"
+            )
+        typ = types_[k]
+        if isinstance(v, str) and typ is not str:
+            v = _convert(k, v, typ)
+        elif typ is float and isinstance(v, int) and not isinstance(v, bool):
+            v = float(v)
+        elif typ in (int, float, bool, str) and not isinstance(v, typ):
+            raise ValueError(f"config key {k!r}: expected {typ.__name__}, got {v!r}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError(f"config key {k!r}: expected a finite number, got {v!r}")
+        changes[k] = v
+    return dataclasses.replace(config, **changes)
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Converts numpy/jax scalars and arrays, dataclasses and tuples into plain JSON values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "tolist") and callable(obj.tolist):  # numpy / jax arrays and scalars
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    return obj
+
+
+# --------------------------------------------------------------------------------------------
+# Context: what a study's run() gets
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Context:
+    """Where a study writes, with what seed, and the helpers that write for it.
+
+    Attributes:
+      name: the study's name.
+      out_dir: the run's output folder (``runs/<study>/<timestamp>/`` unless ``--out``).
+      seed: the ``--seed`` value; ``ctx.key()`` turns it into a JAX key.
+      quick: whether ``--quick`` was given.
+      checkpoint_dir: ``checkpoints/<study>/<run>/`` unless ``--ckpt``.
+      resume: whether ``--resume`` was given (restore the newest durable step).
+      show_progress: whether to draw tqdm bars.
+    """
+
+    name: str
+    out_dir: Path
+    seed: int = 0
+    quick: bool = False
+    checkpoint_dir: Path | None = None
+    resume: bool = False
+    show_progress: bool = True
+    _metrics_file: Any = dataclasses.field(default=None, repr=False)
+
+    def key(self):
+        """Returns ``jax.random.key(seed)``."""
+        import jax
+
+        return jax.random.key(self.seed)
+
+    def log(self, **metrics: Any) -> None:
+        """Appends one JSON line of ``metrics`` to ``metrics.jsonl`` (host values only)."""
+        if self._metrics_file is None:
+            self._metrics_file = open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        self._metrics_file.write(json.dumps(to_jsonable(metrics)) + "\n")
+        self._metrics_file.flush()
+
+    def progress(self, iterable: Iterable, desc: str | None = None, total: int | None = None):
+        """Wraps ``iterable`` in a tqdm bar (host side: put one jitted chunk per item)."""
+        if not self.show_progress:
+            return iterable
+        from tqdm.auto import tqdm
+
+        return tqdm(iterable, desc=desc, total=total, leave=False, dynamic_ncols=True)
+
+    def save_plot(self, fig: Any, name: str) -> Path:
+        """Saves a matplotlib figure as ``out_dir/<name>.png`` and closes it."""
+        import matplotlib.pyplot as plt
+
+        stem = name[:-4] if name.endswith(".png") else name
+        if not stem or "/" in stem or "\\" in stem or stem.startswith("."):
+            raise ValueError(f"name: expected a plain file name, got {name!r}")
+        path = self.out_dir / f"{stem}.png"
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        return path
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        """Writes ``obj`` as pretty JSON to ``out_dir/<name>``."""
+        path = self.out_dir / name
+        path.write_text(json.dumps(to_jsonable(obj), indent=2, sort_keys=True) + "\n")
+        return path
+
+    def close(self) -> None:
+        if self._metrics_file is not None:
+            self._metrics_file.close()
+            self._metrics_file = None
+
+
+def _configure_matplotlib() -> None:
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=True)
+    except ImportError:
+        pass
+
+
+# --------------------------------------------------------------------------------------------
+# Study: config class + run function + CLI
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """A registered study: ``run(config, ctx) -> summary`` with a frozen-dataclass config.
+
+    Args:
+      name: the study's name (the module name, e.g. ``"prefmh_mixture"``).
+      config_cls: a frozen dataclass whose defaults are the full study.
+      run: ``run(cfg, ctx) -> dict`` returning the flat summary.
+      quick: field overrides that ``--quick`` applies (before any ``--set``).
+      doc: the module docstring, shown by ``--help``.
+    """
+
+    name: str
+    config_cls: type
+    run: Callable[[Any, Context], Mapping[str, Any]]
+    quick: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    doc: str | None = None
+
+    def __post_init__(self):
+        if not dataclasses.is_dataclass(self.config_cls):
+            raise TypeError(f"config_cls: expected a dataclass type, got {self.config_cls!r}")
+        if not self.config_cls.__dataclass_params__.frozen:
+            raise TypeError(f"config_cls: {self.config_cls.__name__} must be frozen")
+        unknown = set(self.quick) - {f.name for f in dataclasses.fields(self.config_cls)}
+        if unknown:
+            raise ValueError(f"quick: unknown config keys {sorted(unknown)}")
+
+    def parser(self) -> argparse.ArgumentParser:
+        fields = "\n".join(
+            f"  {f.name} = {f.default!r}"
+            for f in dataclasses.fields(self.config_cls)
+            if f.default is not dataclasses.MISSING
+        )
+        p = argparse.ArgumentParser(
+            prog=f"python -m experiments.{self.name}",
+            description=self.doc,
+            epilog=f"config fields (defaults = full study):\n{fields}\n--quick sets: "
+            f"{dict(self.quick)}",
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        p.add_argument("--quick", action="store_true", help="small, fast version (<~2 min)")
+        p.add_argument("--out", type=Path, default=None, help="output folder")
+        p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+        p.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a config field (repeatable)",
+        )
+        p.add_argument("--resume", action="store_true", help="resume from the newest checkpoint")
+        p.add_argument("--ckpt", type=Path, default=None, help="checkpoint folder")
+        p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+        return p
+
+    def make_config(self, quick: bool = False, overrides: Mapping[str, Any] | None = None):
+        """Returns the default config with the ``--quick`` overrides and then ``overrides``."""
+        cfg = self.config_cls()
+        if quick:
+            cfg = apply_overrides(cfg, self.quick)
+        if overrides:
+            cfg = apply_overrides(cfg, overrides)
+        return cfg
+
+    def execute(
+        self,
+        cfg: Any,
+        out_dir: Path | None = None,
+        seed: int = 0,
+        quick: bool = False,
+        resume: bool = False,
+        checkpoint_dir: Path | None = None,
+        show_progress: bool = True,
+    ) -> dict[str, Any]:
+        """Runs the study with ``cfg`` and writes config.json, summary.json (and metrics)."""
+        _configure_matplotlib()
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        out_dir = Path(out_dir) if out_dir is not None else REPO_ROOT / "runs" / self.name / stamp
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if checkpoint_dir is None:
+            checkpoint_dir = REPO_ROOT / "checkpoints" / self.name / out_dir.name
+        ctx = Context(
+            name=self.name,
+            out_dir=out_dir,
+            seed=seed,
+            quick=quick,
+            checkpoint_dir=Path(checkpoint_dir),
+            resume=resume,
+            show_progress=show_progress,
+        )
+        ctx.write_json(
+            "config.json",
+            {"study": self.name, "seed": seed, "quick": quick, "config": cfg},
+        )
+        t0 = time.perf_counter()
+        try:
+            summary = self.run(cfg, ctx)
+        finally:
+            ctx.close()
+        if not isinstance(summary, Mapping):
+            raise TypeError(f"{self.name}.run must return a dict summary, got {type(summary)}")
+        summary = dict(to_jsonable(summary))
+        summary.setdefault("runtime_s", round(time.perf_counter() - t0, 2))
+        ctx.write_json("summary.json", summary)
+        return summary
+
+    def main(self, argv: list[str] | None = None) -> dict[str, Any]:
+        """The CLI: parses ``argv``, runs, prints the summary. Exit code 2 on a bad config."""
+        args = self.parser().parse_args(argv)
+        try:
+            cfg = self.make_config(args.quick, parse_set(args.overrides))
+        except (ValueError, TypeError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
+        summary = self.execute(
+            cfg,
+            out_dir=args.out,
+            seed=args.seed,
+            quick=args.quick,
+            resume=args.resume,
+            checkpoint_dir=args.ckpt,
+            show_progress=not args.no_progress,
+        )
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        return summary
+
+
+def iter_studies() -> Iterator[tuple[str, Study]]:
+    """Yields ``(module_name, Study)`` for each module of ``experiments`` that defines STUDY."""
+    import importlib
+    import pkgutil
+
+    import experiments
+
+    for info in sorted(pkgutil.iter_modules(experiments.__path__), key=lambda i: i.name):
+        if info.name.startswith("_") or info.name == "demo" or info.ispkg:
+            continue
+        module = importlib.import_module(f"experiments.{info.name}")
+        study = getattr(module, "STUDY", None)
+        if isinstance(study, Study):
+            yield info.name, study
