@@ -1,0 +1,95 @@
+"""Tests of the kernel bench harness (kernels/_harness.py) and its CLI."""
+
+import json
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels import __main__ as kernels_main
+from kernels import _harness
+
+
+@pytest.fixture(scope="module")
+def roofline():
+    return _harness.Roofline(peak_flops=1e11, bandwidth=1e10, backend="cpu")
+
+
+def test_time_call_counts_runs_and_compiles():
+    calls = []
+
+    def f(x):
+        calls.append(1)  # runs at trace time only
+        return x * 2
+
+    compile_s, times = _harness.time_call(f, (jnp.ones(4),), jit=True, repeats=3, warmup=1)
+    assert compile_s is not None and compile_s > 0
+    assert len(times) == 5  # at least five timed runs, even if fewer are asked for
+    assert len(calls) == 1  # traced once: the compiled executable is what gets timed
+
+
+def test_time_case_ratio_against_peer(roofline):
+    x = np.ones((64, 64), np.float32)
+    case = _harness.Case(
+        name="t/sleepy",
+        fn=lambda v: v,
+        args=(x,),
+        jit=False,
+        flops=1e6,
+        bytes=1e5,
+        items=10,
+        unit="things",
+        peer=lambda v: (v @ v) @ v,
+        peer_jit=False,
+        peer_name="numpy",
+    )
+    row = _harness.time_case(case, roofline)
+    assert row.runs >= 5 and row.compile_s is None
+    assert row.ratio == pytest.approx(row.median_s / row.peer_median_s)
+    assert row.throughput == pytest.approx(10 / row.median_s)
+    assert row.roofline_frac == pytest.approx(max(1e6 / 1e11, 1e5 / 1e10) / row.median_s)
+
+
+def test_roofline_measurement_is_sane():
+    r = _harness.measure_roofline(quick=True)
+    # Any machine that runs JAX does more than 100 MFLOP/s and 100 MB/s, and no CPU or
+    # single accelerator here reaches 10 PFLOP/s or 100 TB/s: a unit slip would break these.
+    assert 1e8 < r.peak_flops < 1e16
+    assert 1e8 < r.bandwidth < 1e14
+    assert r.bound(2e9, 0) == pytest.approx(2e9 / r.peak_flops)
+
+
+def test_table_and_jsonl(tmp_path, roofline):
+    row = _harness.time_case(
+        _harness.Case(name="t/id", fn=lambda v: v + 1, args=(jnp.ones(3),)), roofline
+    )
+    table = _harness.format_table([row])
+    assert "t/id" in table and "ratio" in table.splitlines()[0]
+    path = tmp_path / "rows.jsonl"
+    _harness.write_jsonl([row, row], path, {"jax": "x"})
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert len(lines) == 2 and lines[0]["name"] == "t/id" and lines[0]["jax"] == "x"
+
+
+def test_cli_lists_and_rejects_unknown(capsys):
+    assert kernels_main.main(["--list"]) == 0
+    assert "roofline" in capsys.readouterr().out.split()
+    with pytest.raises(SystemExit):
+        kernels_main.main(["no_such_kernel"])
+
+
+def test_cli_roofline_quick(tmp_path):
+    out = tmp_path / "bench.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernels", "roofline", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "roofline/matmul" in proc.stdout and "GFLOP/s" in proc.stdout
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert {r["name"].split(" ")[0] for r in rows} == {"roofline/matmul", "roofline/stream"}
+    assert all(r["median_s"] > 0 and r["ratio"] > 0 for r in rows)
