@@ -1,0 +1,367 @@
+"""Closed forms for composing diagonal-Gaussian policies: PoE, KL-regularised, KL, selectors.
+
+All functions act on the last axis (the action dimension) and broadcast over leading axes
+(states, batches). For tanh-squashed actors the Gaussians live in pre-tanh space: compose the
+pre-tanh means and standard deviations, then squash the composed mean with :func:`squash`.
+
+Notation per action dimension: precision ``lam = 1 / std**2``. The product of experts
+``pi_alpha ∝ pi_A^(1 - alpha) p^alpha`` of two Gaussians is Gaussian with
+
+    lam_alpha = (1 - alpha) lam_A + alpha lam_P,
+    mu_alpha  = ((1 - alpha) lam_A mu_A + alpha lam_P mu_P) / lam_alpha.
+
+The KL-regularised problem ``max_pi E_pi[log p] - (1 / beta) KL(pi || pi_A)`` has the solution
+``pi ∝ pi_A p^beta`` (Gibbs variational principle), i.e. precision ``lam_A + beta lam_P`` and the
+same precision-weighted mean as PoE when ``beta = alpha / (1 - alpha)``; its precision is
+``lam_alpha / (1 - alpha)``, so PoE is wider by the factor ``1 / sqrt(1 - alpha)``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "DiagGaussian",
+    "additive",
+    "kl_budget_alpha",
+    "kl_budget_alpha_per_state",
+    "kl_diag_gaussian",
+    "kl_regularised",
+    "poe",
+    "poe_kl_to_actor",
+    "prior_only",
+    "squash",
+]
+
+
+class DiagGaussian(NamedTuple):
+    """A diagonal Gaussian (in pre-tanh space for squashed policies).
+
+    Attributes:
+      mean: ``[..., d]`` means.
+      std: ``[..., d]`` standard deviations, all > 0.
+    """
+
+    mean: jax.Array
+    std: jax.Array
+
+
+# --------------------------------------------------------------------------------------------
+# Validation at the public boundary (skipped for traced values, whose contents are unknown).
+# --------------------------------------------------------------------------------------------
+
+
+def _concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _check_gaussian(name: str, g: DiagGaussian) -> None:
+    if not isinstance(g, DiagGaussian):
+        raise TypeError(f"{name}: expected a DiagGaussian(mean, std), got {type(g).__name__}")
+    ms, ss = jnp.shape(g.mean), jnp.shape(g.std)
+    if ms != ss:
+        raise ValueError(f"{name}: mean and std must have the same shape, got {ms} and {ss}")
+    if len(ms) == 0:
+        raise ValueError(f"{name}: expected arrays of shape [..., d], got a scalar")
+    if _concrete(g.std):
+        s = np.asarray(g.std)
+        if not np.all(s > 0):
+            raise ValueError(f"{name}.std: expected all > 0, got min {float(np.min(s))!r}")
+    if _concrete(g.mean):
+        if not np.all(np.isfinite(np.asarray(g.mean))):
+            raise ValueError(f"{name}.mean: expected finite values, got NaN or inf")
+
+
+def _check_pair(actor: DiagGaussian, prior: DiagGaussian) -> None:
+    _check_gaussian("actor", actor)
+    _check_gaussian("prior", prior)
+    da, dp = jnp.shape(actor.mean)[-1], jnp.shape(prior.mean)[-1]
+    if da != dp:
+        raise ValueError(f"prior: expected action dimension {da} (the actor's), got {dp}")
+
+
+def _check_alpha(alpha, name: str = "alpha") -> None:
+    if _concrete(alpha):
+        a = np.asarray(alpha)
+        if not np.all(np.isfinite(a)) or np.any(a < 0) or np.any(a > 1):
+            lo, hi = float(np.min(a)), float(np.max(a))
+            raise ValueError(f"{name}: expected values in [0, 1], got range [{lo}, {hi}]")
+
+
+def _alpha_axis(alpha, ndim: int) -> jax.Array:
+    """Gives ``alpha`` (scalar or ``[...]`` over leading axes) a trailing action axis."""
+    alpha = jnp.asarray(alpha)
+    return alpha[..., None] if alpha.ndim > 0 else alpha
+
+
+# --------------------------------------------------------------------------------------------
+# Compositions
+# --------------------------------------------------------------------------------------------
+
+
+def poe(actor: DiagGaussian, prior: DiagGaussian, alpha) -> DiagGaussian:
+    """Returns the product of experts ``pi_A^(1 - alpha) p^alpha`` of two diagonal Gaussians.
+
+    Precision-weighted: ``lam = (1 - alpha) lam_A + alpha lam_P``,
+    ``mu = ((1 - alpha) lam_A mu_A + alpha lam_P mu_P) / lam``. ``alpha = 0`` gives the actor,
+    ``alpha = 1`` the prior.
+
+    Args:
+      actor: the frozen actor's Gaussian, ``mean``/``std`` of shape ``[..., d]``.
+      prior: the prior's Gaussian, ``[..., d]``, same rank as ``actor`` (size-1 axes broadcast).
+      alpha: scalar or ``[...]`` (one per leading index) in ``[0, 1]``.
+
+    Returns:
+      the composed ``DiagGaussian`` of the broadcast shape ``[..., d]``.
+
+    >>> a = DiagGaussian(jnp.zeros(2), jnp.ones(2))
+    >>> p = DiagGaussian(jnp.ones(2), jnp.ones(2))
+    >>> poe(a, p, 0.5).mean
+    Array([0.5, 0.5], dtype=float32)
+    """
+    _check_pair(actor, prior)
+    _check_alpha(alpha)
+    a = _alpha_axis(alpha, jnp.ndim(actor.mean))
+    lam_a = 1.0 / jnp.square(actor.std)
+    lam_p = 1.0 / jnp.square(prior.std)
+    wa, wp = (1.0 - a) * lam_a, a * lam_p
+    lam = wa + wp
+    mean = (wa * actor.mean + wp * prior.mean) / lam
+    return DiagGaussian(mean, jax.lax.rsqrt(lam))
+
+
+def kl_regularised(actor: DiagGaussian, prior: DiagGaussian, beta) -> DiagGaussian:
+    """Returns the maximiser of ``E_pi[log p] - (1 / beta) KL(pi || pi_A)`` over Gaussians.
+
+    The solution is ``pi ∝ pi_A p^beta``: precision ``lam_A + beta lam_P`` and mean
+    ``(lam_A mu_A + beta lam_P mu_P) / (lam_A + beta lam_P)``. With ``beta = alpha / (1 - alpha)``
+    the mean equals :func:`poe`'s and the std is ``sqrt(1 - alpha)`` times PoE's.
+
+    Args:
+      actor: the frozen actor's Gaussian, ``[..., d]``.
+      prior: the prior's Gaussian, ``[..., d]``.
+      beta: scalar or ``[...]``, ``>= 0`` (the inverse temperature of the KL penalty).
+
+    Returns:
+      the composed ``DiagGaussian``, ``[..., d]``.
+
+    >>> a = DiagGaussian(jnp.zeros(1), jnp.ones(1))
+    >>> kl_regularised(a, DiagGaussian(jnp.ones(1), jnp.ones(1)), 1.0).mean
+    Array([0.5], dtype=float32)
+    """
+    _check_pair(actor, prior)
+    if _concrete(beta):
+        b = np.asarray(beta)
+        if not np.all(np.isfinite(b)) or np.any(b < 0):
+            raise ValueError(f"beta: expected finite values >= 0, got min {float(np.min(b))!r}")
+    b = _alpha_axis(beta, jnp.ndim(actor.mean))
+    lam_a = 1.0 / jnp.square(actor.std)
+    wp = b / jnp.square(prior.std)
+    lam = lam_a + wp
+    mean = (lam_a * actor.mean + wp * prior.mean) / lam
+    return DiagGaussian(mean, jax.lax.rsqrt(lam))
+
+
+def additive(actor: DiagGaussian, prior: DiagGaussian, alpha) -> DiagGaussian:
+    """Returns the additive (precision-blind) blend ``(1 - alpha) mu_A + alpha mu_P``.
+
+    The baseline PoE is compared against: the means are interpolated without looking at either
+    expert's confidence, so a confident actor is overridden by an uninformed prior. The std is
+    interpolated the same way (it is only used for sampling).
+
+    Args:
+      actor: ``[..., d]``.
+      prior: ``[..., d]``.
+      alpha: scalar or ``[...]`` in ``[0, 1]``.
+
+    Returns:
+      a ``DiagGaussian``, ``[..., d]``.
+
+    >>> a = DiagGaussian(jnp.zeros(1), jnp.ones(1))
+    >>> additive(a, DiagGaussian(jnp.ones(1), 9 * jnp.ones(1)), 0.5).mean
+    Array([0.5], dtype=float32)
+    """
+    _check_pair(actor, prior)
+    _check_alpha(alpha)
+    a = _alpha_axis(alpha, jnp.ndim(actor.mean))
+    mean = (1.0 - a) * actor.mean + a * prior.mean
+    std = (1.0 - a) * actor.std + a * prior.std
+    return DiagGaussian(mean, std)
+
+
+def prior_only(actor: DiagGaussian, prior: DiagGaussian) -> DiagGaussian:
+    """Returns the prior alone, broadcast to the actor's shape (the alpha = 1 baseline).
+
+    >>> a = DiagGaussian(jnp.zeros((3, 2)), jnp.ones((3, 2)))
+    >>> prior_only(a, DiagGaussian(jnp.ones(2), jnp.ones(2))).mean.shape
+    (3, 2)
+    """
+    _check_pair(actor, prior)
+    shape = jnp.broadcast_shapes(jnp.shape(actor.mean), jnp.shape(prior.mean))
+    return DiagGaussian(jnp.broadcast_to(prior.mean, shape), jnp.broadcast_to(prior.std, shape))
+
+
+def squash(g: DiagGaussian, low=-1.0, high=1.0) -> jax.Array:
+    """Returns the deterministic action ``tanh(mean)`` rescaled to ``[low, high]``.
+
+    Args:
+      g: a pre-tanh ``DiagGaussian``, ``[..., d]``.
+      low, high: action bounds, scalars or ``[d]``.
+
+    Returns:
+      ``[..., d]`` actions.
+
+    >>> squash(DiagGaussian(jnp.zeros(2), jnp.ones(2)))
+    Array([0., 0.], dtype=float32)
+    """
+    return low + (jnp.tanh(g.mean) + 1.0) * (0.5 * (high - low))
+
+
+def kl_diag_gaussian(p: DiagGaussian, q: DiagGaussian) -> jax.Array:
+    """Returns ``KL(p || q)`` between diagonal Gaussians, summed over the last axis.
+
+    ``KL = sum_i log(s_q / s_p) + (s_p^2 + (mu_p - mu_q)^2) / (2 s_q^2) - 1/2``.
+
+    Args:
+      p, q: ``DiagGaussian`` with broadcastable ``[..., d]`` arrays.
+
+    Returns:
+      ``[...]`` KL values in nats.
+
+    >>> kl_diag_gaussian(DiagGaussian(jnp.zeros(2), jnp.ones(2)),
+    ...                  DiagGaussian(jnp.ones(2), jnp.ones(2)))
+    Array(1., dtype=float32)
+    """
+    _check_gaussian("p", p)
+    _check_gaussian("q", q)
+    if jnp.shape(p.mean)[-1] != jnp.shape(q.mean)[-1]:
+        raise ValueError(
+            f"q: expected action dimension {jnp.shape(p.mean)[-1]}, got {jnp.shape(q.mean)[-1]}"
+        )
+    return _kl(p, q)
+
+
+def _kl(p: DiagGaussian, q: DiagGaussian) -> jax.Array:
+    r = jnp.square(p.std / q.std)
+    m = jnp.square((p.mean - q.mean) / q.std)
+    return 0.5 * jnp.sum(r + m - 1.0 - jnp.log(r), axis=-1)
+
+
+def poe_kl_to_actor(actor: DiagGaussian, prior: DiagGaussian, alpha) -> jax.Array:
+    """Returns ``KL(pi_alpha || pi_A)`` for the PoE ``pi_alpha``, summed over actions.
+
+    Non-decreasing in ``alpha``: the PoE path is a straight line in natural parameters, and along
+    such a line ``d/d alpha KL(p_alpha || p_0) = alpha d^T F(alpha) d >= 0`` (``F`` the Fisher
+    matrix), which is what lets the KL-budget selectors bisect.
+
+    Args:
+      actor, prior: ``[..., d]``.
+      alpha: scalar or ``[...]`` in ``[0, 1]``.
+
+    Returns:
+      ``[...]`` KL values.
+
+    >>> a = DiagGaussian(jnp.zeros(1), jnp.ones(1))
+    >>> poe_kl_to_actor(a, DiagGaussian(jnp.ones(1), jnp.ones(1)), 0.0)
+    Array(0., dtype=float32)
+    """
+    return _kl(poe(actor, prior, alpha), actor)
+
+
+def _bisect(kl_fn, budget, shape, n_iters: int, dtype) -> jax.Array:
+    """Largest alpha in [0, 1] with ``kl_fn(alpha) <= budget`` (elementwise over ``shape``)."""
+    lo = jnp.zeros(shape, dtype)
+    hi = jnp.ones(shape, dtype)
+    full_ok = kl_fn(hi) <= budget
+
+    def body(_, lohi):
+        lo, hi = lohi
+        mid = 0.5 * (lo + hi)
+        ok = kl_fn(mid) <= budget
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+    lo, _ = jax.lax.fori_loop(0, n_iters, body, (lo, hi))
+    # lo is always feasible (KL(0) = 0 <= budget); alpha = 1 wins when it is itself feasible.
+    return jnp.where(full_ok, hi, lo)
+
+
+def _check_budget(budget) -> None:
+    if _concrete(budget):
+        b = np.asarray(budget)
+        if b.ndim != 0 or not np.isfinite(b) or b < 0:
+            raise ValueError(f"budget: expected a finite scalar >= 0, got {budget!r}")
+
+
+def kl_budget_alpha(
+    actor: DiagGaussian, prior: DiagGaussian, budget, n_iters: int = 30, weights=None
+) -> jax.Array:
+    """Returns the largest alpha whose mean ``KL(pi_alpha || pi_A)`` over states is <= budget.
+
+    The global selector: one alpha for all states, found by bisection on ``[0, 1]`` (the mean KL
+    is non-decreasing in alpha, see :func:`poe_kl_to_actor`). The result is always feasible;
+    it is within ``2^-n_iters`` of the largest feasible alpha.
+
+    Args:
+      actor: ``[n, d]`` the actor's Gaussians at ``n`` data states.
+      prior: ``[n, d]`` the prior's Gaussians at the same states.
+      budget: scalar ``>= 0``, nats.
+      n_iters: bisection steps (static).
+      weights: optional ``[n]`` non-negative state weights (e.g. a validity mask).
+
+    Returns:
+      a scalar alpha in ``[0, 1]``.
+
+    >>> a = DiagGaussian(jnp.zeros((4, 1)), jnp.ones((4, 1)))
+    >>> p = DiagGaussian(jnp.ones((4, 1)), jnp.ones((4, 1)))
+    >>> float(kl_budget_alpha(a, p, 0.125))  # KL = alpha^2 / 2
+    0.5
+    """
+    _check_pair(actor, prior)
+    _check_budget(budget)
+    if isinstance(n_iters, bool) or not isinstance(n_iters, int) or n_iters < 1:
+        raise ValueError(f"n_iters: expected an int >= 1, got {n_iters!r}")
+    if weights is None:
+        w = jnp.ones(jnp.shape(actor.mean)[:-1], jnp.result_type(actor.mean))
+    else:
+        w = jnp.asarray(weights)
+        if w.shape != jnp.shape(actor.mean)[:-1]:
+            raise ValueError(f"weights: expected shape {jnp.shape(actor.mean)[:-1]}, got {w.shape}")
+    w = w / jnp.sum(w)
+    dtype = jnp.result_type(actor.mean, float)
+
+    def mean_kl(alpha):
+        return jnp.sum(w * _kl(poe(actor, prior, alpha), actor))
+
+    return _bisect(mean_kl, budget, (), n_iters, dtype)
+
+
+def kl_budget_alpha_per_state(
+    actor: DiagGaussian, prior: DiagGaussian, budget, n_iters: int = 30
+) -> jax.Array:
+    """Returns, per state, the largest alpha with ``KL(pi_alpha || pi_A) <= budget``.
+
+    Args:
+      actor: ``[..., d]``.
+      prior: ``[..., d]``.
+      budget: scalar ``>= 0``, nats.
+      n_iters: bisection steps (static).
+
+    Returns:
+      ``[...]`` alphas in ``[0, 1]``.
+
+    >>> a = DiagGaussian(jnp.zeros((2, 1)), jnp.ones((2, 1)))
+    >>> p = DiagGaussian(jnp.array([[1.0], [2.0]]), jnp.ones((2, 1)))
+    >>> kl_budget_alpha_per_state(a, p, 0.125).round(3)  # KL = alpha^2 m^2 / 2
+    Array([0.5 , 0.25], dtype=float32)
+    """
+    _check_pair(actor, prior)
+    _check_budget(budget)
+    if isinstance(n_iters, bool) or not isinstance(n_iters, int) or n_iters < 1:
+        raise ValueError(f"n_iters: expected an int >= 1, got {n_iters!r}")
+    shape = jnp.broadcast_shapes(jnp.shape(actor.mean), jnp.shape(prior.mean))[:-1]
+    dtype = jnp.result_type(actor.mean, float)
+    return _bisect(lambda al: _kl(poe(actor, prior, al), actor), budget, shape, n_iters, dtype)
