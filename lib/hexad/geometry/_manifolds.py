@@ -1,0 +1,487 @@
+"""Manifolds as static pytrees: Euclidean space, the sphere, the flat torus and products.
+
+Every manifold is a ``flax.struct.dataclass`` whose fields are static, so it can be closed over
+by a jitted function or passed through ``jit``/``vmap`` without becoming a traced value. Points
+are arrays ``[..., dim]`` in the manifold's coordinates (ambient coordinates for the sphere,
+angles in ``[-pi, pi)`` for the torus); all point-wise methods broadcast over leading axes.
+
+The numerics follow the known traps: the sphere's distance uses ``2 atan2(|x-y|, |x+y|)``
+(accurate at small angles and near antipodes), the sphere's ``log`` divides by ``|y - <x,y>x|``
+through a safe ratio (zero at ``y = x`` and at an exact antipode, where the direction is not
+unique), and torus differences are wrapped into ``[-pi, pi)`` before anything else.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+__all__ = [
+    "Euclidean",
+    "Manifold",
+    "Product",
+    "Sphere",
+    "Torus",
+    "wrap_angle",
+]
+
+Array = jax.Array
+
+
+def wrap_angle(a: Array) -> Array:
+    """Returns ``a`` wrapped into ``[-pi, pi)``.
+
+    >>> float(wrap_angle(jnp.float32(3 * math.pi / 2)))  # doctest: +ELLIPSIS
+    -1.57...
+    """
+    return jnp.mod(a + math.pi, 2.0 * math.pi) - math.pi
+
+
+def _safe_norm(v: Array, axis: int = -1, keepdims: bool = False) -> Array:
+    """Euclidean norm with a finite gradient (zero) at ``v = 0`` (double-where trick)."""
+    sq = jnp.sum(v * v, axis=axis, keepdims=keepdims)
+    pos = sq > 0.0
+    return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), 0.0)
+
+
+def _sinc(x: Array) -> Array:
+    """``sin(x) / x`` with its Taylor series near 0 (finite value and gradient)."""
+    small = jnp.abs(x) < 1e-3
+    xs = jnp.where(small, 1.0, x)
+    return jnp.where(small, 1.0 - x * x / 6.0, jnp.sin(xs) / xs)
+
+
+def _dot(x: Array, y: Array) -> Array:
+    return jnp.sum(x * y, axis=-1, keepdims=True)
+
+
+class Manifold:
+    """Interface shared by the manifolds (documentation only; the methods live on each class).
+
+    Attributes every manifold has:
+      dim: number of coordinates of a point (static).
+      intrinsic_dim: the manifold's dimension.
+
+    Methods (``x, y: [..., dim]`` points, ``v: [..., dim]`` tangent vectors at ``x``):
+      ``exp(x, v)``, ``log(x, y)``, ``dist(x, y)``, ``sqdist(x, y)``, ``proj_tangent(x, v)``,
+      ``proj(x)``, ``inner(x, u, v)``, ``geodesic(x, v, t)`` (point and velocity at time
+      ``t`` of ``t -> exp_x(t v)``), ``pairwise_sqdist(x [n,dim], y [m,dim]) -> [n,m]``,
+      ``weighted_log(x [n,dim], w [n,m], y [m,dim]) -> [n,dim]`` (``sum_j w_ij log_{x_i}
+      y_j`` without an ``[n, m, dim]`` intermediate where possible), ``manifold_error(x)``
+      (distance of coordinates from the manifold), ``random_uniform``, ``random_normal``
+      (wrapped normal).
+    """
+
+
+# --------------------------------------------------------------------------------------------
+# Euclidean space
+# --------------------------------------------------------------------------------------------
+
+
+@struct.dataclass
+class Euclidean(Manifold):
+    """Euclidean space ``R^dim``.
+
+    Attributes:
+      dim: the dimension (static).
+
+    >>> m = Euclidean(2)
+    >>> m.exp(jnp.zeros(2), jnp.ones(2)).tolist()
+    [1.0, 1.0]
+    """
+
+    dim: int = struct.field(pytree_node=False)
+
+    @property
+    def intrinsic_dim(self) -> int:
+        return self.dim
+
+    def exp(self, x: Array, v: Array) -> Array:
+        return x + v
+
+    def log(self, x: Array, y: Array) -> Array:
+        return y - x
+
+    def sqdist(self, x: Array, y: Array) -> Array:
+        d = y - x
+        return jnp.sum(d * d, axis=-1)
+
+    def dist(self, x: Array, y: Array) -> Array:
+        return _safe_norm(y - x)
+
+    def inner(self, x: Array, u: Array, v: Array) -> Array:
+        del x
+        return jnp.sum(u * v, axis=-1)
+
+    def proj_tangent(self, x: Array, v: Array) -> Array:
+        del x
+        return v
+
+    def proj(self, x: Array) -> Array:
+        return x
+
+    def manifold_error(self, x: Array) -> Array:
+        return jnp.zeros(x.shape[:-1], x.dtype)
+
+    def geodesic(self, x: Array, v: Array, t: Array) -> tuple[Array, Array]:
+        return x + t * v, v
+
+    def pairwise_sqdist(self, x: Array, y: Array) -> Array:
+        nx = jnp.sum(x * x, axis=-1)[:, None]
+        ny = jnp.sum(y * y, axis=-1)[None, :]
+        return jnp.maximum(nx + ny - 2.0 * (x @ y.T), 0.0)
+
+    def weighted_log(self, x: Array, w: Array, y: Array) -> Array:
+        return w @ y - jnp.sum(w, axis=-1, keepdims=True) * x
+
+    def random_normal(
+        self, key: Array, mean: Array, scale: Array | float, shape: tuple[int, ...] = ()
+    ) -> Array:
+        """Returns ``mean + scale * N(0, I)`` samples ``[*shape, dim]``."""
+        z = jax.random.normal(key, (*shape, self.dim), jnp.result_type(mean, jnp.float32))
+        return jnp.broadcast_to(mean, z.shape) + scale * z
+
+
+# --------------------------------------------------------------------------------------------
+# Sphere
+# --------------------------------------------------------------------------------------------
+
+
+@struct.dataclass
+class Sphere(Manifold):
+    """The unit sphere ``S^{dim-1}`` in ``R^dim`` with its round metric.
+
+    Attributes:
+      dim: the ambient dimension (static); ``Sphere(3)`` is ``S^2``.
+
+    >>> s = Sphere(3)
+    >>> x, y = jnp.array([1.0, 0, 0]), jnp.array([0.0, 1, 0])
+    >>> round(float(s.dist(x, y)), 4)  # pi / 2
+    1.5708
+    """
+
+    dim: int = struct.field(pytree_node=False)
+
+    @property
+    def intrinsic_dim(self) -> int:
+        return self.dim - 1
+
+    def proj(self, x: Array) -> Array:
+        """Returns ``x / |x|`` (the nearest point on the sphere)."""
+        return x / jnp.maximum(_safe_norm(x, keepdims=True), 1e-30)
+
+    def proj_tangent(self, x: Array, v: Array) -> Array:
+        return v - _dot(x, v) * x
+
+    def inner(self, x: Array, u: Array, v: Array) -> Array:
+        del x
+        return jnp.sum(u * v, axis=-1)
+
+    def manifold_error(self, x: Array) -> Array:
+        return jnp.abs(_safe_norm(x) - 1.0)
+
+    def exp(self, x: Array, v: Array) -> Array:
+        """``cos|v| x + sin|v| v/|v|``, renormalised so points stay on the sphere."""
+        nv = _safe_norm(v, keepdims=True)
+        return self.proj(jnp.cos(nv) * x + _sinc(nv) * v)
+
+    def log(self, x: Array, y: Array) -> Array:
+        """``theta u / |u|`` with ``u = y - <x,y> x``; zero at ``y = x`` and at an antipode."""
+        c = _dot(x, y)
+        u = y - c * x
+        nu = _safe_norm(u, keepdims=True)
+        theta = jnp.arctan2(nu, c)
+        pos = nu > 0.0
+        return jnp.where(pos, theta / jnp.where(pos, nu, 1.0), 0.0) * u
+
+    def dist(self, x: Array, y: Array) -> Array:
+        return 2.0 * jnp.arctan2(_safe_norm(x - y), _safe_norm(x + y))
+
+    def sqdist(self, x: Array, y: Array) -> Array:
+        return jnp.square(self.dist(x, y))
+
+    def geodesic(self, x: Array, v: Array, t: Array) -> tuple[Array, Array]:
+        """Point and velocity of ``s -> exp_x(s v)`` at ``s = t``."""
+        nv = _safe_norm(v, keepdims=True)
+        a = t * nv
+        xt = self.proj(jnp.cos(a) * x + t * _sinc(a) * v)
+        vt = jnp.cos(a) * v - nv * jnp.sin(a) * x
+        return xt, self.proj_tangent(xt, vt)
+
+    def _cos_theta(self, x: Array, y: Array) -> tuple[Array, Array]:
+        # Clipping one float32 ulp inside [-1, 1] keeps arccos's gradient finite where points
+        # coincide (ott-jax differentiates the cost for DualPotentials.transport).
+        eps = jnp.finfo(jnp.result_type(x, y)).eps
+        c = jnp.clip(x @ y.T, -1.0 + eps, 1.0 - eps)
+        return c, jnp.arccos(c)
+
+    def pairwise_sqdist(self, x: Array, y: Array) -> Array:
+        return jnp.square(self._cos_theta(x, y)[1])
+
+    def weighted_log(self, x: Array, w: Array, y: Array) -> Array:
+        # log_x(y) = s (y - c x) with s = theta / sin(theta): two matmuls, no [n, m, dim].
+        c, theta = self._cos_theta(x, y)
+        s = theta / jnp.sqrt(1.0 - c * c)
+        ws = w * s
+        out = ws @ y - jnp.sum(ws * c, axis=-1, keepdims=True) * x
+        return self.proj_tangent(x, out)
+
+    def random_uniform(self, key: Array, shape: tuple[int, ...] = ()) -> Array:
+        """Uniform samples ``[*shape, dim]`` (normalised Gaussians)."""
+        return self.proj(jax.random.normal(key, (*shape, self.dim)))
+
+    def random_normal(
+        self, key: Array, mean: Array, scale: Array | float, shape: tuple[int, ...] = ()
+    ) -> Array:
+        """Wrapped normal: ``exp_mean(P_mean(scale * N(0, I)))``, samples ``[*shape, dim]``."""
+        z = scale * jax.random.normal(key, (*shape, self.dim), jnp.result_type(mean, jnp.float32))
+        mean = jnp.broadcast_to(mean, z.shape)
+        return self.exp(mean, self.proj_tangent(mean, z))
+
+    def random_vmf(
+        self, key: Array, mu: Array, kappa: Array | float, shape: tuple[int, ...] = ()
+    ) -> Array:
+        """Von Mises-Fisher samples ``[*shape, dim]`` with mean direction ``mu`` ``[dim]``.
+
+        Wood's (1994) method: the cosine ``w`` to ``mu`` is drawn exactly (inverse CDF on
+        ``S^2``, rejection sampling with a ``lax.while_loop`` otherwise), the direction
+        orthogonal to ``mu`` uniformly.
+
+        Args:
+          key: PRNG key.
+          mu: ``[dim]`` unit mean direction.
+          kappa: concentration ``>= 0`` (scalar).
+          shape: leading shape of the samples (static).
+        """
+        kw, kv = jax.random.split(key)
+        n = math.prod(shape)
+        kappa = jnp.asarray(kappa, jnp.float32)
+        if self.dim == 3:
+            u = jax.random.uniform(kw, (n,), minval=1e-12, maxval=1.0)
+            # w = 1 + log(u + (1-u) e^{-2k}) / k, written with log1p/expm1 for large kappa.
+            kap = jnp.maximum(kappa, 1e-6)
+            w = 1.0 + jnp.logaddexp(jnp.log(u), jnp.log1p(-u) - 2.0 * kap) / kap
+            w = jnp.where(kappa < 1e-6, 2.0 * u - 1.0, w)
+        else:
+            w = jax.vmap(lambda k: _wood_w(k, kappa, self.dim))(jax.random.split(kw, n))
+        w = jnp.clip(w, -1.0, 1.0)
+        v = jax.random.normal(kv, (n, self.dim))
+        mu = jnp.broadcast_to(mu, v.shape)
+        v = self.proj(self.proj_tangent(mu, v))
+        x = w[:, None] * mu + jnp.sqrt(jnp.maximum(1.0 - w * w, 0.0))[:, None] * v
+        return self.proj(x).reshape(*shape, self.dim)
+
+
+def _wood_w(key: Array, kappa: Array, dim: int) -> Array:
+    """Wood's rejection sampler for the vMF cosine on ``S^{dim-1}``."""
+    m1 = dim - 1.0
+    b = m1 / (2.0 * kappa + jnp.sqrt(4.0 * kappa**2 + m1**2))
+    x0 = (1.0 - b) / (1.0 + b)
+    c = kappa * x0 + m1 * jnp.log(1.0 - x0 * x0)
+
+    def cond(state):
+        return ~state[2]
+
+    def body(state):
+        k, _, _ = state
+        k, kb, ku = jax.random.split(k, 3)
+        z = jax.random.beta(kb, m1 / 2.0, m1 / 2.0)
+        u = jax.random.uniform(ku)
+        w = (1.0 - (1.0 + b) * z) / (1.0 - (1.0 - b) * z)
+        ok = kappa * w + m1 * jnp.log(1.0 - x0 * w) - c >= jnp.log(u)
+        return k, w, ok
+
+    return jax.lax.while_loop(cond, body, (key, jnp.float32(0.0), jnp.bool_(False)))[1]
+
+
+# --------------------------------------------------------------------------------------------
+# Flat torus
+# --------------------------------------------------------------------------------------------
+
+
+@struct.dataclass
+class Torus(Manifold):
+    """The flat torus ``T^dim = (R / 2 pi Z)^dim``, points as angles in ``[-pi, pi)``.
+
+    Attributes:
+      dim: number of angles (static); ``Torus(2)`` holds Ramachandran (phi, psi) pairs.
+
+    >>> t = Torus(1)
+    >>> t.log(jnp.array([3.0]), jnp.array([-3.0])).round(4).tolist()  # across the seam
+    [0.2832]
+    """
+
+    dim: int = struct.field(pytree_node=False)
+
+    @property
+    def intrinsic_dim(self) -> int:
+        return self.dim
+
+    def proj(self, x: Array) -> Array:
+        return wrap_angle(x)
+
+    def proj_tangent(self, x: Array, v: Array) -> Array:
+        del x
+        return v
+
+    def inner(self, x: Array, u: Array, v: Array) -> Array:
+        del x
+        return jnp.sum(u * v, axis=-1)
+
+    def manifold_error(self, x: Array) -> Array:
+        over = jnp.maximum(jnp.abs(x + 0.0) - math.pi, 0.0)
+        return jnp.max(over, axis=-1)
+
+    def exp(self, x: Array, v: Array) -> Array:
+        return wrap_angle(x + v)
+
+    def log(self, x: Array, y: Array) -> Array:
+        return wrap_angle(y - x)
+
+    def sqdist(self, x: Array, y: Array) -> Array:
+        d = wrap_angle(y - x)
+        return jnp.sum(d * d, axis=-1)
+
+    def dist(self, x: Array, y: Array) -> Array:
+        return _safe_norm(wrap_angle(y - x))
+
+    def geodesic(self, x: Array, v: Array, t: Array) -> tuple[Array, Array]:
+        return wrap_angle(x + t * v), v
+
+    def pairwise_sqdist(self, x: Array, y: Array) -> Array:
+        # One [n, m] block per angle keeps memory at n*m instead of n*m*dim.
+        out = 0.0
+        for k in range(self.dim):
+            d = wrap_angle(y[None, :, k] - x[:, k, None])
+            out = out + d * d
+        return out
+
+    def weighted_log(self, x: Array, w: Array, y: Array) -> Array:
+        cols = [
+            jnp.sum(w * wrap_angle(y[None, :, k] - x[:, k, None]), axis=-1) for k in range(self.dim)
+        ]
+        return jnp.stack(cols, axis=-1)
+
+    def random_uniform(self, key: Array, shape: tuple[int, ...] = ()) -> Array:
+        """Uniform angles ``[*shape, dim]`` in ``[-pi, pi)``."""
+        return jax.random.uniform(key, (*shape, self.dim), minval=-math.pi, maxval=math.pi)
+
+    def random_normal(
+        self, key: Array, mean: Array, scale: Array | float, shape: tuple[int, ...] = ()
+    ) -> Array:
+        """Wrapped normal ``wrap(mean + scale * N(0, I))``, samples ``[*shape, dim]``."""
+        z = jax.random.normal(key, (*shape, self.dim), jnp.result_type(mean, jnp.float32))
+        return wrap_angle(jnp.broadcast_to(mean, z.shape) + scale * z)
+
+
+# --------------------------------------------------------------------------------------------
+# Products
+# --------------------------------------------------------------------------------------------
+
+
+@struct.dataclass
+class Product(Manifold):
+    """The product ``M_1 x ... x M_k``; a point concatenates the factors' coordinates.
+
+    Attributes:
+      factors: tuple of manifolds (static).
+
+    >>> p = Product((Sphere(3), Torus(2)))
+    >>> p.dim, p.intrinsic_dim
+    (5, 4)
+    """
+
+    factors: tuple[Any, ...] = struct.field(pytree_node=False)
+
+    @property
+    def dim(self) -> int:
+        return sum(f.dim for f in self.factors)
+
+    @property
+    def intrinsic_dim(self) -> int:
+        return sum(f.intrinsic_dim for f in self.factors)
+
+    def _split(self, x: Array) -> list[Array]:
+        out, start = [], 0
+        for f in self.factors:
+            out.append(x[..., start : start + f.dim])
+            start += f.dim
+        return out
+
+    def _map(self, name: str, *arrays: Array) -> Array:
+        parts = zip(*(self._split(a) for a in arrays), strict=True)
+        return jnp.concatenate(
+            [getattr(f, name)(*p) for f, p in zip(self.factors, parts, strict=True)], axis=-1
+        )
+
+    def _sum(self, name: str, *arrays: Array) -> Array:
+        parts = zip(*(self._split(a) for a in arrays), strict=True)
+        return sum(getattr(f, name)(*p) for f, p in zip(self.factors, parts, strict=True))
+
+    def exp(self, x: Array, v: Array) -> Array:
+        return self._map("exp", x, v)
+
+    def log(self, x: Array, y: Array) -> Array:
+        return self._map("log", x, y)
+
+    def proj(self, x: Array) -> Array:
+        return self._map("proj", x)
+
+    def proj_tangent(self, x: Array, v: Array) -> Array:
+        return self._map("proj_tangent", x, v)
+
+    def sqdist(self, x: Array, y: Array) -> Array:
+        return self._sum("sqdist", x, y)
+
+    def dist(self, x: Array, y: Array) -> Array:
+        sq = self.sqdist(x, y)
+        pos = sq > 0.0
+        return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), 0.0)
+
+    def inner(self, x: Array, u: Array, v: Array) -> Array:
+        return self._sum("inner", x, u, v)
+
+    def manifold_error(self, x: Array) -> Array:
+        errs = [f.manifold_error(p) for f, p in zip(self.factors, self._split(x), strict=True)]
+        return jnp.max(jnp.stack(errs, axis=-1), axis=-1)
+
+    def geodesic(self, x: Array, v: Array, t: Array) -> tuple[Array, Array]:
+        pts, vels = [], []
+        for f, xp, vp in zip(self.factors, self._split(x), self._split(v), strict=True):
+            a, b = f.geodesic(xp, vp, t)
+            pts.append(a)
+            vels.append(b)
+        return jnp.concatenate(pts, axis=-1), jnp.concatenate(vels, axis=-1)
+
+    def pairwise_sqdist(self, x: Array, y: Array) -> Array:
+        return self._sum("pairwise_sqdist", x, y)
+
+    def weighted_log(self, x: Array, w: Array, y: Array) -> Array:
+        parts = [
+            f.weighted_log(xp, w, yp)
+            for f, xp, yp in zip(self.factors, self._split(x), self._split(y), strict=True)
+        ]
+        return jnp.concatenate(parts, axis=-1)
+
+    def random_uniform(self, key: Array, shape: tuple[int, ...] = ()) -> Array:
+        keys = jax.random.split(key, len(self.factors))
+        return jnp.concatenate(
+            [f.random_uniform(k, shape) for f, k in zip(self.factors, keys, strict=True)],
+            axis=-1,
+        )
+
+    def random_normal(
+        self, key: Array, mean: Array, scale: Array | float, shape: tuple[int, ...] = ()
+    ) -> Array:
+        keys = jax.random.split(key, len(self.factors))
+        return jnp.concatenate(
+            [
+                f.random_normal(k, m, scale, shape)
+                for f, k, m in zip(self.factors, keys, self._split(mean), strict=True)
+            ],
+            axis=-1,
+        )
