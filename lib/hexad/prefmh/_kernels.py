@@ -1,0 +1,254 @@
+"""Pref-MH kernels in the BlackJAX shape: ``init``, ``build_kernel`` and the factory ``prefmh``.
+
+One step: propose ``y`` from ``x`` (with ``log_rho``), ask the judge, accept with the rule's
+probability. Rules (see :mod:`hexad.prefmh._rules`):
+
+- ``"kbudget"``: ``K`` comparisons, accept with ``a*(W) = min(1, rho W / (K + 1 - W))``
+  (Pref-MH's Peskun-optimal exact rule; ``K = 1``, ``rho = 1``: accept iff ``y`` wins, Barker).
+- ``"two_coin"``: the two-coin Bernoulli factory (Goncalves, Latuszynski & Roberts 2017),
+  exact Barker-type acceptance ``rho p / (rho p + 1 - p)`` for asymmetric proposals with a
+  random number of comparisons (at most ``max_rounds``; a truncated step rejects and is
+  flagged in ``Info``).
+- ``"majority"``: accept iff most of ``K`` comparisons prefer ``y`` (inexact baseline).
+- ``"mh"`` / ``"barker_oracle"``: the exact-density rules from the judge's known log-odds
+  (verification; no comparisons).
+
+The returned :class:`SamplingAlgorithm` has the fields of ``blackjax.base.SamplingAlgorithm``,
+so ``blackjax.util.run_inference_algorithm`` runs it unchanged. Kernels are pure; jit them
+and vmap over chains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hexad.prefmh._judges import Judge
+from hexad.prefmh._rules import (
+    RULES,
+    barker_acceptance,
+    check_num_comparisons,
+    kbudget_acceptance,
+    majority_acceptance,
+    mh_acceptance,
+)
+
+__all__ = ["PrefMHInfo", "PrefMHState", "SamplingAlgorithm", "build_kernel", "init", "prefmh"]
+
+
+class PrefMHState(NamedTuple):
+    """State of one chain.
+
+    Attributes:
+      position: ``[...]`` the current candidate (an array; latent code for latent moves).
+    """
+
+    position: jax.Array
+
+
+class PrefMHInfo(NamedTuple):
+    """What one step did.
+
+    Attributes:
+      acceptance_rate: ``[]`` float, the acceptance probability given the outcomes (``a(W)``;
+        for ``"two_coin"`` the factory's 0/1 output).
+      is_accepted: ``[]`` bool.
+      wins: ``[]`` int32, comparisons won by the proposal.
+      judge_calls: ``[]`` int32, comparisons made this step.
+      valid: ``[]`` bool, False if an outcome was not binary or ``log_rho`` was NaN / ``+inf``.
+      truncated: ``[]`` bool, the two-coin factory hit ``max_rounds`` (step rejected).
+      proposal: ``[...]`` the proposed candidate.
+    """
+
+    acceptance_rate: jax.Array
+    is_accepted: jax.Array
+    wins: jax.Array
+    judge_calls: jax.Array
+    valid: jax.Array
+    truncated: jax.Array
+    proposal: jax.Array
+
+
+class SamplingAlgorithm(NamedTuple):
+    """``(init, step)``, field-compatible with ``blackjax.base.SamplingAlgorithm``."""
+
+    init: Callable[..., PrefMHState]
+    step: Callable[..., tuple[PrefMHState, PrefMHInfo]]
+
+
+def init(position: jax.Array, rng_key: jax.Array | None = None) -> PrefMHState:
+    """Returns the initial state at ``position`` (``rng_key`` unused; BlackJAX signature).
+
+    >>> init(jnp.zeros(2)).position.shape
+    (2,)
+    """
+    del rng_key
+    return PrefMHState(position=jnp.asarray(position))
+
+
+def _check_outcomes(outcomes: jax.Array, num: int) -> jax.Array:
+    outcomes = jnp.asarray(outcomes)
+    if outcomes.shape != (num,):
+        raise ValueError(
+            f"judge.compare: expected outcomes of shape ({num},), got shape {outcomes.shape}"
+        )
+    if not (jnp.issubdtype(outcomes.dtype, jnp.integer) or outcomes.dtype == jnp.bool_):
+        raise TypeError(
+            f"judge.compare: expected integer or bool outcomes in {{0, 1}}, got {outcomes.dtype}"
+        )
+    return outcomes.astype(jnp.int32)
+
+
+def _validate(judge, proposal, rule, num_comparisons, max_rounds):
+    if not isinstance(judge, Judge):
+        raise TypeError(f"judge: expected a hexad.prefmh.Judge, got {type(judge).__name__}")
+    if not callable(proposal):
+        raise TypeError(f"proposal: expected a callable, got {type(proposal).__name__}")
+    if rule not in RULES:
+        raise ValueError(f"rule: expected one of {RULES}, got {rule!r}")
+    num_comparisons = check_num_comparisons(num_comparisons)
+    if rule in ("mh", "barker_oracle") and judge.log_odds is None:
+        raise ValueError(f"rule={rule!r} needs a judge with known log_odds; this judge has none")
+    if isinstance(max_rounds, bool) or not isinstance(max_rounds, (int, np.integer)):
+        raise TypeError(f"max_rounds: expected an int >= 1, got {max_rounds!r}")
+    if max_rounds < 1:
+        raise ValueError(f"max_rounds: expected an int >= 1, got {max_rounds}")
+    return num_comparisons, int(max_rounds)
+
+
+def build_kernel(
+    judge: Judge,
+    proposal: Callable[[jax.Array, Any], tuple[jax.Array, jax.Array]],
+    rule: str = "kbudget",
+    num_comparisons: int = 1,
+    max_rounds: int = 1000,
+) -> Callable[[jax.Array, PrefMHState], tuple[PrefMHState, PrefMHInfo]]:
+    """Returns ``kernel(key, state) -> (state, info)``, one Pref-MH step.
+
+    Args:
+      judge: a :class:`~hexad.prefmh.Judge`.
+      proposal: ``propose(key, x) -> (y, log_rho)`` (see :mod:`hexad.prefmh._proposals`).
+      rule: (static) one of ``"kbudget"``, ``"two_coin"``, ``"majority"``, ``"mh"``,
+        ``"barker_oracle"``.
+      num_comparisons: (static) the budget ``K >= 1`` (``"kbudget"``, ``"majority"``).
+      max_rounds: (static) bound on the two-coin factory's rounds.
+
+    >>> judge = bradley_terry_judge(lambda x: -0.5 * jnp.sum(x**2))
+    >>> kernel = build_kernel(judge, random_walk(1.0), "kbudget", 3)
+    >>> state, info = kernel(jax.random.key(0), init(jnp.zeros(2)))
+    >>> int(info.judge_calls)
+    3
+    """
+    num_comparisons, max_rounds = _validate(judge, proposal, rule, num_comparisons, max_rounds)
+
+    def kernel(key, state):
+        k_prop, k_judge, k_acc = jax.random.split(key, 3)
+        x = state.position
+        y, log_rho = proposal(k_prop, x)
+        y = jnp.asarray(y)
+        if y.shape != x.shape:
+            raise ValueError(f"proposal: expected y of shape {x.shape}, got {y.shape}")
+        log_rho = jnp.asarray(log_rho)
+        if log_rho.shape != ():
+            raise ValueError(f"proposal: expected a scalar log_rho, got shape {log_rho.shape}")
+        valid = ~jnp.isnan(log_rho) & (log_rho < jnp.inf)
+        ftype = jnp.result_type(float)
+        truncated = jnp.zeros((), jnp.bool_)
+        if rule in ("mh", "barker_oracle"):
+            log_ratio = jnp.asarray(judge.log_odds(x, y)) + log_rho
+            valid = valid & ~jnp.isnan(log_ratio)
+            fn = mh_acceptance if rule == "mh" else barker_acceptance
+            a = fn(log_ratio).astype(ftype)
+            wins = jnp.zeros((), jnp.int32)
+            calls = jnp.zeros((), jnp.int32)
+            accept = jax.random.uniform(k_acc, (), ftype) < a
+        elif rule in ("kbudget", "majority"):
+            outcomes = _check_outcomes(
+                judge.compare(k_judge, x, y, num_comparisons), num_comparisons
+            )
+            valid = valid & jnp.all((outcomes == 0) | (outcomes == 1))
+            wins = jnp.sum(outcomes).astype(jnp.int32)
+            if rule == "kbudget":
+                a = kbudget_acceptance(wins, num_comparisons, log_rho).astype(ftype)
+            else:
+                a = majority_acceptance(wins, num_comparisons).astype(ftype)
+            calls = jnp.asarray(num_comparisons, jnp.int32)
+            accept = jax.random.uniform(k_acc, (), ftype) < a
+        else:  # two_coin
+            # Coin 1 ("y wins", weight rho) vs coin 2 ("x wins", weight 1): pick coin 1 with
+            # probability rho / (1 + rho), make one comparison; y wins on coin 1 -> accept,
+            # x wins on coin 2 -> reject, otherwise repeat (Goncalves et al. 2017).
+            p_coin1 = jax.nn.sigmoid(log_rho)
+
+            def cond(carry):
+                _, done, _, rounds, _, _ = carry
+                return ~done & (rounds < max_rounds)
+
+            def body(carry):
+                k, _, _, rounds, wins, ok = carry
+                k, k_coin, k_cmp = jax.random.split(k, 3)
+                outcome = _check_outcomes(judge.compare(k_cmp, x, y, 1), 1)[0]
+                ok = ok & ((outcome == 0) | (outcome == 1))
+                coin1 = jax.random.uniform(k_coin, (), ftype) < p_coin1
+                done = jnp.where(coin1, outcome == 1, outcome == 0) | ~ok
+                acc = coin1 & (outcome == 1) & ok
+                return k, done, acc, rounds + 1, wins + (outcome == 1).astype(jnp.int32), ok
+
+            carry = (
+                k_judge,
+                jnp.zeros((), jnp.bool_),
+                jnp.zeros((), jnp.bool_),
+                jnp.zeros((), jnp.int32),
+                jnp.zeros((), jnp.int32),
+                valid,
+            )
+            _, done, accept, calls, wins, valid = jax.lax.while_loop(cond, body, carry)
+            truncated = ~done
+            a = accept.astype(ftype)
+        accept = accept & valid
+        new_position = jnp.where(accept, y, x)
+        info = PrefMHInfo(
+            acceptance_rate=a,
+            is_accepted=accept,
+            wins=wins,
+            judge_calls=calls,
+            valid=valid,
+            truncated=truncated,
+            proposal=y,
+        )
+        return PrefMHState(new_position), info
+
+    return kernel
+
+
+def prefmh(
+    judge: Judge,
+    proposal: Callable,
+    rule: str = "kbudget",
+    num_comparisons: int = 1,
+    max_rounds: int = 1000,
+) -> SamplingAlgorithm:
+    """Returns the Pref-MH sampling algorithm ``(init, step)`` (BlackJAX top-level shape).
+
+    Args:
+      judge: a :class:`~hexad.prefmh.Judge`.
+      proposal: ``propose(key, x) -> (y, log_rho)``.
+      rule: (static) acceptance rule, see :func:`build_kernel`.
+      num_comparisons: (static) comparison budget ``K``.
+      max_rounds: (static) bound on the two-coin factory's rounds.
+
+    >>> algo = prefmh(bradley_terry_judge(lambda x: -0.5 * jnp.sum(x**2)), random_walk(1.0))
+    >>> state, info = jax.jit(algo.step)(jax.random.key(0), algo.init(jnp.zeros(2)))
+    >>> info.is_accepted.dtype
+    dtype('bool')
+    """
+    kernel = build_kernel(judge, proposal, rule, num_comparisons, max_rounds)
+
+    def step(rng_key, state):
+        return kernel(rng_key, state)
+
+    return SamplingAlgorithm(init=init, step=step)

@@ -1,0 +1,180 @@
+"""Acceptance rules of Pref-MH: closed forms on arrays.
+
+Notation (Pref-MH, NeurIPS 2026): the chain is at ``x`` and proposes ``y``. A Bradley-Terry
+judge prefers ``y`` with probability ``p = pi(y) / (pi(x) + pi(y))``; ``W ~ Binomial(K, p)``
+is the number of wins of ``y`` in ``K`` independent comparisons. ``rho`` is everything in the
+Metropolis-Hastings ratio that the judge does not see, ``rho = q(y -> x) / q(x -> y)`` times a
+known base-measure ratio (see :mod:`hexad.prefmh._proposals`); ``log_rho`` is its logarithm.
+
+An acceptance ``a_rho(k)``, ``k = 0..K``, is exact for every target iff ``a_rho(0) = 0`` and
+``(K + 1 - j) a_rho(j) = rho j a_{1/rho}(K + 1 - j)`` for ``j = 1..K`` (coefficients in the
+degree-``K+1`` Bernstein basis). Its pointwise largest solution
+``a*(k) = min(1, rho k / (K + 1 - k))`` is Peskun-optimal; ``K = 1`` with ``rho = 1`` is
+Barker's rule and ``K -> inf`` tends to Metropolis-Hastings.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "RULES",
+    "acceptance_probability",
+    "barker_acceptance",
+    "kbudget_acceptance",
+    "majority_acceptance",
+    "mh_acceptance",
+    "two_coin_acceptance",
+]
+
+#: The rule names the kernels accept. ``"mh"`` and ``"barker_oracle"`` need a judge that knows
+#: its log-odds (verification only); the others use sampled comparisons only.
+RULES = ("mh", "barker_oracle", "kbudget", "majority", "two_coin")
+
+
+def check_num_comparisons(num_comparisons: int) -> int:
+    """Returns ``num_comparisons`` as an int or raises a ValueError naming it."""
+    if isinstance(num_comparisons, bool) or not isinstance(num_comparisons, (int, np.integer)):
+        raise TypeError(
+            f"num_comparisons: expected an int >= 1, got {type(num_comparisons).__name__} "
+            f"{num_comparisons!r}"
+        )
+    if num_comparisons < 1:
+        raise ValueError(f"num_comparisons: expected an int >= 1, got {num_comparisons}")
+    return int(num_comparisons)
+
+
+def mh_acceptance(log_ratio: jax.Array) -> jax.Array:
+    """Returns the Metropolis-Hastings acceptance ``min(1, exp(log_ratio))``.
+
+    Args:
+      log_ratio: ``[...]`` ``log(pi(y) q(y->x) / (pi(x) q(x->y)))``.
+
+    >>> float(mh_acceptance(jnp.log(0.25)))
+    0.25
+    """
+    return jnp.exp(jnp.minimum(log_ratio, 0.0))
+
+
+def barker_acceptance(log_ratio: jax.Array) -> jax.Array:
+    """Returns Barker's acceptance ``r / (1 + r)`` with ``r = exp(log_ratio)``.
+
+    This is the probability that one comparison by a Bradley-Terry judge prefers ``y`` when
+    the proposal is symmetric, and the acceptance the two-coin factory realises exactly.
+
+    Args:
+      log_ratio: ``[...]`` ``log(pi(y) q(y->x) / (pi(x) q(x->y)))``.
+
+    >>> float(barker_acceptance(jnp.log(3.0)))
+    0.75
+    """
+    return jax.nn.sigmoid(log_ratio)
+
+
+def kbudget_acceptance(wins: jax.Array, num_comparisons: int, log_rho: jax.Array) -> jax.Array:
+    """Returns the Peskun-optimal K-budget acceptance ``a*(k) = min(1, rho k / (K + 1 - k))``.
+
+    Args:
+      wins: ``[...]`` integer wins ``k`` of the proposal, ``0 <= k <= K``.
+      num_comparisons: ``K`` (static), the comparison budget.
+      log_rho: ``[...]`` (broadcast with ``wins``) log proposal/base ratio ``log rho``.
+
+    Returns:
+      ``[...]`` acceptance probabilities in ``[0, 1]``; exactly 0 where ``k = 0``.
+
+    >>> float(kbudget_acceptance(jnp.array(2), 3, jnp.array(0.0)))
+    1.0
+    >>> float(kbudget_acceptance(jnp.array(1), 3, jnp.array(0.0)))
+    0.3333333432674408
+    """
+    k = jnp.asarray(wins).astype(jnp.result_type(float))
+    log_a = jnp.minimum(0.0, log_rho + jnp.log(k) - jnp.log(num_comparisons + 1.0 - k))
+    return jnp.where(k > 0, jnp.exp(log_a), 0.0)
+
+
+def majority_acceptance(wins: jax.Array, num_comparisons: int) -> jax.Array:
+    """Returns the majority-vote acceptance: 1 if ``2k > K``, 1/2 on a tie, else 0.
+
+    This is the intuitive baseline; it is *not* exact (its chain does not leave ``pi``
+    invariant), which the tests demonstrate on a small state space.
+
+    Args:
+      wins: ``[...]`` integer wins ``k``.
+      num_comparisons: ``K`` (static).
+
+    >>> float(majority_acceptance(jnp.array(2), 3))
+    1.0
+    """
+    twice = 2 * jnp.asarray(wins)
+    return jnp.where(twice > num_comparisons, 1.0, jnp.where(twice == num_comparisons, 0.5, 0.0))
+
+
+def two_coin_acceptance(log_p_win: jax.Array, log_rho: jax.Array) -> jax.Array:
+    """Returns the two-coin factory's acceptance probability ``rho p / (rho p + 1 - p)``.
+
+    Goncalves, Latuszynski & Roberts (2017), "Barker's algorithm for Bayesian inference with
+    intractable likelihoods": with coins ``p`` (the proposal
+    wins) and ``1 - p`` and weights ``rho`` and 1, the factory returns 1 with probability
+    ``rho p / (rho p + 1 - p)``: Barker's rule for an asymmetric proposal.
+
+    Args:
+      log_p_win: ``[...]`` ``log p``, the log-probability that the judge prefers ``y``.
+      log_rho: ``[...]`` log proposal/base ratio.
+
+    >>> float(two_coin_acceptance(jnp.log(0.5), jnp.log(3.0)))
+    0.75
+    """
+    log_q = jnp.log1p(-jnp.exp(log_p_win))
+    return jax.nn.sigmoid(log_rho + log_p_win - log_q)
+
+
+def _log_binom_pmf(num_comparisons: int, log_p: jax.Array, log_q: jax.Array) -> jax.Array:
+    k = jnp.arange(num_comparisons + 1, dtype=log_p.dtype).reshape(
+        (1,) * log_p.ndim + (num_comparisons + 1,)
+    )
+    log_coef = (
+        jax.scipy.special.gammaln(num_comparisons + 1.0)
+        - jax.scipy.special.gammaln(k + 1.0)
+        - jax.scipy.special.gammaln(num_comparisons - k + 1.0)
+    )
+    return log_coef + k * log_p[..., None] + (num_comparisons - k) * log_q[..., None]
+
+
+def acceptance_probability(
+    rule: str, log_p_win: jax.Array, log_rho: jax.Array, num_comparisons: int = 1
+) -> jax.Array:
+    """Returns the expected acceptance of ``rule`` over the judge's random outcomes.
+
+    ``E[a(W)]`` with ``W ~ Binomial(K, p)`` for the comparison rules, the closed form for
+    ``"two_coin"`` (untruncated), and ``min(1, rho p / (1 - p))`` for ``"mh"`` (the judge's
+    odds ``p / (1 - p)`` equal ``pi(y) / pi(x)`` under Bradley-Terry). Multiplied by the
+    proposal matrix this gives the exact transition matrix of a chain on a finite space.
+
+    Args:
+      rule: one of :data:`RULES` (static).
+      log_p_win: ``[...]`` log-probability that the judge prefers ``y`` over ``x``.
+      log_rho: ``[...]`` log proposal/base ratio (broadcast with ``log_p_win``).
+      num_comparisons: ``K`` (static), for ``"kbudget"`` and ``"majority"``.
+
+    >>> float(acceptance_probability("kbudget", jnp.log(0.5), jnp.array(0.0), 1))
+    0.5
+    """
+    if rule not in RULES:
+        raise ValueError(f"rule: expected one of {RULES}, got {rule!r}")
+    num_comparisons = check_num_comparisons(num_comparisons)
+    log_p_win, log_rho = jnp.broadcast_arrays(jnp.asarray(log_p_win), jnp.asarray(log_rho))
+    log_q = jnp.log1p(-jnp.exp(log_p_win))
+    log_odds = log_p_win - log_q
+    if rule == "mh":
+        return mh_acceptance(log_odds + log_rho)
+    if rule in ("barker_oracle", "two_coin"):
+        return barker_acceptance(log_odds + log_rho)
+    pmf = jnp.exp(_log_binom_pmf(num_comparisons, log_p_win, log_q))
+    k = jnp.broadcast_to(jnp.arange(num_comparisons + 1), pmf.shape)
+    if rule == "kbudget":
+        a = kbudget_acceptance(k, num_comparisons, log_rho[..., None])
+    else:
+        a = majority_acceptance(k, num_comparisons)
+    return jnp.sum(pmf * a, axis=-1)
