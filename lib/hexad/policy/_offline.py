@@ -1,0 +1,576 @@
+"""Offline RL in the init/step shape: behaviour cloning, IQL and CQL, and a scanned trainer.
+
+Each algorithm is a factory that closes over its networks, optimisers and hyper-parameters
+(all static) and returns ``OfflineAlgorithm(init, step)`` with
+
+    init(key, batch) -> State              # shapes taken from one example batch
+    step(key, state, batch) -> (State, Info)
+
+Both are pure; the user jits (``jax.jit(algo.step)``) or scans them with :func:`make_train`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from hexad.policy._networks import gaussian_log_prob, sample_action
+
+__all__ = [
+    "Batch",
+    "BCState",
+    "CQLState",
+    "IQLState",
+    "OfflineAlgorithm",
+    "batch_from_dataset",
+    "bc",
+    "cql",
+    "expectile_loss",
+    "iql",
+    "make_train",
+]
+
+Params = Any
+
+
+class Batch(NamedTuple):
+    """Transitions, named as in D4RL.
+
+    Attributes:
+      observations: ``[B, o]`` float32.
+      actions: ``[B, d]`` float32 in ``(-1, 1)`` for squashed actors.
+      rewards: ``[B]`` float32.
+      next_observations: ``[B, o]`` float32.
+      terminals: ``[B]`` float32, 1.0 where the episode ended in a terminal state.
+    """
+
+    observations: jax.Array
+    actions: jax.Array
+    rewards: jax.Array
+    next_observations: jax.Array
+    terminals: jax.Array
+
+
+class OfflineAlgorithm(NamedTuple):
+    """An offline-RL algorithm: ``init(key, batch) -> State``, ``step(key, state, batch)``."""
+
+    init: Callable
+    step: Callable
+
+
+def batch_from_dataset(data: Mapping[str, Any], dtype=jnp.float32) -> Batch:
+    """Returns a :class:`Batch` of the whole data set, checking fields, shapes and NaNs.
+
+    Args:
+      data: a mapping with the D4RL keys ``observations [N, o]``, ``actions [N, d]``,
+        ``rewards [N]``, ``next_observations [N, o]``, ``terminals [N]``.
+      dtype: float dtype of the arrays.
+
+    Returns:
+      a ``Batch`` of device arrays.
+
+    >>> d = {"observations": np.zeros((3, 2)), "actions": np.zeros((3, 1)),
+    ...      "rewards": np.zeros(3), "next_observations": np.zeros((3, 2)),
+    ...      "terminals": np.zeros(3)}
+    >>> batch_from_dataset(d).actions.shape
+    (3, 1)
+    """
+    if not isinstance(data, Mapping):
+        raise TypeError(f"data: expected a mapping of arrays, got {type(data).__name__}")
+    missing = [k for k in Batch._fields if k not in data]
+    if missing:
+        raise ValueError(f"data: missing fields {missing}; expected {list(Batch._fields)}")
+    arrs = {k: np.asarray(data[k]) for k in Batch._fields}
+    n = arrs["observations"].shape[0]
+    want = {
+        "observations": 2,
+        "actions": 2,
+        "rewards": 1,
+        "next_observations": 2,
+        "terminals": 1,
+    }
+    for k, nd in want.items():
+        a = arrs[k]
+        if a.ndim != nd or a.shape[0] != n:
+            raise ValueError(f"data[{k!r}]: expected {nd} axes with {n} rows, got shape {a.shape}")
+        if not np.all(np.isfinite(a.astype(np.float64))):
+            raise ValueError(f"data[{k!r}]: expected finite values, got NaN or inf")
+    if arrs["next_observations"].shape != arrs["observations"].shape:
+        raise ValueError(
+            "data['next_observations']: expected shape "
+            f"{arrs['observations'].shape}, got {arrs['next_observations'].shape}"
+        )
+    return Batch(**{k: jnp.asarray(v, dtype) for k, v in arrs.items()})
+
+
+def expectile_loss(diff, expectile: float):
+    """Returns IQL's asymmetric squared loss ``|tau - 1(u < 0)| u^2`` (arXiv 2110.06169, eq. 5).
+
+    Its minimiser over a constant ``m`` for ``u = x - m`` is the ``tau``-expectile of ``x``.
+
+    Args:
+      diff: ``[...]`` residuals ``u = target - prediction``.
+      expectile: ``tau`` in ``(0, 1)`` (static).
+
+    Returns:
+      ``[...]`` losses.
+
+    >>> expectile_loss(jnp.array([-2.0, 1.0]), 0.7)
+    Array([1.2, 0.7], dtype=float32)
+    """
+    weight = jnp.where(diff > 0, expectile, 1.0 - expectile)
+    return weight * jnp.square(diff)
+
+
+def _check_unit(name: str, x: float, closed: bool = False) -> None:
+    ok = (0.0 <= x <= 1.0) if closed else (0.0 < x < 1.0)
+    if not ok:
+        interval = "[0, 1]" if closed else "(0, 1)"
+        raise ValueError(f"{name}: expected a value in {interval}, got {x!r}")
+
+
+def _polyak(target, online, tau: float):
+    return jax.tree.map(lambda t, o: (1.0 - tau) * t + tau * o, target, online)
+
+
+# --------------------------------------------------------------------------------------------
+# Behaviour cloning
+# --------------------------------------------------------------------------------------------
+
+
+class BCState(NamedTuple):
+    """State of behaviour cloning.
+
+    Attributes:
+      params: the actor's parameters (pytree).
+      opt_state: the optimiser's state.
+      step: ``[]`` int32 number of updates so far.
+    """
+
+    params: Params
+    opt_state: optax.OptState
+    step: jax.Array
+
+
+class BCInfo(NamedTuple):
+    """Diagnostics of one BC update: ``loss`` (mean negative log-likelihood), ``grad_norm``."""
+
+    loss: jax.Array
+    grad_norm: jax.Array
+
+
+def bc(actor: nn.Module, optimizer: optax.GradientTransformation) -> OfflineAlgorithm:
+    """Returns behaviour cloning by maximum likelihood of the data's actions.
+
+    Args:
+      actor: a ``GaussianActor`` (static); its ``squash`` flag decides the likelihood.
+      optimizer: an optax transformation (static).
+
+    Returns:
+      ``OfflineAlgorithm(init, step)`` with ``BCState`` and ``BCInfo``.
+
+    >>> from hexad.policy import GaussianActor
+    >>> algo = bc(GaussianActor(1, hidden=(8,)), optax.adam(1e-3))
+    >>> b = Batch(jnp.zeros((4, 2)), jnp.zeros((4, 1)), jnp.zeros(4), jnp.zeros((4, 2)),
+    ...           jnp.zeros(4))
+    >>> state, info = algo.step(jax.random.key(1), algo.init(jax.random.key(0), b), b)
+    >>> int(state.step)
+    1
+    """
+    squash = bool(getattr(actor, "squash", True))
+
+    def init(key, batch: Batch) -> BCState:
+        params = actor.init(key, batch.observations)
+        return BCState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+
+    def step(key, state: BCState, batch: Batch):
+        del key  # BC's update is deterministic given the batch.
+
+        def loss_fn(params):
+            dist = actor.apply(params, batch.observations)
+            return -jnp.mean(gaussian_log_prob(dist, batch.actions, squash))
+
+        loss, grads = jax.value_and_grad(loss_fn)(state.params)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        info = BCInfo(loss, optax.global_norm(grads))
+        return BCState(params, opt_state, state.step + 1), info
+
+    return OfflineAlgorithm(init, step)
+
+
+# --------------------------------------------------------------------------------------------
+# IQL (Kostrikov, Nair, Levine 2021, arXiv 2110.06169)
+# --------------------------------------------------------------------------------------------
+
+
+class IQLState(NamedTuple):
+    """State of IQL: actor, twin critic (+ Polyak target), value network, optimiser states."""
+
+    actor_params: Params
+    critic_params: Params
+    target_critic_params: Params
+    value_params: Params
+    actor_opt_state: optax.OptState
+    critic_opt_state: optax.OptState
+    value_opt_state: optax.OptState
+    step: jax.Array
+
+
+class IQLInfo(NamedTuple):
+    """Diagnostics of one IQL update (all ``[]``)."""
+
+    value_loss: jax.Array
+    critic_loss: jax.Array
+    actor_loss: jax.Array
+    mean_v: jax.Array
+    mean_q: jax.Array
+    mean_adv: jax.Array
+
+
+def iql(
+    actor: nn.Module,
+    critic: nn.Module,
+    value: nn.Module,
+    actor_optimizer: optax.GradientTransformation,
+    critic_optimizer: optax.GradientTransformation,
+    value_optimizer: optax.GradientTransformation,
+    *,
+    discount: float = 0.99,
+    expectile: float = 0.7,
+    temperature: float = 3.0,
+    tau: float = 0.005,
+    max_weight: float = 100.0,
+) -> OfflineAlgorithm:
+    """Returns implicit Q-learning (arXiv 2110.06169, eqs. 5-7 and the AWR actor of sec. 4.3).
+
+    One step updates, in order: the value ``V`` by expectile regression on
+    ``min(Q1, Q2)`` of the target critic; the actor by advantage-weighted regression with
+    weights ``min(exp(temperature * (Q_target - V)), max_weight)``; the twin critic towards
+    ``r + discount (1 - terminal) V(s')``; then the target critic by Polyak averaging.
+
+    Args:
+      actor: ``GaussianActor`` (static).
+      critic: ``TwinCritic`` (static).
+      value: ``ValueNet`` (static).
+      actor_optimizer, critic_optimizer, value_optimizer: optax transformations (static).
+      discount: gamma in ``[0, 1]``.
+      expectile: tau of the expectile loss, in ``(0, 1)``.
+      temperature: inverse temperature of the AWR weights, ``> 0``.
+      tau: Polyak rate in ``(0, 1]``.
+      max_weight: clip of the AWR weights.
+
+    Returns:
+      ``OfflineAlgorithm(init, step)`` with ``IQLState`` and ``IQLInfo``.
+
+    >>> from hexad.policy import GaussianActor, TwinCritic, ValueNet
+    >>> algo = iql(GaussianActor(1, (8,)), TwinCritic((8,)), ValueNet((8,)),
+    ...            optax.adam(1e-3), optax.adam(1e-3), optax.adam(1e-3))
+    >>> b = Batch(jnp.zeros((4, 2)), jnp.zeros((4, 1)), jnp.ones(4), jnp.zeros((4, 2)),
+    ...           jnp.zeros(4))
+    >>> state, info = algo.step(jax.random.key(1), algo.init(jax.random.key(0), b), b)
+    >>> info.value_loss.shape
+    ()
+    """
+    _check_unit("discount", discount, closed=True)
+    _check_unit("expectile", expectile)
+    if not tau > 0 or tau > 1:
+        raise ValueError(f"tau: expected a value in (0, 1], got {tau!r}")
+    if not temperature > 0:
+        raise ValueError(f"temperature: expected a value > 0, got {temperature!r}")
+    squash = bool(getattr(actor, "squash", True))
+
+    def init(key, batch: Batch) -> IQLState:
+        ka, kc, kv = jax.random.split(key, 3)
+        ap = actor.init(ka, batch.observations)
+        cp = critic.init(kc, batch.observations, batch.actions)
+        vp = value.init(kv, batch.observations)
+        return IQLState(
+            ap,
+            cp,
+            cp,
+            vp,
+            actor_optimizer.init(ap),
+            critic_optimizer.init(cp),
+            value_optimizer.init(vp),
+            jnp.zeros((), jnp.int32),
+        )
+
+    def step(key, state: IQLState, batch: Batch):
+        del key  # IQL's update is deterministic given the batch.
+        obs, act = batch.observations, batch.actions
+        tq1, tq2 = critic.apply(state.target_critic_params, obs, act)
+        target_q = jax.lax.stop_gradient(jnp.minimum(tq1, tq2))
+
+        def value_loss(vp):
+            v = value.apply(vp, obs)
+            return jnp.mean(expectile_loss(target_q - v, expectile)), v
+
+        (v_loss, v), v_grads = jax.value_and_grad(value_loss, has_aux=True)(state.value_params)
+        v_upd, value_opt_state = value_optimizer.update(
+            v_grads, state.value_opt_state, state.value_params
+        )
+        value_params = optax.apply_updates(state.value_params, v_upd)
+
+        adv = target_q - jax.lax.stop_gradient(value.apply(value_params, obs))
+        weights = jnp.minimum(jnp.exp(temperature * adv), max_weight)
+
+        def actor_loss(ap):
+            dist = actor.apply(ap, obs)
+            return -jnp.mean(weights * gaussian_log_prob(dist, act, squash))
+
+        a_loss, a_grads = jax.value_and_grad(actor_loss)(state.actor_params)
+        a_upd, actor_opt_state = actor_optimizer.update(
+            a_grads, state.actor_opt_state, state.actor_params
+        )
+        actor_params = optax.apply_updates(state.actor_params, a_upd)
+
+        next_v = value.apply(value_params, batch.next_observations)
+        backup = batch.rewards + discount * (1.0 - batch.terminals) * next_v
+        backup = jax.lax.stop_gradient(backup)
+
+        def critic_loss(cp):
+            q1, q2 = critic.apply(cp, obs, act)
+            return jnp.mean(jnp.square(q1 - backup) + jnp.square(q2 - backup)), q1
+
+        (c_loss, q1), c_grads = jax.value_and_grad(critic_loss, has_aux=True)(state.critic_params)
+        c_upd, critic_opt_state = critic_optimizer.update(
+            c_grads, state.critic_opt_state, state.critic_params
+        )
+        critic_params = optax.apply_updates(state.critic_params, c_upd)
+        target = _polyak(state.target_critic_params, critic_params, tau)
+
+        new_state = IQLState(
+            actor_params,
+            critic_params,
+            target,
+            value_params,
+            actor_opt_state,
+            critic_opt_state,
+            value_opt_state,
+            state.step + 1,
+        )
+        info = IQLInfo(v_loss, c_loss, a_loss, jnp.mean(v), jnp.mean(q1), jnp.mean(adv))
+        return new_state, info
+
+    return OfflineAlgorithm(init, step)
+
+
+# --------------------------------------------------------------------------------------------
+# CQL (Kumar et al. 2020, arXiv 2006.04779), the CQL(H) variant with importance sampling
+# --------------------------------------------------------------------------------------------
+
+
+class CQLState(NamedTuple):
+    """State of CQL: actor, twin critic (+ Polyak target) and their optimiser states."""
+
+    actor_params: Params
+    critic_params: Params
+    target_critic_params: Params
+    actor_opt_state: optax.OptState
+    critic_opt_state: optax.OptState
+    step: jax.Array
+
+
+class CQLInfo(NamedTuple):
+    """Diagnostics of one CQL update (all ``[]``)."""
+
+    critic_loss: jax.Array
+    cql_gap: jax.Array
+    actor_loss: jax.Array
+    mean_q: jax.Array
+    entropy: jax.Array
+
+
+def cql(
+    actor: nn.Module,
+    critic: nn.Module,
+    actor_optimizer: optax.GradientTransformation,
+    critic_optimizer: optax.GradientTransformation,
+    *,
+    discount: float = 0.99,
+    cql_weight: float = 5.0,
+    n_action_samples: int = 10,
+    entropy_coef: float = 0.1,
+    tau: float = 0.005,
+) -> OfflineAlgorithm:
+    """Returns conservative Q-learning, CQL(H) (arXiv 2006.04779, eq. 4 and appendix F).
+
+    The critic minimises the TD error to ``r + discount (1 - terminal) min Q_target(s', a')``
+    with ``a' ~ pi(s')``, plus ``cql_weight`` times the gap
+    ``logsumexp_a Q(s, a) - Q(s, a_data)``, where the log-sum-exp over actions is estimated by
+    importance sampling from ``n_action_samples`` uniform and ``n_action_samples`` policy actions.
+    The actor maximises ``min(Q1, Q2)(s, a) - entropy_coef log pi(a | s)`` (a fixed entropy
+    coefficient, not SAC's learned one). Actions are assumed in ``[-1, 1]``.
+
+    Args:
+      actor: a squashed ``GaussianActor`` (static).
+      critic: ``TwinCritic`` (static).
+      actor_optimizer, critic_optimizer: optax transformations (static).
+      discount: gamma in ``[0, 1]``.
+      cql_weight: weight of the conservative gap, ``>= 0``.
+      n_action_samples: samples of each kind for the log-sum-exp (static).
+      entropy_coef: fixed entropy bonus of the actor, ``>= 0``.
+      tau: Polyak rate in ``(0, 1]``.
+
+    Returns:
+      ``OfflineAlgorithm(init, step)`` with ``CQLState`` and ``CQLInfo``.
+
+    >>> from hexad.policy import GaussianActor, TwinCritic
+    >>> algo = cql(GaussianActor(1, (8,)), TwinCritic((8,)), optax.adam(1e-3), optax.adam(1e-3))
+    >>> b = Batch(jnp.zeros((4, 2)), jnp.zeros((4, 1)), jnp.ones(4), jnp.zeros((4, 2)),
+    ...           jnp.zeros(4))
+    >>> state, info = algo.step(jax.random.key(1), algo.init(jax.random.key(0), b), b)
+    >>> info.cql_gap.shape
+    ()
+    """
+    _check_unit("discount", discount, closed=True)
+    if not tau > 0 or tau > 1:
+        raise ValueError(f"tau: expected a value in (0, 1], got {tau!r}")
+    if cql_weight < 0 or entropy_coef < 0:
+        raise ValueError(
+            f"cql_weight, entropy_coef: expected >= 0, got {cql_weight!r}, {entropy_coef!r}"
+        )
+    if not isinstance(n_action_samples, int) or n_action_samples < 1:
+        raise ValueError(f"n_action_samples: expected an int >= 1, got {n_action_samples!r}")
+    if not getattr(actor, "squash", True):
+        raise ValueError("actor: CQL needs a squashed actor (actions in [-1, 1]), got squash=False")
+    n = n_action_samples
+
+    def init(key, batch: Batch) -> CQLState:
+        ka, kc = jax.random.split(key)
+        ap = actor.init(ka, batch.observations)
+        cp = critic.init(kc, batch.observations, batch.actions)
+        return CQLState(
+            ap,
+            cp,
+            cp,
+            actor_optimizer.init(ap),
+            critic_optimizer.init(cp),
+            jnp.zeros((), jnp.int32),
+        )
+
+    def _repeat(x):  # [B, o] -> [n, B, o]
+        return jnp.broadcast_to(x[None], (n, *x.shape))
+
+    def step(key, state: CQLState, batch: Batch):
+        k_next, k_rand, k_pi, k_actor = jax.random.split(key, 4)
+        obs, act = batch.observations, batch.actions
+        bsz, d = act.shape
+        pi_next = actor.apply(state.actor_params, batch.next_observations)
+        a_next, _ = sample_action(k_next, pi_next)
+        tq1, tq2 = critic.apply(state.target_critic_params, batch.next_observations, a_next)
+        backup = batch.rewards + discount * (1.0 - batch.terminals) * jnp.minimum(tq1, tq2)
+        backup = jax.lax.stop_gradient(backup)
+
+        a_rand = jax.random.uniform(k_rand, (n, bsz, d), minval=-1.0, maxval=1.0)
+        log_unif = -d * jnp.log(2.0)
+        pi_now = actor.apply(state.actor_params, obs)
+        pi_rep = jax.tree.map(_repeat, pi_now)
+        a_pi, logp_pi = sample_action(k_pi, pi_rep)
+        a_pi, logp_pi = jax.lax.stop_gradient((a_pi, logp_pi))
+        obs_rep = _repeat(obs)
+
+        def critic_loss(cp):
+            q1, q2 = critic.apply(cp, obs, act)
+            td = jnp.mean(jnp.square(q1 - backup) + jnp.square(q2 - backup))
+            r1, r2 = critic.apply(cp, obs_rep, a_rand)
+            p1, p2 = critic.apply(cp, obs_rep, a_pi)
+            # Importance-sampled log-sum-exp: half the samples uniform, half from pi.
+            cat1 = jnp.concatenate([r1 - log_unif, p1 - logp_pi], axis=0)
+            cat2 = jnp.concatenate([r2 - log_unif, p2 - logp_pi], axis=0)
+            lse1 = jax.nn.logsumexp(cat1, axis=0) - jnp.log(2.0 * n)
+            lse2 = jax.nn.logsumexp(cat2, axis=0) - jnp.log(2.0 * n)
+            gap = jnp.mean(lse1 - q1) + jnp.mean(lse2 - q2)
+            return td + cql_weight * gap, (gap, q1)
+
+        (c_loss, (gap, q1)), c_grads = jax.value_and_grad(critic_loss, has_aux=True)(
+            state.critic_params
+        )
+        c_upd, critic_opt_state = critic_optimizer.update(
+            c_grads, state.critic_opt_state, state.critic_params
+        )
+        critic_params = optax.apply_updates(state.critic_params, c_upd)
+
+        def actor_loss(ap):
+            dist = actor.apply(ap, obs)
+            a, logp = sample_action(k_actor, dist)
+            q1, q2 = critic.apply(critic_params, obs, a)
+            return jnp.mean(entropy_coef * logp - jnp.minimum(q1, q2)), -jnp.mean(logp)
+
+        (a_loss, ent), a_grads = jax.value_and_grad(actor_loss, has_aux=True)(state.actor_params)
+        a_upd, actor_opt_state = actor_optimizer.update(
+            a_grads, state.actor_opt_state, state.actor_params
+        )
+        actor_params = optax.apply_updates(state.actor_params, a_upd)
+        target = _polyak(state.target_critic_params, critic_params, tau)
+        new_state = CQLState(
+            actor_params, critic_params, target, actor_opt_state, critic_opt_state, state.step + 1
+        )
+        return new_state, CQLInfo(c_loss, gap, a_loss, jnp.mean(q1), ent)
+
+    return OfflineAlgorithm(init, step)
+
+
+# --------------------------------------------------------------------------------------------
+# Scanned training loop
+# --------------------------------------------------------------------------------------------
+
+
+def make_train(
+    algorithm: OfflineAlgorithm,
+    n_steps: int,
+    batch_size: int,
+    sharding: jax.sharding.Sharding | None = None,
+) -> Callable:
+    """Returns ``train(key, state, data) -> (state, infos)``: ``n_steps`` updates in a ``lax.scan``.
+
+    Each update draws ``batch_size`` transitions uniformly with replacement from ``data``.
+    With ``sharding`` (e.g. ``NamedSharding(mesh, PartitionSpec("data"))``) each minibatch is
+    constrained to it, so on a mesh the batch is split along the data axis and XLA inserts the
+    gradient all-reduce. The mesh's axes must be ``AxisType.Auto`` (the constraint is a hint
+    to the partitioner).
+
+    Args:
+      algorithm: an ``OfflineAlgorithm`` (static).
+      n_steps: updates per call (static).
+      batch_size: minibatch size (static).
+      sharding: optional sharding of the minibatch's leading axis (static).
+
+    Returns:
+      ``train(key, state, data: Batch)`` returning the final state and the stacked ``Info``
+      (each field ``[n_steps]``). Jit it; call it repeatedly for chunks with a progress bar.
+
+    >>> from hexad.policy import GaussianActor
+    >>> algo = bc(GaussianActor(1, hidden=()), optax.adam(1e-2))
+    >>> b = Batch(jnp.ones((8, 2)), jnp.zeros((8, 1)), jnp.zeros(8), jnp.ones((8, 2)),
+    ...           jnp.zeros(8))
+    >>> train = jax.jit(make_train(algo, n_steps=5, batch_size=4))
+    >>> state, infos = train(jax.random.key(1), algo.init(jax.random.key(0), b), b)
+    >>> infos.loss.shape
+    (5,)
+    """
+    for name, v in (("n_steps", n_steps), ("batch_size", batch_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+
+    def train(key, state, data: Batch):
+        n = data.observations.shape[0]
+
+        def body(state, k):
+            k_idx, k_step = jax.random.split(k)
+            idx = jax.random.randint(k_idx, (batch_size,), 0, n)
+            batch = jax.tree.map(lambda x: x[idx], data)
+            if sharding is not None:
+                batch = jax.lax.with_sharding_constraint(batch, sharding)
+            return algorithm.step(k_step, state, batch)
+
+        return jax.lax.scan(body, state, jax.random.split(key, n_steps))
+
+    return train

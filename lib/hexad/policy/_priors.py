@@ -1,0 +1,100 @@
+"""Goal-conditioned priors: hindsight goal relabelling, degraded and random priors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["degrade_params", "future_goal_indices", "trajectory_ends"]
+
+
+def trajectory_ends(terminals, timeouts) -> np.ndarray:
+    """Returns, for each transition, the index of the last transition of its trajectory.
+
+    Host-side (numpy) preprocessing of a D4RL-style data set stored as consecutive
+    trajectories; a trajectory ends where ``terminals`` or ``timeouts`` is set, or at the end.
+
+    Args:
+      terminals: ``[N]`` 0/1.
+      timeouts: ``[N]`` 0/1.
+
+    Returns:
+      ``[N]`` int32 indices ``e_i >= i``.
+
+    >>> trajectory_ends(np.array([0, 0, 1, 0]), np.array([0, 0, 0, 0]))
+    array([2, 2, 2, 3], dtype=int32)
+    """
+    t = np.asarray(terminals).astype(bool) | np.asarray(timeouts).astype(bool)
+    if t.ndim != 1:
+        raise ValueError(f"terminals: expected shape [N], got {t.shape}")
+    n = t.shape[0]
+    ends = np.empty(n, np.int32)
+    cur = n - 1
+    for i in range(n - 1, -1, -1):
+        if t[i]:
+            cur = i
+        ends[i] = cur
+    return ends
+
+
+def future_goal_indices(key, ends, future_p: float = 1.0):
+    """Returns hindsight-relabelled goal indices: a uniform future step of the same trajectory.
+
+    With probability ``future_p`` the goal index of transition ``i`` is uniform on
+    ``[i + 1, e_i]`` (clipped to ``e_i``), otherwise uniform over the whole data set
+    (Andrychowicz et al. 2017, arXiv 1707.01495, the "future" strategy).
+
+    Args:
+      key: PRNG key.
+      ends: ``[N]`` int32 trajectory ends from :func:`trajectory_ends`.
+      future_p: probability of a future goal (static).
+
+    Returns:
+      ``[N]`` int32 indices into the data set.
+
+    >>> idx = future_goal_indices(jax.random.key(0), jnp.array([2, 2, 2]))
+    >>> bool(jnp.all(idx >= jnp.arange(3)))
+    True
+    """
+    ends = jnp.asarray(ends)
+    n = ends.shape[0]
+    k_u, k_mix, k_any = jax.random.split(key, 3)
+    i = jnp.arange(n)
+    span = jnp.maximum(ends - i, 1)
+    j = jnp.minimum(i + 1 + jnp.floor(jax.random.uniform(k_u, (n,)) * span).astype(i.dtype), ends)
+    anywhere = jax.random.randint(k_any, (n,), 0, n)
+    use_future = jax.random.uniform(k_mix, (n,)) < future_p
+    return jnp.where(use_future, j, anywhere).astype(jnp.int32)
+
+
+def degrade_params(key, params: Any, scale: float) -> Any:
+    """Returns ``params`` with Gaussian noise of ``scale`` times each leaf's own std added.
+
+    A deliberately degraded prior: the same architecture and the same training, with its
+    weights corrupted in proportion to their spread (``scale = 0`` returns ``params``).
+
+    Args:
+      key: PRNG key.
+      params: a pytree of float arrays.
+      scale: relative noise level, ``>= 0``.
+
+    Returns:
+      a pytree like ``params``.
+
+    >>> p = {"w": jnp.arange(4.0)}
+    >>> bool(jnp.all(degrade_params(jax.random.key(0), p, 0.0)["w"] == p["w"]))
+    True
+    """
+    if not scale >= 0:
+        raise ValueError(f"scale: expected a value >= 0, got {scale!r}")
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(key, len(leaves))
+    out = []
+    for k, x in zip(keys, leaves, strict=True):
+        spread = jnp.std(x) if x.size > 1 else jnp.abs(x).mean()
+        spread = jnp.where(spread > 0, spread, 1.0)
+        out.append(x + scale * spread * jax.random.normal(k, x.shape, x.dtype))
+    return jax.tree.unflatten(treedef, out)

@@ -1,0 +1,215 @@
+"""Offline RL: BC recovers a linear expert, the expectile loss, IQL/CQL run and trace once."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from hexad import policy as P
+
+OBS, ACT, N = 3, 2, 256
+
+
+@pytest.fixture(scope="module")
+def linear_data():
+    k1, k2 = jax.random.split(jax.random.key(42))
+    w = 0.3 * jax.random.normal(k1, (OBS, ACT))
+    obs = jax.random.normal(k2, (N, OBS))
+    act = obs @ w
+    data = P.Batch(obs, act, jnp.zeros(N), obs, jnp.zeros(N))
+    return w, data
+
+
+def test_bc_recovers_linear_expert(linear_data):
+    w, data = linear_data
+    actor = P.GaussianActor(ACT, hidden=(), squash=False, state_dependent_std=False)
+    algo = P.bc(actor, optax.adam(3e-2))
+    train = jax.jit(P.make_train(algo, n_steps=600, batch_size=64))
+    state = algo.init(jax.random.key(0), data)
+    state, infos = train(jax.random.key(1), state, data)
+    kernel = state.params["params"]["mean"]["kernel"]
+    bias = state.params["params"]["mean"]["bias"]
+    # Noise-free linear expert: the maximum-likelihood mean is exactly W; Adam gets within 2e-2.
+    np.testing.assert_allclose(kernel, w, atol=2e-2)
+    np.testing.assert_allclose(bias, 0.0, atol=2e-2)
+    assert float(infos.loss[-1]) < float(infos.loss[0])
+
+
+def test_bc_squashed_recovers_bounded_expert(linear_data):
+    w, data = linear_data
+    data = data._replace(actions=jnp.tanh(data.observations @ w))
+    actor = P.GaussianActor(ACT, hidden=(), squash=True, state_dependent_std=False)
+    algo = P.bc(actor, optax.adam(3e-2))
+    state = algo.init(jax.random.key(0), data)
+    state, _ = jax.jit(P.make_train(algo, 600, 64))(jax.random.key(1), state, data)
+    # tanh(W s) is exactly representable in pre-tanh space.
+    kernel = state.params["params"]["mean"]["kernel"]
+    np.testing.assert_allclose(kernel, w, atol=2e-2)
+
+
+def test_expectile_loss_closed_form():
+    u = jnp.array([-2.0, -0.5, 0.0, 0.5, 3.0])
+    tau = 0.8
+    expected = np.array([0.2 * 4.0, 0.2 * 0.25, 0.0, 0.8 * 0.25, 0.8 * 9.0])
+    np.testing.assert_allclose(P.expectile_loss(u, tau), expected, rtol=1e-6)
+    # tau = 1/2 is half the squared loss.
+    np.testing.assert_allclose(P.expectile_loss(u, 0.5), 0.5 * u**2, rtol=1e-6)
+
+
+def test_expectile_minimiser_is_the_expectile(float64):
+    x = jnp.asarray(np.random.default_rng(0).gamma(2.0, size=200))
+    tau = 0.9
+
+    # The tau-expectile m solves tau E[(x - m)_+] = (1 - tau) E[(m - x)_+]; bisection in numpy.
+    xs = np.asarray(x)
+    lo, hi = xs.min(), xs.max()
+    for _ in range(100):
+        m = 0.5 * (lo + hi)
+        g = tau * np.mean(np.maximum(xs - m, 0)) - (1 - tau) * np.mean(np.maximum(m - xs, 0))
+        lo, hi = (m, hi) if g > 0 else (lo, m)
+    m_star = 0.5 * (lo + hi)
+    # Gradient descent on the mean expectile loss reaches the same point.
+    loss = lambda m: jnp.mean(P.expectile_loss(x - m, tau))  # noqa: E731
+    m = jnp.float64(0.0)
+    for _ in range(2000):
+        m = m - 1.0 * jax.grad(loss)(m)
+    assert float(m) == pytest.approx(m_star, abs=1e-8)
+
+
+def _tiny_batch(key, n=32):
+    k = jax.random.split(key, 3)
+    obs = jax.random.normal(k[0], (n, OBS))
+    act = jnp.tanh(jax.random.normal(k[1], (n, ACT)))
+    rew = jax.random.normal(k[2], (n,))
+    return P.Batch(obs, act, rew, jnp.roll(obs, 1, axis=0), jnp.zeros(n))
+
+
+@pytest.fixture(scope="module")
+def iql_algo():
+    return P.iql(
+        P.GaussianActor(ACT, (16,)),
+        P.TwinCritic((16,)),
+        P.ValueNet((16,)),
+        optax.adam(1e-3),
+        optax.adam(1e-3),
+        optax.adam(1e-3),
+    )
+
+
+def test_iql_step_traces_once_and_is_finite(iql_algo):
+    batch = _tiny_batch(jax.random.key(0))
+    state = iql_algo.init(jax.random.key(1), batch)
+    step = jax.jit(chex.assert_max_traces(iql_algo.step, n=1))
+    for i in range(3):
+        state, info = step(jax.random.key(i), state, batch)
+    assert int(state.step) == 3
+    assert all(np.isfinite(np.asarray(v)) for v in info)
+
+
+def test_iql_value_fits_expectile_of_one_step_returns(iql_algo):
+    # Terminal transitions: Q -> r, and V -> expectile of Q over actions at each state. With one
+    # state repeated and rewards r(a) = a_0, V must sit above the mean reward (tau = 0.7 > 1/2).
+    n = 64
+    act = jnp.tanh(jax.random.normal(jax.random.key(3), (n, ACT)))
+    obs = jnp.zeros((n, OBS))
+    data = P.Batch(obs, act, act[:, 0], obs, jnp.ones(n))
+    algo = P.iql(
+        P.GaussianActor(ACT, (16,)),
+        P.TwinCritic((32, 32)),
+        P.ValueNet((16,)),
+        optax.adam(3e-3),
+        optax.adam(3e-3),
+        optax.adam(3e-3),
+        tau=0.05,
+    )
+    state = algo.init(jax.random.key(1), data)
+    state, infos = jax.jit(P.make_train(algo, 1500, n))(jax.random.key(2), state, data)
+    r = np.asarray(act[:, 0])
+    lo, hi = r.min(), r.max()
+    for _ in range(60):
+        m = 0.5 * (lo + hi)
+        g = 0.7 * np.mean(np.maximum(r - m, 0)) - 0.3 * np.mean(np.maximum(m - r, 0))
+        lo, hi = (m, hi) if g > 0 else (lo, m)
+    v = float(P.ValueNet((16,)).apply(state.value_params, obs[:1])[0])
+    # Function-approximation slack: 0.1 on rewards spread over about [-1, 1].
+    assert v == pytest.approx(0.5 * (lo + hi), abs=0.1)
+    assert v > float(np.mean(r))
+
+
+def test_cql_step_traces_once_and_penalises_ood():
+    algo = P.cql(
+        P.GaussianActor(ACT, (16,)),
+        P.TwinCritic((16,)),
+        optax.adam(1e-3),
+        optax.adam(3e-3),
+        cql_weight=5.0,
+        n_action_samples=4,
+    )
+    batch = _tiny_batch(jax.random.key(0))
+    state = algo.init(jax.random.key(1), batch)
+    step = jax.jit(chex.assert_max_traces(algo.step, n=1))
+    gaps = []
+    for i in range(60):
+        state, info = step(jax.random.key(i), state, batch)
+        gaps.append(float(info.cql_gap))
+    assert all(np.isfinite(np.asarray(v)) for v in info)
+    # The conservative term pushes Q down off the data: the log-sum-exp gap shrinks.
+    assert np.mean(gaps[-10:]) < np.mean(gaps[:10])
+
+
+def test_bc_step_traces_once():
+    algo = P.bc(P.GaussianActor(ACT, (8,)), optax.adam(1e-3))
+    batch = _tiny_batch(jax.random.key(0))
+    state = algo.init(jax.random.key(1), batch)
+    step = jax.jit(chex.assert_max_traces(algo.step, n=1))
+    for i in range(3):
+        state, _ = step(jax.random.key(i), state, batch)
+
+
+def test_sharded_training_matches_single_device(linear_data):
+    _, data = linear_data
+    mesh = jax.make_mesh((len(jax.devices()),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    algo = P.bc(P.GaussianActor(ACT, hidden=(), squash=False), optax.adam(1e-2))
+    state = algo.init(jax.random.key(0), data)
+    a, _ = jax.jit(P.make_train(algo, 20, 64))(jax.random.key(1), state, data)
+    b, _ = jax.jit(P.make_train(algo, 20, 64, sharding))(jax.random.key(1), state, data)
+    chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
+
+
+def test_hindsight_goals_and_degrade():
+    ends = P.trajectory_ends(np.array([0, 0, 1, 0, 0]), np.array([0, 0, 0, 0, 1]))
+    np.testing.assert_array_equal(ends, [2, 2, 2, 4, 4])
+    idx = np.asarray(P.future_goal_indices(jax.random.key(0), jnp.asarray(ends)))
+    i = np.arange(5)
+    assert np.all((idx >= i) & (idx <= ends))
+    params = {"w": jnp.ones((4, 4)), "b": jnp.zeros(4)}
+    noisy = P.degrade_params(jax.random.key(0), params, 0.5)
+    assert not np.allclose(noisy["b"], 0.0)
+
+
+def test_dataset_validation():
+    good = {
+        "observations": np.zeros((4, 3)),
+        "actions": np.zeros((4, 2)),
+        "rewards": np.zeros(4),
+        "next_observations": np.zeros((4, 3)),
+        "terminals": np.zeros(4),
+    }
+    assert P.batch_from_dataset(good).observations.shape == (4, 3)
+    bad = dict(good)
+    del bad["rewards"]
+    with pytest.raises(ValueError, match="rewards"):
+        P.batch_from_dataset(bad)
+    bad = dict(good, actions=np.full((4, 2), np.nan))
+    with pytest.raises(ValueError, match="actions"):
+        P.batch_from_dataset(bad)
+    bad = dict(good, next_observations=np.zeros((4, 5)))
+    with pytest.raises(ValueError, match="next_observations"):
+        P.batch_from_dataset(bad)
+    with pytest.raises(ValueError, match="expectile"):
+        P.iql(
+            P.GaussianActor(2), P.TwinCritic(), P.ValueNet(), *(optax.sgd(1.0),) * 3, expectile=1.5
+        )
