@@ -1,0 +1,370 @@
+"""The CacheX on-disk format and the T0 host-DRAM staging pool.
+
+A saved step holds, per rank, one directory of raw little-endian array bytes, one file per
+addressable shard (``l<leaf>_s<k>.bin``), and a ``manifest.json`` written last: the tree's key
+paths, each leaf's global shape and dtype, and for each shard its index (``[start, stop)`` per
+dimension), byte count and CRC-32. The manifest carries the CRC-32 of its own canonical JSON,
+so a flipped bit in the manifest itself is caught too. No pickle anywhere: a restore reads JSON
+and raw bytes only, checks every size and checksum before any array is built, and refuses a
+step that is truncated, bit-flipped or missing a file.
+
+Each rank saves every distinct shard it can address (not only ``replica_id == 0``), so a rank
+can restore from its own node-local copy without reading another node's files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from hexad.cachex import _fsio
+
+__all__ = [
+    "MANIFEST",
+    "CorruptCheckpointError",
+    "LeafSpec",
+    "ShardRecord",
+    "Snapshot",
+    "StagingPool",
+    "assemble_tree",
+    "read_manifest",
+    "read_rank_dir",
+    "snapshot_nbytes",
+    "write_rank_dir",
+]
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint directory is truncated, bit-flipped, partial or otherwise unreadable."""
+
+
+class LeafSpec(NamedTuple):
+    """One leaf of the saved tree: key path, global shape and dtype name."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+class ShardRecord(NamedTuple):
+    """One staged shard: the leaf it belongs to, its index and its host copy.
+
+    Attributes:
+      leaf: index of the leaf in the flattened tree.
+      index: ``((start, stop), ...)`` per dimension of the global array.
+      data: host array of shape ``[stop - start for each dimension]`` (a staging buffer).
+    """
+
+    leaf: int
+    index: tuple[tuple[int, int], ...]
+    data: np.ndarray
+
+
+class Snapshot(NamedTuple):
+    """A staged pytree: the leaf specs and the host copies of every distinct local shard."""
+
+    leaves: tuple[LeafSpec, ...]
+    shards: tuple[ShardRecord, ...]
+
+
+def snapshot_nbytes(snap: Snapshot) -> int:
+    """Returns the number of array bytes in ``snap``."""
+    return int(sum(s.data.nbytes for s in snap.shards))
+
+
+def _norm_index(index: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    out = []
+    for sl, n in zip(index, shape, strict=True):
+        start, stop, step = sl.indices(n)
+        if step != 1:
+            raise ValueError(f"shard index: expected unit-stride slices, got {sl}")
+        out.append((int(start), int(stop)))
+    return tuple(out)
+
+
+def _leaf_entries(leaf: Any) -> tuple[tuple[int, ...], np.dtype, list[tuple[tuple, Any]]]:
+    """Returns (global shape, dtype, [(index, array-like source)]) for one leaf."""
+    if isinstance(leaf, jax.Array):
+        shape = tuple(int(d) for d in leaf.shape)
+        seen: dict[tuple, Any] = {}
+        for sh in leaf.addressable_shards:
+            idx = _norm_index(sh.index, shape)
+            if idx not in seen:
+                seen[idx] = sh.data
+        for data in seen.values():
+            if hasattr(data, "copy_to_host_async"):
+                data.copy_to_host_async()
+        return shape, np.dtype(leaf.dtype), list(seen.items())
+    if isinstance(leaf, (np.ndarray, np.generic, int, float, bool, complex)):
+        arr = np.asarray(leaf)
+        shape = tuple(int(d) for d in arr.shape)
+        return shape, arr.dtype, [(tuple((0, n) for n in shape), arr)]
+    raise TypeError(
+        f"tree leaf: expected a jax.Array, numpy array or Python scalar, got {type(leaf).__name__}"
+    )
+
+
+class StagingPool:
+    """T0: a reused pool of host buffers, ``n_slots`` deep (2 = double buffering).
+
+    :meth:`stage` copies every distinct addressable shard of a pytree into the buffers of a free
+    slot (an explicit ``np.copyto``: on CPU, ``np.asarray`` of a device buffer is zero-copy, and
+    a snapshot that aliased device memory would change under a donating training step). Buffers
+    are kept per slot and reused when the next save has the same shapes, so steady-state saves
+    allocate nothing. When every slot is still being written out, :meth:`stage` blocks: that
+    back-pressure is the only way the lower tiers can stall the training loop.
+
+    Args:
+      n_slots: number of staging slots (static), at least 1.
+
+    >>> pool = StagingPool(2)
+    >>> slot, snap = pool.stage({"w": np.ones(3, np.float32)})
+    >>> pool.release(slot)
+    """
+
+    def __init__(self, n_slots: int = 2):
+        if not isinstance(n_slots, int) or n_slots < 1:
+            raise ValueError(f"n_slots: expected an int >= 1, got {n_slots!r}")
+        self.n_slots = n_slots
+        self._buffers: list[dict[tuple[int, int], np.ndarray]] = [{} for _ in range(n_slots)]
+        self._free: queue.Queue[int] = queue.Queue()
+        for i in range(n_slots):
+            self._free.put(i)
+        self._lock = threading.Lock()
+        self.allocations = 0
+
+    def stage(self, tree: Any, timeout: float | None = None) -> tuple[int, Snapshot]:
+        """Copies ``tree`` into a free slot; returns ``(slot, Snapshot)``. Blocks if none free."""
+        flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+        entries = [(jax.tree_util.keystr(p), _leaf_entries(x)) for p, x in flat]
+        try:
+            slot = self._free.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"staging pool: no free slot within {timeout} s") from None
+        bufs = self._buffers[slot]
+        leaves, shards = [], []
+        try:
+            for li, (path, (shape, dtype, parts)) in enumerate(entries):
+                leaves.append(LeafSpec(path, shape, dtype.name))
+                for k, (idx, src) in enumerate(parts):
+                    bshape = tuple(b - a for a, b in idx)
+                    buf = bufs.get((li, k))
+                    if buf is None or buf.shape != bshape or buf.dtype != dtype:
+                        buf = np.empty(bshape, dtype)
+                        bufs[(li, k)] = buf
+                        with self._lock:
+                            self.allocations += 1
+                    np.copyto(buf, np.asarray(src))
+                    shards.append(ShardRecord(li, idx, buf))
+        except BaseException:
+            self._free.put(slot)
+            raise
+        return slot, Snapshot(tuple(leaves), tuple(shards))
+
+    def release(self, slot: int) -> None:
+        """Returns ``slot`` to the pool once its snapshot has been written out."""
+        self._free.put(slot)
+
+
+def _manifest_crc(body: Mapping[str, Any]) -> int:
+    return _fsio.crc32_bytes(json.dumps(body, sort_keys=True).encode())
+
+
+def write_rank_dir(directory: Path, snap: Snapshot, meta: Mapping[str, Any]) -> int:
+    """T1 write of one rank's snapshot into the existing empty ``directory``; returns bytes.
+
+    Writes and ``fsync``s every shard file, then the manifest (with its own checksum), then
+    ``fsync``s the directory. The manifest is the last entry written, so a directory without
+    a valid manifest is, by construction, an interrupted write.
+    """
+    directory = Path(directory)
+    files = []
+    total = 0
+    counts: dict[int, int] = {}
+    for s in snap.shards:
+        k = counts.get(s.leaf, 0)
+        counts[s.leaf] = k + 1
+        name = f"l{s.leaf}_s{k}.bin"
+        data = np.ascontiguousarray(s.data)
+        view = memoryview(data.reshape(-1).view(np.uint8)) if data.size else memoryview(b"")
+        total += _fsio.write_file_durable(directory / name, view)
+        files.append(
+            {
+                "leaf": s.leaf,
+                "index": [list(ab) for ab in s.index],
+                "file": name,
+                "nbytes": int(data.nbytes),
+                "crc32": _fsio.crc32_bytes(view),
+            }
+        )
+    body = {
+        "format": FORMAT_VERSION,
+        "meta": dict(meta),
+        "leaves": [{"path": v.path, "shape": list(v.shape), "dtype": v.dtype} for v in snap.leaves],
+        "shards": files,
+    }
+    manifest = dict(body, manifest_crc32=_manifest_crc(body))
+    _fsio.write_file_durable(directory / MANIFEST, json.dumps(manifest, sort_keys=True).encode())
+    _fsio.fsync_dir(directory)
+    return total
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """Reads and checks ``directory/manifest.json``; raises CorruptCheckpointError if bad."""
+    path = Path(directory) / MANIFEST
+    try:
+        manifest = _fsio.read_json(path)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"{directory}: no {MANIFEST} (interrupted write)") from None
+    except ValueError as e:
+        raise CorruptCheckpointError(f"{directory}: {e}") from None
+    if not isinstance(manifest, dict) or "manifest_crc32" not in manifest:
+        raise CorruptCheckpointError(f"{directory}: {MANIFEST} lacks its checksum")
+    body = {k: v for k, v in manifest.items() if k != "manifest_crc32"}
+    if _manifest_crc(body) != manifest["manifest_crc32"]:
+        raise CorruptCheckpointError(f"{directory}: {MANIFEST} checksum mismatch (bit flip?)")
+    if body.get("format") != FORMAT_VERSION:
+        raise CorruptCheckpointError(
+            f"{directory}: format {body.get('format')!r}, expected {FORMAT_VERSION}"
+        )
+    for f in body["shards"]:
+        _fsio.validate_file_name(f["file"])
+    return body
+
+
+def read_rank_dir(directory: Path) -> tuple[dict[str, Any], list[tuple[int, tuple, np.ndarray]]]:
+    """Reads one rank's directory, verifying every file's size and CRC-32 before use.
+
+    Returns:
+      ``(manifest, [(leaf, index, array)])``.
+
+    Raises:
+      CorruptCheckpointError: a missing, truncated or bit-flipped file.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    out = []
+    for f in manifest["shards"]:
+        path = directory / f["file"]
+        try:
+            size = os.stat(path).st_size
+        except FileNotFoundError:
+            raise CorruptCheckpointError(f"{directory}: missing {f['file']}") from None
+        if size != f["nbytes"]:
+            raise CorruptCheckpointError(
+                f"{directory}: {f['file']} has {size} bytes, expected {f['nbytes']} (truncated)"
+            )
+        raw = bytearray(size)
+        with open(path, "rb", buffering=0) as fh:
+            got = fh.readinto(raw) if size else 0
+        if got != size or _fsio.crc32_bytes(raw) != f["crc32"]:
+            raise CorruptCheckpointError(f"{directory}: {f['file']} checksum mismatch (bit flip)")
+        leaf = manifest["leaves"][f["leaf"]]
+        idx = tuple((int(a), int(b)) for a, b in f["index"])
+        arr = np.frombuffer(raw, dtype=np.dtype(jax.numpy.dtype(leaf["dtype"])))
+        out.append((int(f["leaf"]), idx, arr.reshape(tuple(b - a for a, b in idx))))
+    return manifest, out
+
+
+def _target_spec(x: Any) -> tuple[tuple[int, ...], np.dtype]:
+    if isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic)):
+        return tuple(int(d) for d in x.shape), np.dtype(x.dtype)
+    if isinstance(x, (int, float, bool, complex)):
+        arr = np.asarray(x)
+        return (), arr.dtype
+    raise TypeError(
+        "target leaf: expected a jax.Array, jax.ShapeDtypeStruct, numpy array or Python scalar, "
+        f"got {type(x).__name__}"
+    )
+
+
+def assemble_tree(target: Any, manifest: Mapping[str, Any], pieces: list) -> Any:
+    """Builds a pytree shaped like ``target`` from verified shard ``pieces``.
+
+    Args:
+      target: the pytree to restore into; leaves are ``jax.Array`` (restored with the same
+        sharding), ``jax.ShapeDtypeStruct`` (with its ``sharding`` if set), numpy arrays or
+        Python scalars.
+      manifest: a manifest from :func:`read_rank_dir` (any rank: they share the tree).
+      pieces: ``[(leaf, index, array)]`` from one or more ranks.
+
+    Raises:
+      ValueError: the tree structure, a shape or a dtype differs from the saved one, or the
+        pieces do not cover a shard that the target needs.
+    """
+    flat, treedef = jax.tree_util.tree_flatten_with_path(target)
+    saved = manifest["leaves"]
+    paths = [jax.tree_util.keystr(p) for p, _ in flat]
+    saved_paths = [v["path"] for v in saved]
+    if paths != saved_paths:
+        diff = next(
+            (i for i, (a, b) in enumerate(zip(paths, saved_paths, strict=False)) if a != b),
+            min(len(paths), len(saved_paths)),
+        )
+        raise ValueError(
+            f"target: tree structure differs from the checkpoint: {len(paths)} leaves vs "
+            f"{len(saved_paths)} saved; first difference at leaf {diff}: "
+            f"target {paths[diff] if diff < len(paths) else None!r}, "
+            f"saved {saved_paths[diff] if diff < len(saved_paths) else None!r}"
+        )
+    by_leaf: dict[int, list[tuple[tuple, np.ndarray]]] = {}
+    for li, idx, arr in pieces:
+        by_leaf.setdefault(li, []).append((idx, arr))
+    out = []
+    for li, (path, x) in enumerate(zip(paths, (v for _, v in flat), strict=True)):
+        shape, dtype = _target_spec(x)
+        sshape = tuple(saved[li]["shape"])
+        sdtype = np.dtype(jax.numpy.dtype(saved[li]["dtype"]))
+        if shape != sshape or dtype != sdtype:
+            raise ValueError(
+                f"target{path}: expected shape {sshape} dtype {sdtype.name} as saved, "
+                f"got shape {shape} dtype {dtype.name}"
+            )
+        parts = by_leaf.get(li, [])
+
+        def fetch(index, parts=parts, shape=shape, dtype=dtype, path=path):
+            want = _norm_index(index, shape) if index is not None else tuple((0, n) for n in shape)
+            for idx, arr in parts:
+                if idx == want:
+                    return arr
+            buf = np.empty(tuple(b - a for a, b in want), dtype)
+            covered = np.zeros(buf.shape, bool)
+            for idx, arr in parts:
+                lo = [max(a, c) for (a, _), (c, _) in zip(idx, want, strict=True)]
+                hi = [min(b, d) for (_, b), (_, d) in zip(idx, want, strict=True)]
+                if any(h <= l_ for l_, h in zip(lo, hi, strict=True)) and len(want):
+                    continue
+                src = tuple(slice(l_ - a, h - a) for l_, h, (a, _) in zip(lo, hi, idx, strict=True))
+                dst = tuple(
+                    slice(l_ - c, h - c) for l_, h, (c, _) in zip(lo, hi, want, strict=True)
+                )
+                buf[dst] = arr[src]
+                covered[dst] = True
+            if not covered.all():
+                raise ValueError(
+                    f"target{path}: the checkpoint's readable shards do not cover index {want}"
+                )
+            return buf
+
+        if isinstance(x, jax.Array) or (
+            isinstance(x, jax.ShapeDtypeStruct) and getattr(x, "sharding", None) is not None
+        ):
+            out.append(jax.make_array_from_callback(shape, x.sharding, fetch))
+        elif isinstance(x, jax.ShapeDtypeStruct):
+            out.append(jax.device_put(fetch(None)))
+        elif isinstance(x, (np.ndarray, np.generic)):
+            out.append(np.array(fetch(None)))
+        else:
+            out.append(type(x)(np.asarray(fetch(None)).item()))
+    return jax.tree_util.tree_unflatten(treedef, out)

@@ -1,0 +1,478 @@
+"""The CacheX orbax handler and manager: T0 staging, T1 local, T2 replica, T3 PFS drain.
+
+``CacheXHandler`` is an orbax ``AsyncCheckpointHandler``. Its ``async_save`` runs in the
+training loop and does only T0 (copy into the staging pool); the returned commit future does
+T1 (write + fsync files + fsync directory) and T2 (push to the neighbour's replica server and
+wait for its fsync + rename ack). orbax finalizes (atomically renames) the step only after the
+commit future returns, so an orbax-committed CacheX step is replica-durable. T3 (PFS) runs
+outside orbax's commit, in the drainer process (:mod:`hexad.cachex._pfs`).
+
+``CacheXManager`` wraps ``orbax.checkpoint.CheckpointManager`` with that handler, a
+preservation policy that never deletes the newest PFS-durable step nor any newer step still
+waiting for the drain, durability records, and a restore that falls back local -> neighbour
+replica -> PFS, with all processes agreeing on the newest step every one of them can read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_args
+from orbax.checkpoint._src import asyncio_utils
+from orbax.checkpoint._src.futures import future as ocp_future
+from orbax.checkpoint._src.handlers import async_checkpoint_handler
+
+from hexad.cachex import _format, _fsio, _pfs, _replica
+
+__all__ = [
+    "CacheXHandler",
+    "CacheXManager",
+    "CacheXRestore",
+    "CacheXSave",
+    "Restored",
+    "resume",
+]
+
+ITEM = "state"
+TIERS = ("local", "replica", "pfs")
+
+
+class _Node:
+    """What one process's handler shares with its manager (static, host-side)."""
+
+    def __init__(self, rank, records_dir, pool, neighbour, require_replica):
+        self.rank = rank
+        self.records_dir = Path(records_dir)
+        self.pool = pool
+        self.neighbour = neighbour
+        self.require_replica = require_replica
+        self.stalls: dict[int, float] = {}
+        self.errors: dict[int, str] = {}
+
+
+class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
+    """orbax async handler: T0 staging in ``async_save``, T1 + T2 in the commit future.
+
+    Build it through :class:`CacheXManager`; it is registered with :class:`CacheXSave` and
+    :class:`CacheXRestore`.
+    """
+
+    def __init__(self, node: _Node | None = None):
+        self._node = node
+
+    async def async_save(self, directory, args: CacheXSave | None = None, **kwargs):
+        if args is None or self._node is None:
+            raise ValueError(
+                "CacheXHandler.async_save: expected args=CacheXSave(...) via a manager"
+            )
+        node = self._node
+        t0 = time.perf_counter()
+        slot, snap = node.pool.stage(args.state)
+        node.stalls[args.step] = time.perf_counter() - t0
+        return [
+            ocp_future.CommitFutureAwaitingContractedSignals(
+                self._commit(directory, slot, snap, args.step, t0), name="cachex_commit"
+            )
+        ]
+
+    async def _commit(self, directory, slot, snap, step, t0):
+        node = self._node
+        try:
+            d = Path(directory)
+            d.mkdir(parents=True, exist_ok=True)
+            meta = {"step": int(step), "rank": node.rank}
+            nbytes = _format.write_rank_dir(d, snap, meta)
+            t_local = time.perf_counter() - t0
+            _pfs.record_tier(node.records_dir, step, "staged", seconds=node.stalls.get(step))
+            _pfs.record_tier(node.records_dir, step, "local", seconds=t_local, nbytes=nbytes)
+            if node.neighbour is not None:
+                try:
+                    node.neighbour.push_dir(node.rank, step, d)
+                except _replica.ReplicaError as e:
+                    node.errors[step] = str(e)
+                    _pfs.record_tier(node.records_dir, step, "replica_error", error=str(e))
+                    if node.require_replica:
+                        raise
+                else:
+                    _pfs.record_tier(
+                        node.records_dir, step, "replica", seconds=time.perf_counter() - t0
+                    )
+        finally:
+            node.pool.release(slot)
+
+    def save(self, directory, args: CacheXSave | None = None, **kwargs):
+        async def run():
+            for f in await self.async_save(directory, args=args) or []:
+                f.result()
+
+        asyncio_utils.run_sync(run())
+
+    def restore(self, directory, args: CacheXRestore | None = None, **kwargs):
+        manifest, pieces = _format.read_rank_dir(Path(directory))
+        if args is None or args.target is None:
+            raise ValueError("CacheXHandler.restore: expected args=CacheXRestore(target=...)")
+        return _format.assemble_tree(args.target, manifest, pieces)
+
+    def metadata(self, directory):
+        return _format.read_manifest(Path(directory))
+
+    def finalize(self, directory):
+        pass
+
+    def close(self):
+        pass
+
+
+@checkpoint_args.register_with_handler(CacheXHandler, for_save=True)
+@dataclasses.dataclass
+class CacheXSave(checkpoint_args.CheckpointArgs):
+    """Save args: the pytree ``state`` and its ``step``."""
+
+    state: Any
+    step: int = 0
+
+
+@checkpoint_args.register_with_handler(CacheXHandler, for_restore=True)
+@dataclasses.dataclass
+class CacheXRestore(checkpoint_args.CheckpointArgs):
+    """Restore args: ``target``, the pytree to restore into (arrays or ShapeDtypeStructs)."""
+
+    target: Any = None
+
+
+@dataclasses.dataclass
+class _Preserve:
+    """orbax preservation policy: latest ``n`` + newest PFS-durable + every newer step.
+
+    A step newer than the newest PFS-durable one is pinned until the drainer persists it (the
+    drainer reads it from the node-local tier). Without a PFS, the latest ``n`` are kept: the
+    newest orbax-committed step is then the newest durable one and is always among them.
+    """
+
+    manager: CacheXManager
+    n: int
+
+    def should_preserve(self, checkpoints, *, context=None):
+        steps = [c.step for c in checkpoints]
+        keep = [i >= len(steps) - self.n for i in range(len(steps))]
+        if self.manager.pfs_dir is not None:
+            pfs = [s for s in steps if self.manager.tier_done(s, "pfs")]
+            newest = max(pfs, default=-1)
+            keep = [k or s >= newest for k, s in zip(keep, steps, strict=True)]
+        return keep
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+    """What :meth:`CacheXManager.restore` returns: the step, the tree and the tier read."""
+
+    step: int
+    state: Any
+    tier: str
+
+
+class CacheXManager:
+    """Checkpoints pytrees through orbax with DRAM staging, neighbour replica and PFS drain.
+
+    Args:
+      directory: this node's local root; holds ``steps/`` (orbax) and ``durability/``.
+      neighbour: a :class:`ReplicaClient` for the neighbour's replica server (T2), or None.
+      pfs_dir: the PFS root shared by all ranks (T3), or None for no drain.
+      pfs_model: a :class:`PFSModel` the drainer imposes on its writes, or None.
+      max_to_keep: local steps kept besides the pinned ones (static), >= 1.
+      staging_slots: depth of the staging pool (2 = double buffering).
+      require_replica: if True a failed replica push fails the save (orbax then never commits
+        it); if False the step commits local-only and records ``replica_error``.
+      rank, n_ranks: this process and the number of processes (default: ``jax``'s).
+      seed: seeds the PFS model's latency draws.
+      drainer: start the drainer process (when ``pfs_dir`` is set).
+
+    >>> import tempfile, numpy as np
+    >>> m = CacheXManager(tempfile.mkdtemp())
+    >>> m.save(0, {"w": np.ones(3, np.float32)})
+    True
+    >>> m.wait_until_finished(); m.restore({"w": np.zeros(3, np.float32)}).step
+    0
+    >>> m.close()
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        neighbour: _replica.ReplicaClient | None = None,
+        pfs_dir: str | Path | None = None,
+        pfs_model: _pfs.PFSModel | None = None,
+        max_to_keep: int = 2,
+        staging_slots: int = 2,
+        require_replica: bool = True,
+        rank: int | None = None,
+        n_ranks: int | None = None,
+        seed: int = 0,
+        drainer: bool = True,
+    ):
+        if not isinstance(max_to_keep, int) or max_to_keep < 1:
+            raise ValueError(f"max_to_keep: expected an int >= 1, got {max_to_keep!r}")
+        if neighbour is not None and not isinstance(neighbour, _replica.ReplicaClient):
+            raise TypeError(f"neighbour: expected a ReplicaClient, got {type(neighbour).__name__}")
+        self.directory = Path(directory).absolute()
+        self.steps_dir = self.directory / "steps"
+        self.records_dir = self.directory / "durability"
+        self.records_dir.mkdir(parents=True, exist_ok=True)
+        self.steps_dir.mkdir(parents=True, exist_ok=True)
+        self.pfs_dir = Path(pfs_dir).absolute() if pfs_dir is not None else None
+        self.rank = jax.process_index() if rank is None else int(rank)
+        self.n_ranks = jax.process_count() if n_ranks is None else int(n_ranks)
+        if not 0 <= self.rank < self.n_ranks:
+            raise ValueError(f"rank: expected 0 <= rank < n_ranks={self.n_ranks}, got {self.rank}")
+        self.neighbour = neighbour
+        self.pool = _format.StagingPool(staging_slots)
+        self._node = _Node(self.rank, self.records_dir, self.pool, neighbour, require_replica)
+        self.handler = CacheXHandler(self._node)
+        options = ocp.CheckpointManagerOptions(
+            enable_async_checkpointing=True,
+            create=False,
+            preservation_policy=_Preserve(self, max_to_keep),
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                primary_host=None,
+                active_processes={jax.process_index()},
+                barrier_sync_key_prefix=f"cachex_rank{self.rank}",
+            ),
+        )
+        self._mngr = ocp.CheckpointManager(
+            self.steps_dir, item_handlers={ITEM: self.handler}, options=options
+        )
+        self._drainer = None
+        if self.pfs_dir is not None:
+            self.pfs_dir.mkdir(parents=True, exist_ok=True)
+            stop = self.records_dir / "drainer.stop"
+            if stop.exists():
+                stop.unlink()
+            self.drainer_config = _pfs.DrainerConfig(
+                steps_dir=str(self.steps_dir),
+                item=ITEM,
+                records_dir=str(self.records_dir),
+                pfs_dir=str(self.pfs_dir),
+                rank=self.rank,
+                n_ranks=self.n_ranks,
+                pfs=dataclasses.asdict(pfs_model) if pfs_model is not None else None,
+                seed=seed,
+                parent_pid=os.getpid(),
+            )
+            if drainer:
+                self._drainer = _pfs.spawn_drainer(self.drainer_config)
+
+    # -- saving ----------------------------------------------------------------------------------
+
+    def save(self, step: int, state: Any, force: bool = False) -> bool:
+        """Starts saving ``state`` as ``step``; blocks only for T0 staging. Returns orbax's bool."""
+        _fsio.validate_step_name(step)
+        saved = self._mngr.save(
+            int(step), args=ocp.args.Composite(**{ITEM: CacheXSave(state, int(step))}), force=force
+        )
+        if saved and self.neighbour is not None:
+            # Replica GC follows local GC; the step just started is kept (it may commit soon).
+            try:
+                self.neighbour.retain(self.rank, [*self._mngr.all_steps(), int(step)])
+            except _replica.ReplicaError:
+                pass
+        return saved
+
+    def wait_until_finished(self) -> None:
+        """Blocks until the in-flight save is committed (replica-durable)."""
+        self._mngr.wait_until_finished()
+
+    def stall_seconds(self, step: int) -> float | None:
+        """The T0 staging time of ``step`` (the part that blocked the caller)."""
+        return self._node.stalls.get(int(step))
+
+    def durability(self, step: int) -> dict[str, dict]:
+        """Returns the durability records of ``step``: ``{tier: {"time": ..., ...}}``."""
+        d = self.records_dir / _fsio.validate_step_name(step)
+        out = {}
+        if d.exists():
+            for p in d.glob("*.json"):
+                try:
+                    out[p.stem] = _fsio.read_json(p)
+                except (ValueError, OSError):
+                    continue
+        return out
+
+    def tier_done(self, step: int, tier: str) -> bool:
+        """Whether ``step`` has reached ``tier`` (``staged``/``local``/``replica``/``pfs``)."""
+        return (self.records_dir / str(int(step)) / f"{tier}.json").exists()
+
+    def wait_for_pfs(self, step: int, timeout_s: float = 60.0) -> bool:
+        """Polls until ``step`` is PFS-durable (or failed to drain); returns whether it is."""
+        t_end = time.monotonic() + timeout_s
+        while time.monotonic() < t_end:
+            if self.tier_done(step, "pfs"):
+                return True
+            if self.tier_done(step, "pfs_error"):
+                return False
+            time.sleep(0.01)
+        return False
+
+    def all_steps(self) -> list[int]:
+        """Committed (orbax-finalized, hence replica-durable) local steps, oldest first.
+
+        orbax's own ``all_steps`` also lists a step whose save is still in flight; this does not.
+        """
+        if not self.steps_dir.exists():
+            return []
+        return sorted(int(p.name) for p in self.steps_dir.iterdir() if p.name.isdigit())
+
+    # -- restoring -------------------------------------------------------------------------------
+
+    def readable_steps(self) -> dict[str, list[int]]:
+        """Steps this rank can read per tier (manifests checked, data not yet verified)."""
+        out = {"local": [], "replica": [], "pfs": []}
+        if self.steps_dir.exists():
+            for p in self.steps_dir.iterdir():
+                if p.name.isdigit():
+                    try:
+                        _format.read_manifest(p / ITEM)
+                        out["local"].append(int(p.name))
+                    except _format.CorruptCheckpointError:
+                        continue
+        if self.neighbour is not None:
+            try:
+                out["replica"] = self.neighbour.list_steps(self.rank)
+            except _replica.ReplicaError:
+                pass
+        if self.pfs_dir is not None and self.pfs_dir.exists():
+            for p in self.pfs_dir.iterdir():
+                if p.name.isdigit():
+                    try:
+                        _format.read_manifest(p / f"rank_{self.rank}")
+                        out["pfs"].append(int(p.name))
+                    except _format.CorruptCheckpointError:
+                        continue
+        return {k: sorted(v) for k, v in out.items()}
+
+    def _load(self, tier: str, step: int, target: Any) -> Any:
+        if tier == "local":
+            d = self.steps_dir / str(step) / ITEM
+        elif tier == "pfs":
+            d = self.pfs_dir / str(step) / f"rank_{self.rank}"
+        else:
+            d = self.directory / f".restore-{step}-{time.monotonic_ns()}"
+            try:
+                self.neighbour.fetch_dir(self.rank, step, d)
+                manifest, pieces = _format.read_rank_dir(d)
+            finally:
+                shutil.rmtree(d, ignore_errors=True)
+            return _format.assemble_tree(target, manifest, pieces)
+        manifest, pieces = _format.read_rank_dir(d)
+        return _format.assemble_tree(target, manifest, pieces)
+
+    def restore(self, target: Any, step: int | None = None) -> Restored:
+        """Restores the newest step every rank can read, into the structure of ``target``.
+
+        Each rank lists the steps it can read (local, the neighbour's replica, the PFS); the
+        ranks agree on the newest common one (``jax.distributed`` process all-gather when
+        multi-process); each rank reads it from its first tier whose files all verify. If any
+        rank fails, the step is dropped everywhere and the next newest is tried.
+
+        Args:
+          target: pytree of ``jax.Array`` / ``jax.ShapeDtypeStruct`` / numpy leaves.
+          step: restore exactly this step instead of the newest.
+
+        Raises:
+          FileNotFoundError: no step is readable by every rank.
+          ValueError: ``target``'s structure, a shape or a dtype differs from the checkpoint.
+        """
+        self.wait_until_finished()
+        tiers = self.readable_steps()
+        mine = sorted(set().union(*tiers.values()))
+        if step is not None:
+            mine = [s for s in mine if s == int(step)]
+        while True:
+            common = _agree_newest(mine)
+            if common is None:
+                raise FileNotFoundError(
+                    f"restore: no checkpoint step readable by all ranks under {self.directory}"
+                )
+            result, errors = None, []
+            for tier in TIERS:
+                if common not in tiers[tier]:
+                    continue
+                try:
+                    result = Restored(common, self._load(tier, common, target), tier)
+                    break
+                except (_format.CorruptCheckpointError, _replica.ReplicaError, OSError) as e:
+                    errors.append(f"{tier}: {e}")
+            if _all_ok(result is not None):
+                return result
+            mine = [s for s in mine if s != common]
+
+    def close(self, wait_for_drain: bool = False, timeout_s: float = 60.0) -> None:
+        """Waits for the in-flight save, closes orbax, and lets the drainer exit when idle."""
+        self._mngr.wait_until_finished()
+        self._mngr.close()
+        if self.pfs_dir is not None:
+            (self.records_dir / "drainer.stop").write_bytes(b"")
+        if self._drainer is not None and wait_for_drain:
+            try:
+                self._drainer.wait(timeout=timeout_s)
+            except Exception:  # noqa: BLE001 - a slow drainer keeps running on its own
+                pass
+
+
+def _agree_newest(mine: Sequence[int]) -> int | None:
+    """Newest step present in every process's list (process all-gather when multi-process)."""
+    if jax.process_count() == 1:
+        return max(mine) if mine else None
+    from jax.experimental import multihost_utils
+
+    k = 256
+    buf = np.full((k,), -1, np.int64)
+    newest = sorted(mine)[-k:]
+    buf[: len(newest)] = newest
+    rows = np.asarray(multihost_utils.process_allgather(buf))
+    common = set(rows[0].tolist())
+    for row in rows[1:]:
+        common &= set(row.tolist())
+    common.discard(-1)
+    return max(common) if common else None
+
+
+def _all_ok(ok: bool) -> bool:
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    flags = np.asarray(multihost_utils.process_allgather(np.array([int(ok)], np.int32)))
+    return bool(flags.min() == 1)
+
+
+def resume(manager: CacheXManager, init_state: Any, enabled: bool = True) -> tuple[int, Any]:
+    """``--resume`` semantics: ``(next_step, state)`` from the newest durable step, else init.
+
+    Args:
+      manager: the study's :class:`CacheXManager`.
+      init_state: the freshly initialised state (also the restore target's structure).
+      enabled: the study's ``ctx.resume``; when False, returns ``(0, init_state)``.
+
+    >>> import tempfile, numpy as np
+    >>> m = CacheXManager(tempfile.mkdtemp())
+    >>> resume(m, {"w": np.zeros(2)})[0]
+    0
+    >>> m.close()
+    """
+    if not enabled:
+        return 0, init_state
+    try:
+        r = manager.restore(init_state)
+    except FileNotFoundError:
+        return 0, init_state
+    return r.step + 1, r.state

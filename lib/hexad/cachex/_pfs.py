@@ -1,0 +1,276 @@
+"""T3: the PFS model and the drainer process that persists local steps to the PFS.
+
+The drainer runs as its own process in its own session (``start_new_session=True``), so it
+survives the training process: a SIGKILLed trainer leaves its node-local steps behind, and the
+drainer still carries them to the PFS, then exits once its parent is gone and nothing is left.
+
+PFS commit protocol for step ``s`` with ``n`` ranks (one drainer per rank):
+
+1. copy this rank's files into ``<pfs>/.tmp-<s>/rank_<r>/``, checking each file's CRC-32
+   against the manifest on the way (a corrupt local copy is never propagated), ``fsync`` each
+   file and the directory;
+2. write the per-rank done marker ``<pfs>/.tmp-<s>/done_<r>`` and ``fsync`` the tmp dir;
+3. the rank that sees all ``n`` markers renames ``.tmp-<s>`` to ``<s>`` (atomic; a losing
+   racer finds ``<s>`` already there) and ``fsync``s ``<pfs>``;
+4. write the ``pfs`` durability record of ``s`` on the node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hexad.cachex import _format, _fsio
+
+__all__ = ["DrainerConfig", "PFSModel", "drain_once", "spawn_drainer"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PFSModel:
+    """A configurable model of a contended parallel file system.
+
+    One rank's write of ``nbytes`` takes ``T = m * exp(sigma * z)`` seconds, ``z ~ N(0, 1)``
+    (a lognormal body, as the CacheX paper measures for rank-local completion times), with
+    median ``m = latency_s + nbytes * (1 + contention * (n_writers - 1)) / bandwidth``: each
+    extra concurrent writer slows the shared PFS by the factor ``contention``.
+
+    Attributes:
+      bandwidth: per-node bandwidth in bytes/s without contention.
+      n_writers: concurrent writers (ranks) sharing the PFS.
+      contention: slowdown per extra concurrent writer (0 = none).
+      latency_s: fixed per-write latency (metadata, open/close) in seconds.
+      sigma: lognormal shape of the per-rank time.
+
+    >>> PFSModel(bandwidth=1e9, n_writers=4, contention=0.5).median_time(1e9)
+    2.502
+    """
+
+    bandwidth: float = 1e9
+    n_writers: int = 1
+    contention: float = 0.0
+    latency_s: float = 0.002
+    sigma: float = 0.3
+
+    def __post_init__(self):
+        if not (self.bandwidth > 0 and math.isfinite(self.bandwidth)):
+            raise ValueError(f"bandwidth: expected a finite float > 0, got {self.bandwidth}")
+        if not isinstance(self.n_writers, int) or self.n_writers < 1:
+            raise ValueError(f"n_writers: expected an int >= 1, got {self.n_writers!r}")
+        for name in ("contention", "latency_s", "sigma"):
+            v = getattr(self, name)
+            if not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name}: expected a finite float >= 0, got {v}")
+
+    def median_time(self, nbytes: float) -> float:
+        """Median seconds for one rank to write ``nbytes`` under this model."""
+        slow = 1.0 + self.contention * (self.n_writers - 1)
+        return self.latency_s + float(nbytes) * slow / self.bandwidth
+
+    def sample(self, rng: np.random.Generator, nbytes: float, size: Any = None) -> np.ndarray:
+        """Samples per-rank write seconds (``size`` draws) for ``nbytes`` each."""
+        z = rng.standard_normal(size)
+        return self.median_time(nbytes) * np.exp(self.sigma * z)
+
+
+@dataclasses.dataclass(frozen=True)
+class DrainerConfig:
+    """What one rank's drainer reads and where it writes (all JSON-serialisable).
+
+    Attributes:
+      steps_dir: the node-local orbax step directory (``<local>/steps``).
+      item: the orbax item name inside each step (``"state"``).
+      records_dir: the node's durability records (``<local>/durability``).
+      pfs_dir: the PFS root shared by all ranks.
+      rank: this process's rank; n_ranks: number of ranks.
+      pfs: PFS model parameters (a dict of :class:`PFSModel` fields) or None for no model.
+      seed: seeds the PFS model's per-(step, rank) latency draws.
+      parent_pid: the trainer; the drainer exits once it is gone and no work is left.
+      poll_s: polling interval; idle_exit_s: idle time before exiting once the trainer is gone.
+      max_lifetime_s: hard bound on the drainer's lifetime.
+    """
+
+    steps_dir: str
+    item: str
+    records_dir: str
+    pfs_dir: str
+    rank: int = 0
+    n_ranks: int = 1
+    pfs: dict | None = None
+    seed: int = 0
+    parent_pid: int = 0
+    poll_s: float = 0.02
+    idle_exit_s: float = 1.0
+    max_lifetime_s: float = 3600.0
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (FileNotFoundError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def record_tier(records_dir: Path, step: int, tier: str, **info: Any) -> None:
+    """Writes the durability record ``<records_dir>/<step>/<tier>.json`` atomically."""
+    d = Path(records_dir) / _fsio.validate_step_name(step)
+    d.mkdir(parents=True, exist_ok=True)
+    _fsio.write_json_atomic(d / f"{tier}.json", {"time": time.time(), **info})
+
+
+def _committed_local_steps(steps_dir: Path, item: str) -> list[int]:
+    if not steps_dir.exists():
+        return []
+    out = []
+    for p in steps_dir.iterdir():
+        if p.name.isdigit() and (p / item / _format.MANIFEST).exists():
+            out.append(int(p.name))
+    return sorted(out)
+
+
+def _pfs_steps(pfs_dir: Path) -> list[int]:
+    if not pfs_dir.exists():
+        return []
+    return sorted(int(p.name) for p in pfs_dir.iterdir() if p.name.isdigit() and p.is_dir())
+
+
+def _drain_step(cfg: DrainerConfig, step: int) -> float:
+    """Copies this rank's files of ``step`` to the PFS; returns seconds to PFS-durable."""
+    t0 = time.perf_counter()
+    name = _fsio.validate_step_name(step)
+    src = Path(cfg.steps_dir) / name / cfg.item
+    pfs = Path(cfg.pfs_dir)
+    tmp = pfs / f".tmp-{name}"
+    rank_dir = tmp / f"rank_{cfg.rank}"
+    manifest = _format.read_manifest(src)
+    tmp.mkdir(parents=True, exist_ok=True)
+    if rank_dir.exists():  # a previous drainer died half-way: start this rank over
+        for p in rank_dir.iterdir():
+            p.unlink()
+    else:
+        rank_dir.mkdir()
+    nbytes = 0
+    for f in manifest["shards"]:
+        data = (src / f["file"]).read_bytes()
+        if len(data) != f["nbytes"] or _fsio.crc32_bytes(data) != f["crc32"]:
+            raise _format.CorruptCheckpointError(f"local step {name}: {f['file']} is corrupt")
+        nbytes += _fsio.write_file_durable(rank_dir / f["file"], data)
+    _fsio.write_file_durable(rank_dir / _format.MANIFEST, (src / _format.MANIFEST).read_bytes())
+    _fsio.fsync_dir(rank_dir)
+    if cfg.pfs:
+        model = PFSModel(**cfg.pfs)
+        rng = np.random.default_rng([cfg.seed, step, cfg.rank])
+        target = float(model.sample(rng, nbytes))
+        left = target - (time.perf_counter() - t0)
+        if left > 0:
+            time.sleep(left)
+    marker = tmp / f"done_{cfg.rank}"
+    if not marker.exists():
+        _fsio.write_file_durable(marker, b"1")
+    _fsio.fsync_dir(tmp)
+    if all((tmp / f"done_{r}").exists() for r in range(cfg.n_ranks)):
+        try:
+            os.rename(tmp, pfs / name)
+        except OSError:
+            if not (pfs / name).exists():
+                raise
+        _fsio.fsync_dir(pfs)
+    return time.perf_counter() - t0
+
+
+def drain_once(cfg: DrainerConfig) -> list[int]:
+    """Drains the newest local step newer than the newest PFS-recorded one; returns drained."""
+    steps = _committed_local_steps(Path(cfg.steps_dir), cfg.item)
+    records = Path(cfg.records_dir)
+    done = [s for s in steps if (records / str(s) / "pfs.json").exists()]
+    newest_done = max(done, default=-1)
+    todo = [
+        s for s in steps if s > newest_done and not (records / str(s) / "pfs_error.json").exists()
+    ]
+    if not todo:
+        return []
+    step = todo[-1]
+    try:
+        seconds = _drain_step(cfg, step)
+    except (FileNotFoundError, _format.CorruptCheckpointError) as e:
+        # A step that cannot be drained is marked failed so it never blocks newer ones.
+        record_tier(records, step, "pfs_error", error=str(e))
+        return []
+    final = Path(cfg.pfs_dir) / str(step)
+    record_tier(records, step, "pfs", seconds=seconds, committed=final.exists())
+    return [step]
+
+
+def _loop(cfg: DrainerConfig) -> int:
+    t_start = time.monotonic()
+    idle_since = time.monotonic()
+    stop_file = Path(cfg.records_dir) / "drainer.stop"
+    while time.monotonic() - t_start < cfg.max_lifetime_s:
+        try:
+            drained = drain_once(cfg)
+        except OSError:
+            drained = []
+        if drained:
+            idle_since = time.monotonic()
+            continue
+        trainer_gone = not _alive(cfg.parent_pid)
+        if (stop_file.exists() or trainer_gone) and (
+            time.monotonic() - idle_since > cfg.idle_exit_s
+        ):
+            return 0
+        time.sleep(cfg.poll_s)
+    return 0
+
+
+def spawn_drainer(cfg: DrainerConfig, log_path: Path | None = None) -> subprocess.Popen:
+    """Starts the drainer for ``cfg`` as a separate process in its own session.
+
+    >>> # proc = spawn_drainer(DrainerConfig(...)); the drainer outlives its caller.
+    """
+    cfg_path = Path(cfg.records_dir) / f"drainer_rank{cfg.rank}.json"
+    Path(cfg.records_dir).mkdir(parents=True, exist_ok=True)
+    _fsio.write_json_atomic(cfg_path, dataclasses.asdict(cfg))
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    return subprocess.Popen(
+        [sys.executable, "-m", "hexad.cachex._pfs", str(cfg_path)],
+        stdout=out,
+        stderr=out,
+        start_new_session=True,
+        env=env,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hexad.cachex._pfs", description="CacheX drainer")
+    p.add_argument("config", type=Path)
+    args = p.parse_args(argv)
+    raw = json.loads(args.config.read_text())
+    cfg = DrainerConfig(**raw)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    return _loop(cfg)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
