@@ -1,0 +1,284 @@
+"""hexad.policy kernels: scanned IQL updates, composed-action latency, vectorised env steps.
+
+Rows:
+
+- ``policy/iql scan``: updates per second of :func:`hexad.policy.iql` run by
+  :func:`hexad.policy.make_train` (``K`` updates in one ``lax.scan``; Q, V and actor each with
+  two 256-wide hidden layers, batch 256, HalfCheetah-sized obs 17 / act 6). Peer: a
+  straightforward single-file JAX IQL written below (hand-rolled ``jnp`` MLPs, the same losses
+  and optax Adam), one jitted update per Python-loop iteration, ``K`` iterations. Goal: ratio
+  <= 1.0 (at least the peer's updates/s).
+- ``policy/poe action``: latency of the deployed composed action (actor forward + prior forward
+  + PoE + tanh) against the frozen actor's own forward pass (+ tanh); and ``policy/poe head``:
+  the actor forward + PoE with the prior's Gaussian already given, i.e. the composition's own
+  overhead. Goal: under 5% overhead (ratio <= 1.05).
+- ``policy/pointmaze vec``: environment steps per second of gymnasium-robotics
+  ``PointMaze_UMaze-v3`` in a ``SyncVectorEnv`` of ``n`` envs driven by a jitted actor. Peer:
+  the same ``n`` envs stepped one by one in a Python loop (no vector env).
+
+Run: ``python -m kernels policy [--quick]``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from hexad import policy as P
+from kernels._harness import Case
+
+OBS, ACT, HID, BATCH = 17, 6, 256, 256
+
+
+def _dataset(n: int) -> P.Batch:
+    k = jax.random.split(jax.random.key(0), 4)
+    obs = jax.random.normal(k[0], (n, OBS))
+    return P.Batch(
+        obs,
+        jnp.tanh(jax.random.normal(k[1], (n, ACT))),
+        jax.random.normal(k[2], (n,)),
+        jax.random.normal(k[3], (n, OBS)),
+        jnp.zeros(n),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The peer: a plain single-file JAX IQL update (what one writes without a library).
+# --------------------------------------------------------------------------------------------
+
+
+def _mlp_init(key, sizes):
+    params = []
+    for k, (i, o) in zip(
+        jax.random.split(key, len(sizes) - 1), zip(sizes[:-1], sizes[1:], strict=True), strict=True
+    ):
+        params.append((jax.random.normal(k, (i, o)) / np.sqrt(i), jnp.zeros(o)))
+    return params
+
+
+def _mlp(params, x):
+    for w, b in params[:-1]:
+        x = jax.nn.relu(x @ w + b)
+    w, b = params[-1]
+    return x @ w + b
+
+
+def _peer_init(key):
+    k = jax.random.split(key, 4)
+    sizes_q = [OBS + ACT, HID, HID, 1]
+    q = {"q1": _mlp_init(k[0], sizes_q), "q2": _mlp_init(k[1], sizes_q)}
+    v = _mlp_init(k[2], [OBS, HID, HID, 1])
+    pi = _mlp_init(k[3], [OBS, HID, HID, 2 * ACT])
+    opt = optax.adam(3e-4)
+    return {
+        "q": q,
+        "tq": q,
+        "v": v,
+        "pi": pi,
+        "oq": opt.init(q),
+        "ov": opt.init(v),
+        "opi": opt.init(pi),
+    }
+
+
+def _peer_update(state, key, data, discount=0.99, tau_e=0.7, temp=3.0, polyak=0.005):
+    opt = optax.adam(3e-4)
+    idx = jax.random.randint(key, (BATCH,), 0, data.observations.shape[0])
+    s, a, r = data.observations[idx], data.actions[idx], data.rewards[idx]
+    s2, d = data.next_observations[idx], data.terminals[idx]
+    sa = jnp.concatenate([s, a], -1)
+
+    def q_both(q, sa):
+        return _mlp(q["q1"], sa)[:, 0], _mlp(q["q2"], sa)[:, 0]
+
+    tq = jnp.minimum(*q_both(state["tq"], sa))
+
+    def v_loss(v):
+        u = tq - _mlp(v, s)[:, 0]
+        return jnp.mean(jnp.abs(tau_e - (u < 0)) * u**2)
+
+    gv = jax.grad(v_loss)(state["v"])
+    up, ov = opt.update(gv, state["ov"])
+    v = optax.apply_updates(state["v"], up)
+    w = jnp.minimum(jnp.exp(temp * (tq - _mlp(v, s)[:, 0])), 100.0)
+
+    def pi_loss(pi):
+        out = _mlp(pi, s)
+        mu, log_std = out[:, :ACT], jnp.clip(out[:, ACT:], -5.0, 2.0)
+        u = jnp.arctanh(jnp.clip(a, -1 + 1e-6, 1 - 1e-6))
+        logp = jnp.sum(-0.5 * ((u - mu) / jnp.exp(log_std)) ** 2 - log_std, -1)
+        return -jnp.mean(w * logp)
+
+    gpi = jax.grad(pi_loss)(state["pi"])
+    up, opi = opt.update(gpi, state["opi"])
+    pi = optax.apply_updates(state["pi"], up)
+    y = r + discount * (1 - d) * _mlp(v, s2)[:, 0]
+
+    def q_loss(q):
+        q1, q2 = q_both(q, sa)
+        return jnp.mean((q1 - y) ** 2 + (q2 - y) ** 2)
+
+    gq = jax.grad(q_loss)(state["q"])
+    up, oq = opt.update(gq, state["oq"])
+    q = optax.apply_updates(state["q"], up)
+    tq_new = jax.tree.map(lambda t, o: (1 - polyak) * t + polyak * o, state["tq"], q)
+    return {"q": q, "tq": tq_new, "v": v, "pi": pi, "oq": oq, "ov": ov, "opi": opi}
+
+
+_peer_update_jit = jax.jit(_peer_update)
+
+
+def _peer_loop(k_steps: int, state, keys, data):
+    for i in range(k_steps):
+        state = _peer_update_jit(state, keys[i], data)
+    return state
+
+
+# --------------------------------------------------------------------------------------------
+# Ours
+# --------------------------------------------------------------------------------------------
+
+
+def _iql_case(quick: bool) -> Case:
+    k_steps = 50 if quick else 200
+    data = _dataset(10_000)
+    algo = P.iql(
+        P.GaussianActor(ACT, (HID, HID)),
+        P.TwinCritic((HID, HID)),
+        P.ValueNet((HID, HID)),
+        optax.adam(3e-4),
+        optax.adam(3e-4),
+        optax.adam(3e-4),
+    )
+    state = algo.init(jax.random.key(1), data)
+    train = P.make_train(algo, k_steps, BATCH)
+    peer_state = _peer_init(jax.random.key(1))
+    keys = list(jax.random.split(jax.random.key(2), k_steps))
+    jax.block_until_ready(_peer_update_jit(peer_state, keys[0], data))  # compile outside timing
+    # matmul FLOPs per update: forward + backward ~ 3x forward, for 2 Q + V + actor forwards
+    # plus the extra forwards (target Q, V at s and s').
+    fwd = 2 * BATCH * (OBS * HID + HID * HID + HID)
+    flops = k_steps * 3.0 * fwd * 6
+    return Case(
+        name=f"policy/iql scan K={k_steps}",
+        fn=lambda key, st, d: train(key, st, d)[0],
+        args=(jax.random.key(2), state, data),
+        shapes=f"obs{OBS} act{ACT} hid{HID}x2 batch{BATCH}",
+        items=float(k_steps),
+        unit="updates",
+        flops=flops,
+        peer=functools.partial(_peer_loop, k_steps),
+        peer_args=(peer_state, keys, data),
+        peer_name="single-file JAX IQL, jitted step in a loop",
+        peer_jit=False,
+        goal="ratio <= 1.0 (peer ~280 updates/s on 2 cores)",
+        repeats=5,
+        warmup=1,
+    )
+
+
+def _latency_cases(batch: int) -> list[Case]:
+    actor = P.GaussianActor(ACT, (HID, HID))
+    prior = P.GaussianActor(ACT, (HID, HID))
+    obs = jax.random.normal(jax.random.key(3), (batch, OBS))
+    goal_obs = jax.random.normal(jax.random.key(4), (batch, OBS + 2))
+    ap = actor.init(jax.random.key(5), obs)
+    pp = prior.init(jax.random.key(6), goal_obs)
+    given = prior.apply(pp, goal_obs)
+
+    def own(ap, obs):
+        return P.squash(actor.apply(ap, obs))
+
+    def composed(ap, pp, obs, goal_obs, alpha):
+        return P.squash(P.poe(actor.apply(ap, obs), prior.apply(pp, goal_obs), alpha))
+
+    def head(ap, obs, prior_mean, prior_std, alpha):
+        return P.squash(P.poe(actor.apply(ap, obs), P.DiagGaussian(prior_mean, prior_std), alpha))
+
+    alpha = jnp.float32(0.5)
+    common = dict(unit="actions", items=float(batch), peer=own, peer_args=(ap, obs))
+    return [
+        Case(
+            name=f"policy/poe action b={batch}",
+            fn=composed,
+            args=(ap, pp, obs, goal_obs, alpha),
+            shapes=f"[{batch},{OBS}] hid{HID}x2",
+            peer_name="frozen actor forward",
+            goal="overhead < 5% (ratio <= 1.05)",
+            repeats=50,
+            **common,
+        ),
+        Case(
+            name=f"policy/poe head b={batch}",
+            fn=head,
+            args=(ap, obs, given.mean, given.std, alpha),
+            shapes=f"[{batch},{OBS}] hid{HID}x2",
+            peer_name="frozen actor forward",
+            goal="overhead < 5% (ratio <= 1.05)",
+            repeats=50,
+            **common,
+        ),
+    ]
+
+
+def _env_case(quick: bool) -> Case:
+    import gymnasium as gym
+    import gymnasium_robotics
+
+    gym.register_envs(gymnasium_robotics)
+    n, steps = (8, 50) if quick else (16, 200)
+    venv = gym.make_vec("PointMaze_UMaze-v3", num_envs=n, vectorization_mode="sync")
+    envs = [gym.make("PointMaze_UMaze-v3") for _ in range(n)]
+    venv.reset(seed=0)
+    for i, e in enumerate(envs):
+        e.reset(seed=i)
+    actor = P.GaussianActor(2, (HID, HID))
+    ap = actor.init(jax.random.key(0), jnp.zeros((n, 8)))
+    act_fn = jax.jit(lambda p, o: P.squash(actor.apply(p, o)))
+
+    def features(obs):
+        return np.concatenate([obs["observation"], obs["desired_goal"], obs["achieved_goal"]], -1)
+
+    def vec_rollout():
+        obs, _ = venv.reset(seed=0)
+        for _ in range(steps):
+            a = np.asarray(act_fn(ap, features(obs)))
+            obs, *_ = venv.step(a)
+        return obs["observation"]
+
+    def loop_rollout():
+        obs = [e.reset(seed=i)[0] for i, e in enumerate(envs)]
+        for _ in range(steps):
+            stacked = {k: np.stack([o[k] for o in obs]) for k in obs[0]}
+            a = np.asarray(act_fn(ap, features(stacked)))
+            obs = [e.step(a[i])[0] for i, e in enumerate(envs)]
+        return obs[0]["observation"]
+
+    return Case(
+        name=f"policy/pointmaze vec n={n}",
+        fn=vec_rollout,
+        jit=False,
+        shapes=f"{n} envs x {steps} steps",
+        dtype="float64",
+        items=float(n * steps),
+        unit="env-steps",
+        peer=loop_rollout,
+        peer_name="same envs stepped in a Python loop",
+        peer_jit=False,
+        goal="throughput (no bar in the issue)",
+        repeats=5,
+        warmup=1,
+    )
+
+
+def cases(quick: bool) -> list[Case]:
+    return [
+        _iql_case(quick),
+        *_latency_cases(1),
+        *_latency_cases(256),
+        _env_case(quick),
+    ]
