@@ -1,0 +1,72 @@
+"""Convex clustering for transductive node classification (arXiv:2508.20231).
+
+Two convex programs and their combination, each a pytree problem with a solver in the ott-jax
+shape (``solver(problem, init=None) -> Output``, a ``lax.while_loop`` with a tolerance):
+
+- :class:`FusionProblem` / :class:`FusionSolver`: convex clustering (sum-of-norms fusion) over
+  a sparse edge list with squared, Huber or logistic losses and partial labels;
+  :func:`clusterpath`, :func:`fused_clusters`.
+- :class:`NuclearProblem` / :class:`NuclearSolver`: nuclear-norm graph clustering (full,
+  weighted, partially observed; :func:`graph_problem`) and the joint program of graph, features
+  and labels (:func:`joint_problem`); :func:`matrix_clusters`, :func:`assign_labels`.
+"""
+
+from hexad.cvxclust._fusion import (
+    FusionOutput,
+    FusionPath,
+    FusionProblem,
+    FusionSolver,
+    clusterpath,
+    fused_clusters,
+    fusion_dual_objective,
+    fusion_objective,
+    with_labels,
+)
+from hexad.cvxclust._graphs import (
+    adjacency_from_edges,
+    check_adjacency,
+    check_edges,
+    knn_gaussian_weights,
+)
+from hexad.cvxclust._nuclear import (
+    NuclearOutput,
+    NuclearProblem,
+    NuclearSolver,
+    assign_labels,
+    box_violation,
+    feature_similarity,
+    graph_problem,
+    joint_problem,
+    label_similarity,
+    matrix_clusters,
+    nuclear_objective,
+    recovery_error,
+)
+
+__all__ = [
+    "FusionOutput",
+    "FusionPath",
+    "FusionProblem",
+    "FusionSolver",
+    "NuclearOutput",
+    "NuclearProblem",
+    "NuclearSolver",
+    "adjacency_from_edges",
+    "assign_labels",
+    "box_violation",
+    "check_adjacency",
+    "check_edges",
+    "clusterpath",
+    "feature_similarity",
+    "fused_clusters",
+    "fusion_dual_objective",
+    "fusion_objective",
+    "graph_problem",
+    "joint_problem",
+    "knn_gaussian_weights",
+    "label_similarity",
+    "matrix_clusters",
+    "nuclear_objective",
+    "recovery_error",
+    "with_labels",
+]

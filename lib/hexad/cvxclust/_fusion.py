@@ -1,0 +1,582 @@
+"""Convex clustering (sum-of-norms fusion) over a sparse edge list, with general losses.
+
+The program (Hocking et al. 2011; Chi & Lange 2015, arXiv:1304.0499, eq. 1.1), generalised to
+entry-weighted losses so that features and partial labels fit in one problem::
+
+    min_U  sum_{i,k} M_ik * loss(X_ik, U_ik)  +  gamma * sum_{l=(i,j)} w_l ||u_i - u_j||_2
+
+with ``loss`` one of ``squared`` (``(x - u)^2 / 2``), ``huber`` (``delta``-Huber of ``x - u``)
+or ``logistic`` (``softplus(u) - x u`` for ``x`` in ``[0, 1]``, the Bernoulli deviance used by
+generalised convex clustering). ``M = 0`` marks an unobserved entry: a partial label is a
+one-hot block of columns observed only on labelled nodes (:func:`with_labels`).
+
+Solver: a primal-dual method (Chambolle & Pock 2011; Condat 2013 / Vu 2013 for the smooth
+logistic part) on ``min_U F(U) + G(DU)`` with ``D`` the ``[E, n]`` edge incidence. The dual
+variable ``Lambda`` ``[E, d]`` lives in the product of balls ``||Lambda_l|| <= gamma w_l``, so
+the same dual iterate is the AMA dual of Chi & Lange. For the squared loss with all ``M > 0``
+the primal is ``min(M)``-strongly convex and Chambolle & Pock's accelerated steps (their
+Algorithm 2) are available as an option. ``D U`` and ``D^T Lambda`` are gathers and
+``segment_sum``s over the edge list: nothing dense of size ``n x n`` is ever formed.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hexad.cvxclust._graphs import check_edges
+
+__all__ = [
+    "FusionOutput",
+    "FusionPath",
+    "FusionProblem",
+    "FusionSolver",
+    "clusterpath",
+    "fused_clusters",
+    "fusion_dual_objective",
+    "fusion_objective",
+    "with_labels",
+]
+
+LOSSES = ("squared", "huber", "logistic")
+
+
+@flax.struct.dataclass
+class FusionProblem:
+    """A convex clustering problem (a pytree; ``loss`` and ``huber_delta`` are static).
+
+    Build it with :meth:`create`, which validates. ``gamma`` is a leaf, so a clusterpath over
+    ``gamma`` reuses one compiled solve.
+
+    Attributes:
+      x: ``[n, d]`` data (features, optionally with label columns).
+      mask: ``[n, d]`` non-negative loss weights ``M``; 0 marks an unobserved entry.
+      edges: ``[E, 2]`` int32 undirected edges ``(i, j)``, ``i != j``.
+      weights: ``[E]`` non-negative fusion weights ``w``.
+      gamma: scalar fusion strength.
+      loss: ``"squared"``, ``"huber"`` or ``"logistic"`` (static).
+      huber_delta: the Huber threshold (static).
+    """
+
+    x: jax.Array
+    mask: jax.Array
+    edges: jax.Array
+    weights: jax.Array
+    gamma: jax.Array
+    loss: str = flax.struct.field(pytree_node=False, default="squared")
+    huber_delta: float = flax.struct.field(pytree_node=False, default=1.0)
+
+    @classmethod
+    def create(
+        cls,
+        x,
+        edges,
+        weights,
+        gamma: float,
+        *,
+        mask=None,
+        loss: str = "squared",
+        huber_delta: float = 1.0,
+    ) -> FusionProblem:
+        """Validates the inputs and returns the problem.
+
+        Args:
+          x: ``[n, d]`` finite data; for ``loss="logistic"``, entries in ``[0, 1]``.
+          edges: ``[E, 2]`` integer node ids, no self loops (duplicates add up).
+          weights: ``[E]`` finite weights ``>= 0``.
+          gamma: fusion strength ``>= 0``.
+          mask: ``[n, d]`` loss weights ``>= 0`` (default all ones).
+          loss: one of ``"squared"``, ``"huber"``, ``"logistic"`` (static).
+          huber_delta: Huber threshold ``> 0`` (static).
+
+        A node without edges keeps its own fit; nodes in different connected components never
+        fuse (documented behaviour, not an error).
+
+        >>> p = FusionProblem.create(np.zeros((3, 2)), np.array([[0, 1], [1, 2]]), np.ones(2), 1.0)
+        >>> p.x.shape, p.loss
+        ((3, 2), 'squared')
+        """
+        xa = np.asarray(x)
+        if xa.ndim != 2:
+            raise ValueError(f"x: expected a [n, d] array, got shape {xa.shape}")
+        if not np.issubdtype(xa.dtype, np.floating) and not np.issubdtype(xa.dtype, np.integer):
+            raise TypeError(f"x: expected a real array, got dtype {xa.dtype}")
+        if not np.isfinite(xa).all():
+            raise ValueError("x: expected finite values, got NaN or inf")
+        if loss not in LOSSES:
+            raise ValueError(f"loss: expected one of {LOSSES}, got {loss!r}")
+        if loss == "logistic" and ((xa < 0).any() or (xa > 1).any()):
+            raise ValueError(
+                f"x: the logistic loss expects entries in [0, 1], got [{xa.min()}, {xa.max()}]"
+            )
+        if not huber_delta > 0:
+            raise ValueError(f"huber_delta: expected a float > 0, got {huber_delta!r}")
+        n = xa.shape[0]
+        e, w = check_edges(edges, n, weights)
+        if not (np.isfinite(gamma) and gamma >= 0):
+            raise ValueError(f"gamma: expected a finite float >= 0, got {gamma!r}")
+        if mask is None:
+            m = np.ones(xa.shape)
+        else:
+            m = np.asarray(mask, dtype=np.float64)
+            if m.shape != xa.shape:
+                raise ValueError(f"mask: expected shape {xa.shape}, got {m.shape}")
+            if not np.isfinite(m).all() or (m < 0).any():
+                raise ValueError("mask: expected finite values >= 0")
+        dtype = xa.dtype if np.issubdtype(xa.dtype, np.floating) else np.float32
+        dtype = jnp.result_type(dtype)  # float64 only where x64 is enabled
+        return cls(
+            x=jnp.asarray(xa, dtype),
+            mask=jnp.asarray(m, dtype),
+            edges=jnp.asarray(e),
+            weights=jnp.asarray(w, dtype),
+            gamma=jnp.asarray(gamma, dtype),
+            loss=loss,
+            huber_delta=float(huber_delta),
+        )
+
+    @property
+    def n(self) -> int:
+        return self.x.shape[0]
+
+
+def with_labels(
+    x, labels, labeled, num_classes: int, label_weight: float = 1.0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Appends one-hot partial labels to the features; returns ``(x_aug, mask)``.
+
+    The label block is observed (mask ``label_weight``) on labelled nodes only and unobserved
+    (mask 0, value 0) elsewhere, so the fused solution carries labels to unlabelled nodes.
+    This is our concrete choice for "convex clustering with partial labels" (the paper leaves
+    the loss open): it keeps the program a single convex fusion problem.
+
+    Args:
+      x: ``[n, d]`` features.
+      labels: ``[n]`` ints in ``[0, num_classes)`` (values on unlabelled nodes are ignored).
+      labeled: ``[n]`` bool, which labels are observed.
+      num_classes: number of classes (static); every class must have a labelled node.
+      label_weight: weight of the label block ``> 0``.
+
+    >>> xa, m = with_labels(np.zeros((3, 1)), np.array([0, 1, 0]), np.array([1, 1, 0], bool), 2)
+    >>> xa.shape, m[2].tolist()
+    ((3, 3), [1.0, 0.0, 0.0])
+    """
+    x = np.asarray(x, dtype=np.float64)
+    labels = np.asarray(labels)
+    labeled = np.asarray(labeled, dtype=bool)
+    n = x.shape[0]
+    if labels.shape != (n,) or labeled.shape != (n,):
+        raise ValueError(
+            f"labels, labeled: expected shape ({n},), got {labels.shape}, {labeled.shape}"
+        )
+    _check_labels(labels, labeled, num_classes)
+    if not label_weight > 0:
+        raise ValueError(f"label_weight: expected a float > 0, got {label_weight!r}")
+    y = np.zeros((n, num_classes))
+    y[np.flatnonzero(labeled), labels[labeled]] = 1.0
+    m = np.concatenate(
+        [np.ones_like(x), np.repeat(labeled[:, None] * label_weight, num_classes, 1)], 1
+    )
+    return np.concatenate([x, y], 1), m
+
+
+def _check_labels(labels, labeled, num_classes: int) -> None:
+    if not np.issubdtype(labels.dtype, np.integer):
+        raise TypeError(f"labels: expected integer class ids, got dtype {labels.dtype}")
+    got = labels[labeled]
+    if got.size and (got.min() < 0 or got.max() >= num_classes):
+        raise ValueError(
+            f"labels: expected values in [0, {num_classes}), got [{got.min()}, {got.max()}]"
+        )
+    missing = sorted(set(range(num_classes)) - set(got.tolist()))
+    if missing:
+        raise ValueError(f"labels: classes {missing} have no labelled node")
+
+
+# ------------------------------------------------------------------------------------------
+# Pieces: losses, incidence operators, projection
+# ------------------------------------------------------------------------------------------
+
+
+def _loss(problem: FusionProblem, u):
+    r = problem.x - u
+    if problem.loss == "squared":
+        v = 0.5 * r**2
+    elif problem.loss == "huber":
+        d = problem.huber_delta
+        v = jnp.where(jnp.abs(r) <= d, 0.5 * r**2, d * (jnp.abs(r) - 0.5 * d))
+    else:
+        v = jax.nn.softplus(u) - problem.x * u
+    return jnp.sum(problem.mask * v)
+
+
+def _loss_grad(problem: FusionProblem, u):
+    r = u - problem.x
+    if problem.loss == "squared":
+        g = r
+    elif problem.loss == "huber":
+        g = jnp.clip(r, -problem.huber_delta, problem.huber_delta)
+    else:
+        g = jax.nn.sigmoid(u) - problem.x
+    return problem.mask * g
+
+
+def _loss_prox(problem: FusionProblem, v, tau):
+    """prox of ``tau * sum M loss(x, .)`` at ``v`` (squared and Huber; closed forms)."""
+    a = tau * problem.mask
+    r = v - problem.x
+    if problem.loss == "squared":
+        return problem.x + r / (1.0 + a)
+    d = problem.huber_delta
+    return problem.x + jnp.where(
+        jnp.abs(r) <= d * (1.0 + a), r / (1.0 + a), r - a * d * jnp.sign(r)
+    )
+
+
+def _diff(edges, u):
+    return u[edges[:, 0]] - u[edges[:, 1]]
+
+
+def _diff_t(edges, lam, n: int):
+    return jax.ops.segment_sum(lam, edges[:, 0], n) - jax.ops.segment_sum(lam, edges[:, 1], n)
+
+
+def _norms(v):
+    return jnp.sqrt(jnp.sum(v**2, axis=-1))
+
+
+def _project(problem: FusionProblem, lam):
+    bound = problem.gamma * problem.weights
+    nrm = _norms(lam)
+    scale = jnp.minimum(1.0, bound / jnp.maximum(nrm, jnp.finfo(lam.dtype).tiny))
+    return lam * scale[:, None]
+
+
+def _incidence_norm_sq(problem: FusionProblem):
+    # ||D||^2 = lambda_max(graph Laplacian) <= max over edges of deg(i) + deg(j) (Anderson-Morley).
+    ones = jnp.ones(problem.edges.shape[0], problem.x.dtype)
+    deg = jax.ops.segment_sum(ones, problem.edges[:, 0], problem.n) + jax.ops.segment_sum(
+        ones, problem.edges[:, 1], problem.n
+    )
+    return jnp.max(deg[problem.edges[:, 0]] + deg[problem.edges[:, 1]])
+
+
+def fusion_objective(problem: FusionProblem, u) -> jax.Array:
+    """Returns the primal objective ``sum M loss(X, U) + gamma sum_l w_l ||u_i - u_j||``.
+
+    Independent of any solver (it only evaluates the formula).
+
+    Args:
+      problem: the problem.
+      u: ``[n, d]`` candidate solution.
+
+    >>> p = FusionProblem.create(np.array([[0.0], [1.0]]), np.array([[0, 1]]), np.ones(1), 1.0)
+    >>> float(fusion_objective(p, jnp.array([[0.0], [1.0]])))
+    1.0
+    """
+    penalty = jnp.sum(problem.weights * _norms(_diff(problem.edges, u)))
+    return _loss(problem, u) + problem.gamma * penalty
+
+
+def fusion_dual_objective(problem: FusionProblem, dual) -> jax.Array:
+    """Returns the Lagrange dual value at ``dual`` ``[E, d]`` for the squared loss.
+
+    With ``M > 0`` everywhere, ``g(Lambda) = <D^T Lambda, X> - 1/2 sum (D^T Lambda)^2 / M`` on
+    ``||Lambda_l|| <= gamma w_l`` (``dual`` is projected onto that set first), a lower bound of
+    the optimum: the duality gap ``fusion_objective - fusion_dual_objective`` certifies accuracy.
+
+    >>> p = FusionProblem.create(np.array([[0.0], [1.0]]), np.array([[0, 1]]), np.ones(1), 1.0)
+    >>> float(fusion_dual_objective(p, jnp.array([[-0.5]])))
+    0.25
+    """
+    if problem.loss != "squared":
+        raise ValueError(
+            f"problem.loss: the dual is implemented for 'squared', got {problem.loss!r}"
+        )
+    lam = _project(problem, dual)
+    g = _diff_t(problem.edges, lam, problem.n)
+    return jnp.sum(g * problem.x) - 0.5 * jnp.sum(g**2 / problem.mask)
+
+
+# ------------------------------------------------------------------------------------------
+# Solver
+# ------------------------------------------------------------------------------------------
+
+
+class FusionOutput(NamedTuple):
+    """What :class:`FusionSolver` returns.
+
+    Attributes:
+      u: ``[n, d]`` primal solution (cluster centroids per node).
+      dual: ``[E, d]`` dual variable, ``||dual_l|| <= gamma w_l``.
+      objective: scalar, ``fusion_objective(problem, u)``.
+      primal_residuals: ``[max_iters]`` relative stationarity residual per iteration, -1 after
+        the last one.
+      dual_residuals: ``[max_iters]`` relative complementarity residual, -1 padded.
+      n_iters: int, iterations run.
+      converged: bool, both residuals ``<= tol`` at the end.
+    """
+
+    u: jax.Array
+    dual: jax.Array
+    objective: jax.Array
+    primal_residuals: jax.Array
+    dual_residuals: jax.Array
+    n_iters: jax.Array
+    converged: jax.Array
+
+
+class _State(NamedTuple):
+    it: jax.Array
+    u: jax.Array
+    lam: jax.Array
+    tau: jax.Array
+    sigma: jax.Array
+    pres: jax.Array
+    dres: jax.Array
+    hist_p: jax.Array
+    hist_d: jax.Array
+
+
+@flax.struct.dataclass
+class FusionSolver:
+    """Primal-dual solver for :class:`FusionProblem` (all settings static).
+
+    Residuals (both vanish exactly at a KKT point, for every loss since all three are C^1):
+
+    - primal (stationarity): ``||grad F(U) + D^T Lambda||_F / max(1, ||M * X||_F)``;
+    - dual (complementarity): ``||Lambda - P(Lambda + D U)||_F / max(1, ||M * X||_F)``, where
+      ``P`` projects on the balls ``||.|| <= gamma w_l``; it is zero iff
+      ``Lambda_l`` is a subgradient of ``gamma w_l ||.||`` at ``(DU)_l``.
+
+    Iteration stops when both are ``<= tol`` or after ``max_iters``; ``converged`` says which.
+    Gradients: not supported (the loop is a ``lax.while_loop``; no unrolled or implicit
+    differentiation is provided).
+
+    Attributes:
+      tol: relative residual tolerance.
+      max_iters: iteration cap.
+      step_ratio: ``sigma / tau`` balance of the primal-dual steps (``tau sigma ||D||^2 < 1``).
+        The default 10 converged fastest on k-NN blobs (n = 200, 1000; gamma = 0.1, 1).
+      accelerate: use Chambolle & Pock's Algorithm 2 steps for the squared loss. Off by
+        default: it makes the primal converge at O(1/k^2) but the dual only sublinearly, so the
+        residuals above fall more slowly than with constant steps, which converge linearly on
+        these piecewise-quadratic problems in practice.
+
+    >>> p = FusionProblem.create(np.array([[0.0], [1.0]]), np.array([[0, 1]]), np.ones(1), 1.0)
+    >>> out = jax.jit(FusionSolver())(p)
+    >>> bool(out.converged), float(jnp.round(out.u[0, 0], 4))
+    (True, 0.5)
+    """
+
+    tol: float = flax.struct.field(pytree_node=False, default=1e-5)
+    max_iters: int = flax.struct.field(pytree_node=False, default=5000)
+    step_ratio: float = flax.struct.field(pytree_node=False, default=10.0)
+    accelerate: bool = flax.struct.field(pytree_node=False, default=False)
+
+    def __call__(self, problem: FusionProblem, init=None) -> FusionOutput:
+        """Solves ``problem``; ``init`` is ``None`` or a warm start ``(u [n,d], dual [E,d])``.
+
+        Any warm start is valid: the dual part is projected onto its feasible set first.
+        """
+        x = problem.x
+        n, d = x.shape
+        if init is None:
+            u0 = jnp.zeros_like(x) if problem.loss == "logistic" else x
+            lam0 = jnp.zeros((problem.edges.shape[0], d), x.dtype)
+        else:
+            u0, lam0 = init
+            u0 = jnp.asarray(u0, x.dtype)
+            lam0 = jnp.asarray(lam0, x.dtype)
+            if u0.shape != x.shape or lam0.shape != (problem.edges.shape[0], d):
+                raise ValueError(
+                    f"init: expected shapes {x.shape} and {(problem.edges.shape[0], d)}, "
+                    f"got {u0.shape} and {lam0.shape}"
+                )
+        lam0 = _project(problem, lam0)
+        smooth = problem.loss == "logistic"
+        lip = 0.25 * jnp.max(problem.mask) if smooth else jnp.zeros((), x.dtype)
+        # Strong convexity modulus of the squared loss (0 makes the steps constant).
+        strong = problem.loss == "squared" and self.accelerate
+        mu = jnp.min(problem.mask) if strong else jnp.zeros((), x.dtype)
+        dnorm = jnp.sqrt(jnp.maximum(_incidence_norm_sq(problem), 1e-12))
+        r = self.step_ratio
+        sigma0 = 0.99 * jnp.sqrt(r) / dnorm
+        # Condat-Vu: 1/tau - sigma ||D||^2 >= L/2.
+        tau0 = 0.99 / (jnp.sqrt(r) * dnorm + 0.5 * lip)
+        scale = jnp.maximum(1.0, jnp.sqrt(jnp.sum((problem.mask * x) ** 2)))
+        edges = problem.edges
+
+        def residuals(u, lam):
+            du = _diff(edges, u)
+            stat = _loss_grad(problem, u) + _diff_t(edges, lam, n)
+            comp = lam - _project(problem, lam + du)
+            return jnp.linalg.norm(stat) / scale, jnp.linalg.norm(comp) / scale
+
+        def cond(s: _State):
+            return (s.it < self.max_iters) & ((s.pres > self.tol) | (s.dres > self.tol))
+
+        def body(s: _State):
+            g = _diff_t(edges, s.lam, n)
+            if smooth:
+                u_new = s.u - s.tau * (_loss_grad(problem, s.u) + g)
+            else:
+                u_new = _loss_prox(problem, s.u - s.tau * g, s.tau)
+            theta = 1.0 / jnp.sqrt(1.0 + 2.0 * mu * s.tau)
+            u_bar = u_new + theta * (u_new - s.u)
+            lam_new = _project(problem, s.lam + s.sigma * _diff(edges, u_bar))
+            pres, dres = residuals(u_new, lam_new)
+            return _State(
+                it=s.it + 1,
+                u=u_new,
+                lam=lam_new,
+                tau=theta * s.tau,
+                sigma=s.sigma / theta,
+                pres=pres,
+                dres=dres,
+                hist_p=s.hist_p.at[s.it].set(pres),
+                hist_d=s.hist_d.at[s.it].set(dres),
+            )
+
+        p0, d0 = residuals(u0, lam0)
+        hist = -jnp.ones((self.max_iters,), x.dtype)
+        s = _State(jnp.zeros((), jnp.int32), u0, lam0, tau0, sigma0, p0, d0, hist, hist)
+        s = jax.lax.while_loop(cond, body, s)
+        return FusionOutput(
+            u=s.u,
+            dual=s.lam,
+            objective=fusion_objective(problem, s.u),
+            primal_residuals=s.hist_p,
+            dual_residuals=s.hist_d,
+            n_iters=s.it,
+            converged=(s.pres <= self.tol) & (s.dres <= self.tol),
+        )
+
+
+# ------------------------------------------------------------------------------------------
+# Clusters and the clusterpath
+# ------------------------------------------------------------------------------------------
+
+
+def _components(edges, active, n: int):
+    """Connected components of the graph of ``active`` edges: ``[n]`` min node id per node."""
+
+    def cond(c):
+        return c[1]
+
+    def body(c):
+        lab, _ = c
+        a = jnp.where(active, lab[edges[:, 0]], n)
+        b = jnp.where(active, lab[edges[:, 1]], n)
+        m = jnp.minimum(a, b)
+        new = jnp.minimum(lab, jax.ops.segment_min(m, edges[:, 0], n))
+        new = jnp.minimum(new, jax.ops.segment_min(m, edges[:, 1], n))
+        new = new[new]  # pointer jumping: labels are node ids
+        return new, jnp.any(new != lab)
+
+    lab, _ = jax.lax.while_loop(cond, body, (jnp.arange(n), jnp.array(True)))
+    return lab
+
+
+def _compact(root):
+    n = root.shape[0]
+    is_root = root == jnp.arange(n)
+    rank = jnp.cumsum(is_root) - 1
+    return rank[root].astype(jnp.int32), jnp.sum(is_root).astype(jnp.int32)
+
+
+def fused_clusters(u, edges, tol: float) -> tuple[jax.Array, jax.Array]:
+    """Returns ``(ids [n] in 0..k-1, k)``: components of edges with ``||u_i - u_j|| <= tol``.
+
+    Only edges of the fusion graph can fuse (as in the solution's optimality conditions), so
+    clusters are connected components of the fused edges. Ids follow the smallest node id.
+
+    Args:
+      u: ``[n, d]`` fused solution.
+      edges: ``[E, 2]`` edge list of the problem.
+      tol: absolute fusion threshold (pick it well above the solver's accuracy).
+
+    >>> ids, k = fused_clusters(jnp.array([[0.0], [0.0], [5.0]]), jnp.array([[0, 1], [1, 2]]), 1e-3)
+    >>> ids.tolist(), int(k)
+    ([0, 0, 1], 2)
+    """
+    edges = jnp.asarray(edges)
+    active = _norms(_diff(edges, u)) <= tol
+    return _compact(_components(edges, active, u.shape[0]))
+
+
+class FusionPath(NamedTuple):
+    """A clusterpath: one solve per ``gamma`` (ascending), warm-started from the previous one.
+
+    Attributes:
+      gammas: ``[k]``.
+      u: ``[k, n, d]`` solutions.
+      objective: ``[k]``.
+      n_iters: ``[k]``.
+      converged: ``[k]`` bool.
+      clusters: ``[k, n]`` cluster ids with monotone merging (see :func:`clusterpath`).
+      n_clusters: ``[k]`` cluster counts (non-increasing by construction).
+      raw_n_clusters: ``[k]`` counts from each solution alone (may increase with non-uniform
+        weights, where exact clusterpaths can split; Hocking et al. 2011).
+    """
+
+    gammas: jax.Array
+    u: jax.Array
+    objective: jax.Array
+    n_iters: jax.Array
+    converged: jax.Array
+    clusters: jax.Array
+    n_clusters: jax.Array
+    raw_n_clusters: jax.Array
+
+
+def clusterpath(
+    problem: FusionProblem, gammas, solver: FusionSolver | None = None, rtol: float = 1e-3
+) -> FusionPath:
+    """Returns the clusterpath over ascending ``gammas`` with warm starts (one ``lax.scan``).
+
+    Each solve starts from the previous ``u`` and the previous dual scaled by
+    ``gamma_new / gamma_old`` (which keeps it feasible). An edge counts as fused at step ``k``
+    if ``||u_i - u_j|| <= rtol * rms(X)`` at step ``k`` or it was fused at an earlier step:
+    this union makes the merge tree monotone (our documented choice; ``raw_n_clusters`` gives
+    the counts without it).
+
+    Args:
+      problem: the problem (its own ``gamma`` is ignored).
+      gammas: ``[k]`` ascending fusion strengths ``>= 0``.
+      solver: the solver (default ``FusionSolver()``).
+      rtol: fusion threshold relative to the RMS of ``X`` (static).
+
+    >>> p = FusionProblem.create(np.array([[0.0], [1.0]]), np.array([[0, 1]]), np.ones(1), 0.0)
+    >>> clusterpath(p, jnp.array([0.1, 1.0])).n_clusters.tolist()
+    [2, 1]
+    """
+    solver = FusionSolver() if solver is None else solver
+    g = np.asarray(gammas)
+    if g.ndim != 1 or g.size == 0 or (g < 0).any() or (np.diff(g) < 0).any():
+        raise ValueError(f"gammas: expected a non-empty ascending [k] array >= 0, got {g!r}")
+    gammas = jnp.asarray(g, problem.x.dtype)
+    n = problem.n
+    thresh = rtol * jnp.sqrt(jnp.mean(problem.x**2))
+    u0 = jnp.zeros_like(problem.x) if problem.loss == "logistic" else problem.x
+    lam0 = jnp.zeros((problem.edges.shape[0], problem.x.shape[1]), problem.x.dtype)
+    fused0 = jnp.zeros(problem.edges.shape[0], bool)
+
+    def step(carry, gamma):
+        u, lam, g_old, fused = carry
+        p = problem.replace(gamma=gamma)
+        lam = lam * jnp.where(g_old > 0, gamma / jnp.maximum(g_old, 1e-30), 0.0)
+        out = solver(p, (u, lam))
+        now = _norms(_diff(p.edges, out.u)) <= thresh
+        _, raw_k = _compact(_components(p.edges, now, n))
+        fused = fused | now
+        ids, k = _compact(_components(p.edges, fused, n))
+        ys = (out.u, out.objective, out.n_iters, out.converged, ids, k, raw_k)
+        return (out.u, out.dual, gamma, fused), ys
+
+    _, ys = jax.lax.scan(step, (u0, lam0, jnp.zeros((), gammas.dtype), fused0), gammas)
+    return FusionPath(gammas, *ys)
