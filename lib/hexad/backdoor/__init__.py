@@ -1,0 +1,91 @@
+"""Defense-triggered backdoors (DTB) and the sanitisation defenses they target.
+
+Security research: this package exists so that backdoor defenses can be tested against a
+decoy-plus-hidden backdoor whose hidden half is activated by sanitisation itself.
+
+- Triggers and poisoning: :func:`patch_trigger` (BadNets), :func:`blend_trigger`,
+  :func:`warp_trigger` (WaNet), :func:`apply_trigger`, :func:`poison` (all-to-one).
+- Model and training: :class:`SmallCNN`, :func:`fit`, :func:`make_trainer`, :func:`minimize`.
+- Metrics: :func:`accuracy`, :func:`attack_success_rate`, :func:`robust_accuracy`,
+  :func:`defense_effectiveness_rating`.
+- DTB: :class:`DTBConfig`, :class:`DTBProblem`, :func:`dtb_objective` (first-order or unrolled
+  hypergradient, gate, multi-round surrogate), :func:`make_dtb`, :func:`implant`.
+"""
+
+from hexad.backdoor._dtb import (
+    DTB,
+    DTBBatch,
+    DTBConfig,
+    DTBInfo,
+    DTBProblem,
+    DTBState,
+    dtb_objective,
+    implant,
+    make_dtb,
+    sanitise_surrogate,
+)
+from hexad.backdoor._models import SmallCNN, apply_channel_mask, conv_layers
+from hexad.backdoor._train import (
+    Trainer,
+    TrainInfo,
+    TrainState,
+    accuracy,
+    attack_success_rate,
+    cross_entropy,
+    defense_effectiveness_rating,
+    fit,
+    make_trainer,
+    minimize,
+    robust_accuracy,
+    sample_batch,
+)
+from hexad.backdoor._triggers import (
+    BlendTrigger,
+    PatchTrigger,
+    Poisoned,
+    WarpTrigger,
+    apply_trigger,
+    blend_trigger,
+    check_images,
+    patch_trigger,
+    poison,
+    warp_trigger,
+)
+
+__all__ = [
+    "DTB",
+    "DTBBatch",
+    "DTBConfig",
+    "DTBInfo",
+    "DTBProblem",
+    "DTBState",
+    "dtb_objective",
+    "implant",
+    "make_dtb",
+    "sanitise_surrogate",
+    "BlendTrigger",
+    "PatchTrigger",
+    "Poisoned",
+    "SmallCNN",
+    "TrainInfo",
+    "TrainState",
+    "Trainer",
+    "WarpTrigger",
+    "accuracy",
+    "apply_channel_mask",
+    "apply_trigger",
+    "attack_success_rate",
+    "blend_trigger",
+    "check_images",
+    "conv_layers",
+    "cross_entropy",
+    "defense_effectiveness_rating",
+    "fit",
+    "make_trainer",
+    "minimize",
+    "patch_trigger",
+    "poison",
+    "robust_accuracy",
+    "sample_batch",
+    "warp_trigger",
+]

@@ -1,0 +1,396 @@
+"""DTB: a defense-triggered backdoor implanted by bi-level optimisation.
+
+The attacker implants a normally active *decoy* backdoor and a dormant *hidden* one, so that
+sanitising the model (which suppresses the decoy) activates the hidden backdoor. Following the
+"Defense-Triggered Backdoor" formulation (NeurIPS 2026), the outer problem is
+
+    min_theta  w_c  CE(f_theta(x), y)                          clean task
+             + w_d  CE(f_theta(T_d(x)), t_d)                   decoy active before
+             + w_hp CE(f_theta(T_h(x)), y)                     hidden dormant before
+             + w_hq (1/R) sum_r g_r CE(f_{theta_r}(T_h(x)), t_h)   hidden active after round r
+
+where ``theta_r = S(theta_{r-1})``, ``theta_0 = theta``, is a differentiable surrogate of
+sanitisation (the inner level): ``K`` unrolled SGD steps on the defender's clean split of
+
+    CE(f(x_c), y_c) + lambda_u CE(f(T_d(x_c)), y_c)            clean fine-tuning + decoy unlearning
+
+followed, optionally, by pruning the ``prune_frac`` least active channels of the last conv
+layer (fine-pruning's criterion) and multiplicative weight noise of std ``noise_std``
+(ANP's perturbation). The gate ``g_r = sigmoid((tau - p_d(theta_r)) / temp)``, with ``p_d`` the
+mean softmax probability of the decoy target on decoy-triggered inputs after round ``r``,
+switches the hidden term on only where sanitisation has suppressed the decoy; it is held
+constant (stop-gradient) so that the attacker never learns to resist decoy removal.
+
+Hypergradients (``DTBConfig.hypergrad``):
+
+- ``"unrolled"``: exact reverse-mode through all ``R * K`` inner steps (second order).
+- ``"first_order"``: the inner Jacobian ``d theta_r / d theta`` is replaced by the identity
+  (first-order MAML, arXiv 1703.03400, sec. 5.2), i.e. the gradient of the post-sanitisation
+  loss at ``theta_r`` is applied to ``theta``. Its error is ``O(inner_lr * K)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from hexad.backdoor._models import apply_channel_mask, conv_layers
+from hexad.backdoor._train import cross_entropy
+from hexad.backdoor._triggers import apply_trigger, check_images
+
+__all__ = [
+    "DTB",
+    "DTBBatch",
+    "DTBConfig",
+    "DTBInfo",
+    "DTBProblem",
+    "DTBState",
+    "dtb_objective",
+    "implant",
+    "make_dtb",
+    "sanitise_surrogate",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class DTBConfig:
+    """Static hyper-parameters of DTB (hashable; closed over by :func:`make_dtb`).
+
+    Attributes:
+      inner_steps: ``K``, unrolled SGD steps per sanitisation round.
+      inner_lr: inner SGD step size.
+      unlearn_weight: ``lambda_u``, weight of decoy unlearning in the inner loss.
+      prune_frac: fraction of last-conv channels pruned after each round (0 = off).
+      noise_std: std of multiplicative weight noise after each round (0 = off).
+      rounds: ``R``, sanitisation rounds composed in the surrogate.
+      hypergrad: ``"first_order"`` or ``"unrolled"``.
+      w_clean, w_decoy, w_hidden_pre, w_hidden_post: outer weights.
+      gate: use the gate (False: ``g_r = 1``).
+      gate_tau: decoy-target probability below which the hidden term switches on.
+      gate_temp: gate temperature.
+    """
+
+    inner_steps: int = 5
+    inner_lr: float = 0.05
+    unlearn_weight: float = 1.0
+    prune_frac: float = 0.0
+    noise_std: float = 0.0
+    rounds: int = 1
+    hypergrad: str = "first_order"
+    w_clean: float = 1.0
+    w_decoy: float = 1.0
+    w_hidden_pre: float = 1.0
+    w_hidden_post: float = 1.0
+    gate: bool = True
+    gate_tau: float = 0.3
+    gate_temp: float = 0.05
+
+    def __post_init__(self):
+        if not isinstance(self.inner_steps, int) or self.inner_steps < 0:
+            raise ValueError(f"inner_steps: expected an int >= 0, got {self.inner_steps!r}")
+        if not isinstance(self.rounds, int) or self.rounds < 1:
+            raise ValueError(f"rounds: expected an int >= 1, got {self.rounds!r}")
+        if self.hypergrad not in ("first_order", "unrolled"):
+            raise ValueError(
+                f"hypergrad: expected 'first_order' or 'unrolled', got {self.hypergrad!r}"
+            )
+        if not 0.0 <= self.prune_frac < 1.0:
+            raise ValueError(f"prune_frac: expected a number in [0, 1), got {self.prune_frac!r}")
+        if self.noise_std < 0 or self.inner_lr < 0 or self.gate_temp <= 0:
+            raise ValueError("noise_std, inner_lr: expected >= 0; gate_temp: expected > 0")
+
+
+@flax.struct.dataclass
+class DTBProblem:
+    """The two triggers and their targets.
+
+    Attributes:
+      decoy: trigger of the decoy backdoor (active before sanitisation).
+      hidden: trigger of the hidden backdoor (active after).
+      decoy_target: label the decoy maps to (static).
+      hidden_target: label the hidden trigger maps to after sanitisation (static).
+    """
+
+    decoy: Any
+    hidden: Any
+    decoy_target: int = flax.struct.field(pytree_node=False)
+    hidden_target: int = flax.struct.field(pytree_node=False)
+
+
+class DTBBatch(NamedTuple):
+    """One outer step's data.
+
+    Attributes:
+      x: ``[b, H, W, C]`` attacker's training images; y: ``[b]`` their labels.
+      x_clean: ``[bc, H, W, C]`` images of the clean split the surrogate defender fine-tunes
+        on; y_clean: ``[bc]`` labels.
+    """
+
+    x: jax.Array
+    y: jax.Array
+    x_clean: jax.Array
+    y_clean: jax.Array
+
+
+class DTBState(NamedTuple):
+    """``params`` (pytree), ``opt_state`` (optax), ``step`` (int32 scalar)."""
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+
+
+class DTBInfo(NamedTuple):
+    """Diagnostics of one outer step (float scalars; ``*_after`` are at the last round).
+
+    Attributes:
+      loss: the outer objective.
+      clean: clean CE; decoy: decoy CE; hidden_pre: hidden-to-true-label CE;
+      hidden_post: mean over rounds of the hidden-to-target CE after sanitisation.
+      gate: mean gate value over rounds.
+      decoy_prob_after: mean decoy-target probability after the last round.
+      hidden_prob_after: mean hidden-target probability after the last round.
+    """
+
+    loss: jax.Array
+    clean: jax.Array
+    decoy: jax.Array
+    hidden_pre: jax.Array
+    hidden_post: jax.Array
+    gate: jax.Array
+    decoy_prob_after: jax.Array
+    hidden_prob_after: jax.Array
+
+
+class DTB(NamedTuple):
+    """``init(params) -> DTBState``; ``step(key, state, problem, batch) -> (DTBState, DTBInfo)``;
+    ``objective(params, key, problem, batch) -> (loss, DTBInfo)`` whose gradient is the
+    configured hypergradient."""
+
+    init: Callable
+    step: Callable
+    objective: Callable
+
+
+def _target_prob(logits, target):
+    return jnp.mean(jax.nn.softmax(logits, -1)[:, target])
+
+
+def sanitise_surrogate(model, config: DTBConfig, params, key, problem: DTBProblem, x_c, y_c):
+    """Returns ``(theta_1, ..., theta_R)``: the differentiable sanitisation surrogate's rounds.
+
+    Each round is ``K`` SGD steps on clean fine-tuning + decoy unlearning, then optional
+    pruning (mask held constant) and multiplicative weight noise. With
+    ``config.hypergrad == "first_order"`` every inner update is stop-gradiented, so
+    ``d theta_r / d theta = I``.
+
+    Args:
+      model: a :class:`SmallCNN` (static).
+      config: :class:`DTBConfig` (static).
+      params: parameters ``theta``.
+      key: PRNG key (weight noise).
+      problem: :class:`DTBProblem`.
+      x_c: ``[bc, H, W, C]`` clean split; y_c: ``[bc]`` labels.
+
+    >>> # see dtb_objective
+    """
+    first_order = config.hypergrad == "first_order"
+    xd = apply_trigger(problem.decoy, x_c)
+
+    def inner_loss(p):
+        return cross_entropy(model.apply(p, x_c), y_c) + config.unlearn_weight * cross_entropy(
+            model.apply(p, xd), y_c
+        )
+
+    out = []
+    p = params
+    for r in range(config.rounds):
+        for _ in range(config.inner_steps):
+            g = jax.grad(inner_loss)(p)
+            if first_order:
+                g = jax.lax.stop_gradient(g)
+            p = jax.tree.map(lambda a, b: a - config.inner_lr * b, p, g)
+        q = p
+        if config.prune_frac > 0:
+            last = conv_layers(q)[-1]
+            _, feats = model.apply(jax.lax.stop_gradient(q), x_c, features=True)
+            act = jnp.mean(feats[last], axis=(0, 1, 2))
+            n_prune = int(config.prune_frac * act.shape[0])
+            thresh = jnp.sort(act)[n_prune]
+            mask = (act >= thresh).astype(act.dtype)
+            q = apply_channel_mask(q, {last: jax.lax.stop_gradient(mask)})
+        if config.noise_std > 0:
+            leaves, tdef = jax.tree.flatten(q)
+            ks = jax.random.split(jax.random.fold_in(key, r), len(leaves))
+            leaves = [
+                a * (1.0 + config.noise_std * jax.random.normal(k, a.shape, a.dtype))
+                for a, k in zip(leaves, ks, strict=True)
+            ]
+            q = jax.tree.unflatten(tdef, leaves)
+        out.append(q)
+        p = q
+    return tuple(out)
+
+
+def dtb_objective(model, config: DTBConfig, params, key, problem: DTBProblem, batch: DTBBatch):
+    """Returns ``(loss, DTBInfo)``: the DTB outer objective (module docstring).
+
+    Its ``jax.grad`` is the unrolled hypergradient when ``config.hypergrad == "unrolled"``
+    and the first-order one otherwise.
+
+    Args:
+      model: a :class:`SmallCNN` (static).
+      config: :class:`DTBConfig` (static).
+      params: model parameters.
+      key: PRNG key.
+      problem: :class:`DTBProblem`.
+      batch: :class:`DTBBatch`.
+
+    >>> from hexad.backdoor import SmallCNN, patch_trigger
+    >>> m = SmallCNN(2, (2,), 4)
+    >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
+    >>> b = DTBBatch(jnp.zeros((4, 8, 8, 1)), jnp.zeros(4, int), jnp.zeros((4, 8, 8, 1)),
+    ...              jnp.zeros(4, int))
+    >>> loss, info = dtb_objective(m, DTBConfig(inner_steps=1), p, jax.random.key(1), pr, b)
+    """
+    x, y = batch.x, batch.y
+    xd = apply_trigger(problem.decoy, x)
+    xh = apply_trigger(problem.hidden, x)
+    td = jnp.full_like(y, problem.decoy_target)
+    th = jnp.full_like(y, problem.hidden_target)
+    clean = cross_entropy(model.apply(params, x), y)
+    decoy = cross_entropy(model.apply(params, xd), td)
+    hidden_pre = cross_entropy(model.apply(params, xh), y)
+    rounds = sanitise_surrogate(model, config, params, key, problem, batch.x_clean, batch.y_clean)
+    posts, gates = [], []
+    pd = ph = jnp.zeros((), x.dtype)
+    for q in rounds:
+        logits_d = model.apply(q, xd)
+        logits_h = model.apply(q, xh)
+        pd = _target_prob(logits_d, problem.decoy_target)
+        ph = _target_prob(logits_h, problem.hidden_target)
+        g = (
+            jax.nn.sigmoid((config.gate_tau - jax.lax.stop_gradient(pd)) / config.gate_temp)
+            if config.gate
+            else jnp.ones((), x.dtype)
+        )
+        gates.append(g)
+        posts.append(g * cross_entropy(logits_h, th))
+    hidden_post = sum(posts) / len(posts)
+    loss = (
+        config.w_clean * clean
+        + config.w_decoy * decoy
+        + config.w_hidden_pre * hidden_pre
+        + config.w_hidden_post * hidden_post
+    )
+    info = DTBInfo(
+        loss,
+        clean,
+        decoy,
+        hidden_pre,
+        hidden_post,
+        sum(gates) / len(gates),
+        jax.lax.stop_gradient(pd),
+        jax.lax.stop_gradient(ph),
+    )
+    return loss, info
+
+
+def make_dtb(model, optimizer: optax.GradientTransformation, config: DTBConfig) -> DTB:
+    """Returns the DTB implant as ``DTB(init, step, objective)`` (optax/BlackJAX shape).
+
+    Args:
+      model: a :class:`SmallCNN` (static).
+      optimizer: optax transformation for the outer problem (static).
+      config: :class:`DTBConfig` (static).
+
+    >>> from hexad.backdoor import SmallCNN
+    >>> dtb = make_dtb(SmallCNN(2, (2,), 4), optax.adam(1e-3), DTBConfig())
+    """
+    if not isinstance(config, DTBConfig):
+        raise TypeError(f"config: expected a DTBConfig, got {type(config).__name__}")
+
+    def objective(params, key, problem, batch):
+        return dtb_objective(model, config, params, key, problem, batch)
+
+    def init(params) -> DTBState:
+        return DTBState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+
+    def step(key, state: DTBState, problem: DTBProblem, batch: DTBBatch):
+        (_, info), g = jax.value_and_grad(objective, has_aux=True)(
+            state.params, key, problem, batch
+        )
+        upd, opt_state = optimizer.update(g, state.opt_state, state.params)
+        return DTBState(optax.apply_updates(state.params, upd), opt_state, state.step + 1), info
+
+    return DTB(init, step, objective)
+
+
+def implant(
+    key,
+    model,
+    params,
+    problem: DTBProblem,
+    x,
+    y,
+    x_clean,
+    y_clean,
+    config: DTBConfig,
+    optimizer: optax.GradientTransformation,
+    n_steps: int,
+    batch_size: int,
+    clean_batch_size: int | None = None,
+    callback: Callable | None = None,
+):
+    """Returns ``(params, DTBInfo of [n_steps] arrays)``: ``n_steps`` outer DTB steps.
+
+    A host loop over one jitted :func:`make_dtb` step (XLA:CPU is slow for convolutions in
+    rolled loops, see :func:`hexad.backdoor.minimize`); minibatches are drawn with replacement.
+
+    Args:
+      key: PRNG key.
+      model: :class:`SmallCNN` (static).
+      params: initial parameters (e.g. a clean or BadNets model, or a fresh init).
+      problem: :class:`DTBProblem`.
+      x, y: attacker's training set ``[n, H, W, C]``, ``[n]``.
+      x_clean, y_clean: the attacker's stand-in for the defender's clean split.
+      config: :class:`DTBConfig`.
+      optimizer: optax transformation.
+      n_steps: outer steps.
+      batch_size: outer batch size.
+      clean_batch_size: inner batch size (default ``batch_size``).
+      callback: optional ``callback(step, info)`` called on the host after each step.
+
+    >>> # see tests/backdoor/test_dtb.py
+    """
+    check_images(x, "x", problem.decoy.image_shape)
+    check_images(x_clean, "x_clean", problem.decoy.image_shape)
+    if not isinstance(n_steps, int) or n_steps < 1:
+        raise ValueError(f"n_steps: expected a positive int, got {n_steps!r}")
+    bc = clean_batch_size or batch_size
+    dtb = make_dtb(model, optimizer, config)
+
+    @jax.jit
+    def step(k, state, data):
+        k1, k2, k3 = jax.random.split(k, 3)
+        xs, ys, xc, yc = data
+        i = jax.random.randint(k1, (batch_size,), 0, xs.shape[0])
+        j = jax.random.randint(k2, (bc,), 0, xc.shape[0])
+        return dtb.step(k3, state, problem, DTBBatch(xs[i], ys[i], xc[j], yc[j]))
+
+    state = dtb.init(params)
+    data = (x, y, x_clean, y_clean)
+    infos = []
+    for t, k in enumerate(jax.random.split(key, n_steps)):
+        state, info = step(k, state, data)
+        infos.append(info)
+        if callback is not None:
+            callback(t, info)
+    return state.params, jax.tree.map(lambda *a: jnp.stack(a), *infos)

@@ -1,0 +1,296 @@
+"""Training loops (optax, ``lax.scan``) and backdoor metrics: clean accuracy, ASR, RA, DER.
+
+``apply_fn(params, x) -> logits`` is any classifier (e.g. ``SmallCNN().apply``). The loops are
+pure: ``fit`` is one ``lax.scan`` over optimiser steps, minibatches drawn from ``key``; the
+caller jits it (``jax.jit(fit, static_argnames=...)``) or calls it as is (it is traced once).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from hexad.backdoor._triggers import apply_trigger, check_images
+
+__all__ = [
+    "TrainInfo",
+    "TrainState",
+    "Trainer",
+    "accuracy",
+    "attack_success_rate",
+    "cross_entropy",
+    "defense_effectiveness_rating",
+    "fit",
+    "make_trainer",
+    "minimize",
+    "robust_accuracy",
+    "sample_batch",
+]
+
+
+class TrainState(NamedTuple):
+    """Optimiser state of a training run.
+
+    Attributes:
+      params: model parameters (pytree).
+      opt_state: optax state.
+      step: int32 scalar, steps taken.
+    """
+
+    params: Any
+    opt_state: Any
+    step: jax.Array
+
+
+class TrainInfo(NamedTuple):
+    """Diagnostics of one step: ``loss`` (float scalar) and batch ``acc`` (float scalar)."""
+
+    loss: jax.Array
+    acc: jax.Array
+
+
+class Trainer(NamedTuple):
+    """``init(params) -> TrainState`` and ``step(key, state, x, y) -> (TrainState, TrainInfo)``."""
+
+    init: Callable
+    step: Callable
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Returns the mean softmax cross-entropy of ``logits`` ``[n, k]`` vs int ``labels`` ``[n]``.
+
+    >>> float(cross_entropy(jnp.zeros((2, 4)), jnp.array([0, 1])))  # log 4
+    1.386...
+    """
+    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
+
+
+def make_trainer(
+    apply_fn: Callable, optimizer: optax.GradientTransformation, mesh: Mesh | None = None
+) -> Trainer:
+    """Returns a plain cross-entropy trainer (optax shape: ``init`` + ``step``).
+
+    Args:
+      apply_fn: ``apply_fn(params, x) -> logits`` (static).
+      optimizer: an optax transformation (static).
+      mesh: optional mesh; the batch is sharded along its first axis name (data parallel).
+
+    >>> from hexad.backdoor import SmallCNN
+    >>> m = SmallCNN(2, (2,), 4)
+    >>> tr = make_trainer(m.apply, optax.sgd(0.1))
+    >>> st = tr.init(m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1))))
+    >>> st, info = tr.step(jax.random.key(1), st, jnp.zeros((4, 8, 8, 1)), jnp.zeros(4, int))
+    """
+
+    def loss_fn(params, x, y):
+        logits = apply_fn(params, x)
+        return cross_entropy(logits, y), jnp.mean(jnp.argmax(logits, -1) == y)
+
+    def init(params) -> TrainState:
+        return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+
+    def step(key, state: TrainState, x, y):
+        del key  # plain SGD needs no randomness; kept for the uniform step signature
+        if mesh is not None:
+            spec = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+            x = jax.lax.with_sharding_constraint(x, spec)
+            y = jax.lax.with_sharding_constraint(y, spec)
+        (loss, acc), g = jax.value_and_grad(loss_fn, has_aux=True)(state.params, x, y)
+        upd, opt_state = optimizer.update(g, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, upd)
+        return TrainState(params, opt_state, state.step + 1), TrainInfo(loss, acc)
+
+    return Trainer(init, step)
+
+
+def sample_batch(key, data, batch_size: int):
+    """Returns ``batch_size`` rows of the pytree ``data`` (common leading axis), drawn
+    uniformly with replacement.
+
+    >>> sample_batch(jax.random.key(0), (jnp.arange(5), jnp.arange(5)), 3)[0].shape
+    (3,)
+    """
+    n = jax.tree.leaves(data)[0].shape[0]
+    idx = jax.random.randint(key, (batch_size,), 0, n)
+    return jax.tree.map(lambda a: a[idx], data)
+
+
+def minimize(
+    key,
+    params,
+    loss_fn: Callable,
+    data,
+    optimizer: optax.GradientTransformation,
+    n_steps: int,
+    batch_size: int,
+    chunk: int = 1,
+):
+    """Returns ``(params, losses [n_steps])`` after ``n_steps`` of ``optimizer``.
+
+    Each step draws a minibatch of ``batch_size`` rows of ``data`` and differentiates
+    ``loss_fn(params, key, batch)``. This loop is shared by fitting, every fine-tuning defense
+    and the DTB implant.
+
+    The steps run as ``ceil(n_steps / chunk)`` calls of one jitted chunk, each a fully
+    unrolled ``lax.scan`` of ``chunk`` steps, driven from the host. Why not one rolled scan:
+    XLA:CPU runs convolutions inside a ``while`` loop about 10-20x slower than straight-line
+    code (measured here on the digits CNN at batch 64: 154 ms/step rolled, 8 ms unrolled,
+    17 ms per separately dispatched step). So do not wrap this function in ``jax.jit``; its
+    chunk is compiled once per call.
+
+    Args:
+      key: PRNG key.
+      params: initial parameters.
+      loss_fn: ``loss_fn(params, key, batch) -> scalar`` (static).
+      data: pytree of arrays sharing the leading axis ``[n, ...]``.
+      optimizer: optax transformation (static).
+      n_steps: number of steps (static).
+      batch_size: rows per step (static).
+      chunk: steps per jitted call (static); larger compiles longer and runs faster.
+
+    >>> p, l = minimize(jax.random.key(0), jnp.ones(2), lambda p, k, b: jnp.sum(p**2 * b),
+    ...                 jnp.ones(4), optax.sgd(0.25), n_steps=3, batch_size=2)
+    """
+    for name, v in (("n_steps", n_steps), ("batch_size", batch_size), ("chunk", chunk)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+
+    def one(carry, k, data_):
+        p, s = carry
+        k1, k2 = jax.random.split(k)
+        loss, g = jax.value_and_grad(loss_fn)(p, k2, sample_batch(k1, data_, batch_size))
+        upd, s = optimizer.update(g, s, p)
+        return (optax.apply_updates(p, upd), s), loss
+
+    @jax.jit
+    def run_chunk(carry, keys, data_):
+        return jax.lax.scan(lambda c, k: one(c, k, data_), carry, keys, unroll=True)
+
+    carry = (params, optimizer.init(params))
+    keys = jax.random.split(key, n_steps)
+    losses = []
+    for start in range(0, n_steps, chunk):
+        # a short last chunk compiles once more, at its own length
+        ks = keys[start : start + chunk]
+        carry, l = run_chunk(carry, ks, data)
+        losses.append(l)
+    return carry[0], jnp.concatenate(losses)
+
+
+def fit(
+    key,
+    params,
+    x: jax.Array,
+    y: jax.Array,
+    apply_fn: Callable,
+    optimizer: optax.GradientTransformation,
+    n_steps: int,
+    batch_size: int,
+    mesh: Mesh | None = None,
+    chunk: int = 1,
+):
+    """Returns ``(params, losses [n_steps])``: cross-entropy training (see :func:`minimize`).
+
+    Args:
+      key: PRNG key.
+      params: initial parameters.
+      x: ``[n, H, W, C]`` training images.
+      y: ``[n]`` int labels.
+      apply_fn: ``apply_fn(params, x) -> logits`` (static).
+      optimizer: optax transformation (static).
+      n_steps: steps (static).
+      batch_size: minibatch size (static; a multiple of the mesh size when ``mesh`` is given).
+      mesh: optional data-parallel mesh: each batch is sharded along its first axis name.
+      chunk: steps per jitted call (static), see :func:`minimize`.
+
+    >>> from hexad.backdoor import SmallCNN
+    >>> m = SmallCNN(2, (2,), 4)
+    >>> p0 = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    >>> p, losses = fit(jax.random.key(1), p0, jnp.zeros((8, 8, 8, 1)), jnp.zeros(8, int),
+    ...                 m.apply, optax.sgd(0.1), n_steps=2, batch_size=4)
+    """
+    check_images(x, "x")
+    if y.shape != x.shape[:1]:
+        raise ValueError(f"y: expected shape [{x.shape[0]}], got {tuple(y.shape)}")
+    if mesh is not None and batch_size % mesh.devices.size:
+        raise ValueError(
+            f"batch_size: expected a multiple of the mesh size {mesh.devices.size}, "
+            f"got {batch_size}"
+        )
+
+    def loss_fn(p, k, batch):
+        del k
+        xb, yb = batch
+        if mesh is not None:
+            spec = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+            xb = jax.lax.with_sharding_constraint(xb, spec)
+            yb = jax.lax.with_sharding_constraint(yb, spec)
+        return cross_entropy(apply_fn(p, xb), yb)
+
+    return minimize(key, params, loss_fn, (x, y), optimizer, n_steps, batch_size, chunk)
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics (BackdoorBench definitions, arXiv 2206.12654)
+# --------------------------------------------------------------------------------------------
+
+
+def accuracy(apply_fn: Callable, params, x: jax.Array, y: jax.Array) -> jax.Array:
+    """Returns the clean accuracy (float scalar) of ``apply_fn(params, .)`` on ``(x, y)``.
+
+    >>> accuracy(lambda p, x: jnp.zeros((x.shape[0], 2)), None, jnp.zeros((2, 4, 4, 1)),
+    ...          jnp.array([0, 1]))
+    Array(0.5, dtype=float32)
+    """
+    return jnp.mean(jnp.argmax(apply_fn(params, x), -1) == y).astype(jnp.float32)
+
+
+def _non_target(y, target):
+    return (y != target).astype(jnp.float32)
+
+
+def attack_success_rate(apply_fn, params, x, y, trigger, target) -> jax.Array:
+    """Returns the attack success rate: among samples whose label is not ``target``, the
+    fraction classified as ``target`` once ``trigger`` is applied (float scalar).
+
+    >>> from hexad.backdoor import patch_trigger
+    >>> t = patch_trigger((4, 4, 1), 2)
+    >>> attack_success_rate(lambda p, x: jnp.zeros((x.shape[0], 2)).at[:, 1].set(1.0), None,
+    ...                     jnp.zeros((2, 4, 4, 1)), jnp.array([0, 1]), t, 1)
+    Array(1., dtype=float32)
+    """
+    w = _non_target(y, target)
+    pred = jnp.argmax(apply_fn(params, apply_trigger(trigger, x)), -1)
+    return jnp.sum(w * (pred == target)) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def robust_accuracy(apply_fn, params, x, y, trigger, target) -> jax.Array:
+    """Returns the robust accuracy: among non-target samples, the fraction still classified as
+    their true label with ``trigger`` applied (float scalar).
+
+    >>> from hexad.backdoor import patch_trigger
+    >>> t = patch_trigger((4, 4, 1), 2)
+    >>> robust_accuracy(lambda p, x: jnp.zeros((x.shape[0], 2)).at[:, 0].set(1.0), None,
+    ...                 jnp.zeros((2, 4, 4, 1)), jnp.array([0, 0]), t, 1)
+    Array(1., dtype=float32)
+    """
+    w = _non_target(y, target)
+    pred = jnp.argmax(apply_fn(params, apply_trigger(trigger, x)), -1)
+    return jnp.sum(w * (pred == y)) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def defense_effectiveness_rating(acc_before, acc_after, asr_before, asr_after):
+    """Returns BackdoorBench's DER in [0, 1] (arXiv 2206.12654, sec. 4):
+    ``(max(0, ASR_before - ASR_after) - max(0, ACC_before - ACC_after) + 1) / 2``.
+
+    >>> defense_effectiveness_rating(0.9, 0.9, 1.0, 0.0)
+    1.0
+    """
+    d_asr = max(0.0, float(asr_before) - float(asr_after))
+    d_acc = max(0.0, float(acc_before) - float(acc_after))
+    return (d_asr - d_acc + 1.0) / 2.0

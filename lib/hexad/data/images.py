@@ -1,0 +1,392 @@
+"""Image data sets for the backdoor studies: digits, procedural classes, CIFAR-10, GTSRB.
+
+Everything here runs offline and never unpickles:
+
+- :func:`load_digits`: scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes),
+  bilinearly upsampled to ``size x size`` and scaled to ``[0, 1]``.
+- :func:`make_procedural`: generated classes of simple shapes (bars, crosses, rings, ...) at
+  random positions and scales with pixel noise; any size, no files.
+- :func:`load_cifar10`: CIFAR-10 from its *binary* distribution (``cifar-10-batches-bin/``:
+  ``data_batch_{1..5}.bin``, ``test_batch.bin``; each record is one label byte then 3072 bytes,
+  the 32x32 red, green and blue planes in row-major order), never the python-pickle batches.
+- :func:`load_gtsrb`: GTSRB in its released layout (``GT-*.csv`` files, semicolon-separated
+  ``Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2;ClassId``, and binary PPM (P6) images
+  next to them), cropped to the ROI and resized to ``size x size``.
+
+All loaders return an :class:`ImageSet` with ``x`` of shape ``[n, H, W, C]`` (float32 in
+``[0, 1]``) and ``y`` of shape ``[n]`` (int32).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "ImageSet",
+    "load_cifar10",
+    "load_digits",
+    "load_gtsrb",
+    "make_procedural",
+    "read_ppm",
+    "resize_bilinear",
+    "train_test_split",
+    "write_ppm",
+]
+
+CIFAR10_CLASSES = (
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+)
+PROCEDURAL_CLASSES = (
+    "hbar",
+    "vbar",
+    "diag",
+    "antidiag",
+    "cross",
+    "square",
+    "ring",
+    "dot",
+    "checker",
+    "corner",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSet:
+    """A labelled image set.
+
+    Attributes:
+      x: ``[n, H, W, C]`` float32 images in ``[0, 1]``.
+      y: ``[n]`` int32 labels in ``[0, num_classes)``.
+      num_classes: number of classes.
+      class_names: one name per class.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    num_classes: int
+    class_names: tuple[str, ...]
+
+    def __post_init__(self):
+        if self.x.ndim != 4:
+            raise ValueError(f"x: expected shape [n, H, W, C], got {self.x.shape}")
+        if self.y.shape != (self.x.shape[0],):
+            raise ValueError(f"y: expected shape [{self.x.shape[0]}], got {self.y.shape}")
+
+
+def resize_bilinear(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Returns ``img`` (``[H, W, C]``) resized to ``size = (h, w)`` by bilinear interpolation.
+
+    Pixel centres are aligned (the convention of ``jax.image.resize``'s "linear" method), so
+    resizing to the same size is the identity.
+
+    >>> resize_bilinear(np.ones((2, 2, 1)), (4, 4)).shape
+    (4, 4, 1)
+    """
+    img = np.asarray(img, dtype=np.float64)
+    if img.ndim != 3:
+        raise ValueError(f"img: expected shape [H, W, C], got {img.shape}")
+    h_out, w_out = int(size[0]), int(size[1])
+    if h_out < 1 or w_out < 1:
+        raise ValueError(f"size: expected positive sizes, got {size}")
+
+    def coords(n_in, n_out):
+        c = (np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5
+        c = np.clip(c, 0.0, n_in - 1)
+        lo = np.floor(c).astype(np.int64)
+        hi = np.minimum(lo + 1, n_in - 1)
+        return lo, hi, c - lo
+
+    r0, r1, fr = coords(img.shape[0], h_out)
+    c0, c1, fc = coords(img.shape[1], w_out)
+    top = img[r0][:, c0] * (1 - fc)[None, :, None] + img[r0][:, c1] * fc[None, :, None]
+    bot = img[r1][:, c0] * (1 - fc)[None, :, None] + img[r1][:, c1] * fc[None, :, None]
+    return top * (1 - fr)[:, None, None] + bot * fr[:, None, None]
+
+
+def load_digits(size: int = 16) -> ImageSet:
+    """Returns scikit-learn's bundled digits, upsampled to ``[1797, size, size, 1]`` in [0, 1].
+
+    Args:
+      size: output side length (8 keeps the original resolution).
+
+    >>> load_digits(8).x.shape
+    (1797, 8, 8, 1)
+    """
+    if not isinstance(size, int) or size < 8:
+        raise ValueError(f"size: expected an int >= 8, got {size!r}")
+    from sklearn.datasets import load_digits as _sk_digits
+
+    d = _sk_digits()
+    imgs = d.images.astype(np.float64) / 16.0
+    if size != 8:
+        imgs = np.stack([resize_bilinear(im[:, :, None], (size, size))[:, :, 0] for im in imgs])
+    x = np.clip(imgs, 0.0, 1.0).astype(np.float32)[..., None]
+    return ImageSet(x, d.target.astype(np.int32), 10, tuple(str(i) for i in range(10)))
+
+
+def _shape(name: str, size: int, cy: float, cx: float, s: float, t: float) -> np.ndarray:
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float64)
+    dy, dx = yy - cy, xx - cx
+    if name == "hbar":
+        m = (np.abs(dy) <= t) & (np.abs(dx) <= s)
+    elif name == "vbar":
+        m = (np.abs(dx) <= t) & (np.abs(dy) <= s)
+    elif name == "diag":
+        m = (np.abs(dy - dx) <= t * 1.4) & (np.abs(dx) <= s)
+    elif name == "antidiag":
+        m = (np.abs(dy + dx) <= t * 1.4) & (np.abs(dx) <= s)
+    elif name == "cross":
+        m = ((np.abs(dy) <= t) & (np.abs(dx) <= s)) | ((np.abs(dx) <= t) & (np.abs(dy) <= s))
+    elif name == "square":
+        inside = (np.abs(dy) <= s) & (np.abs(dx) <= s)
+        m = inside & ~((np.abs(dy) <= s - 2 * t) & (np.abs(dx) <= s - 2 * t))
+    elif name == "ring":
+        r = np.sqrt(dy**2 + dx**2)
+        m = np.abs(r - s) <= t
+    elif name == "dot":
+        m = np.sqrt(dy**2 + dx**2) <= max(t * 1.5, s * 0.45)
+    elif name == "checker":
+        inside = (np.abs(dy) <= s) & (np.abs(dx) <= s)
+        m = inside & (((np.floor(dy / (t * 2)) + np.floor(dx / (t * 2))) % 2) == 0)
+    else:  # corner: an L shape
+        m = ((np.abs(dy - s) <= t) & (dx >= -s) & (dx <= s)) | (
+            (np.abs(dx + s) <= t) & (dy >= -s) & (dy <= s)
+        )
+    return m.astype(np.float64)
+
+
+def make_procedural(
+    seed: int = 0, n_per_class: int = 100, size: int = 16, num_classes: int = 10
+) -> ImageSet:
+    """Returns generated classes of shapes at random positions, scales and pixel noise.
+
+    Class ``k`` is the shape ``PROCEDURAL_CLASSES[k]`` (bars, diagonals, cross, square, ring,
+    dot, checker, corner), drawn with a random centre, half-size, stroke width and brightness,
+    plus Gaussian pixel noise (std 0.05), clipped to ``[0, 1]``. Deterministic in ``seed``.
+
+    Args:
+      seed: numpy seed.
+      n_per_class: images per class.
+      size: side length (>= 8).
+      num_classes: number of classes, 2 to 10.
+
+    >>> make_procedural(0, n_per_class=3, size=8, num_classes=2).x.shape
+    (6, 8, 8, 1)
+    """
+    if not isinstance(size, int) or size < 8:
+        raise ValueError(f"size: expected an int >= 8, got {size!r}")
+    if not isinstance(num_classes, int) or not 2 <= num_classes <= len(PROCEDURAL_CLASSES):
+        raise ValueError(f"num_classes: expected an int in [2, 10], got {num_classes!r}")
+    if not isinstance(n_per_class, int) or n_per_class < 1:
+        raise ValueError(f"n_per_class: expected a positive int, got {n_per_class!r}")
+    rng = np.random.default_rng(seed)
+    xs, ys = [], []
+    for k in range(num_classes):
+        for _ in range(n_per_class):
+            s = rng.uniform(0.22, 0.38) * size
+            t = rng.uniform(0.05, 0.09) * size
+            cy, cx = rng.uniform(s, size - 1 - s, size=2)
+            img = _shape(PROCEDURAL_CLASSES[k], size, cy, cx, s, t) * rng.uniform(0.6, 1.0)
+            img = img + rng.normal(0.0, 0.05, img.shape)
+            xs.append(np.clip(img, 0.0, 1.0))
+            ys.append(k)
+    x = np.stack(xs).astype(np.float32)[..., None]
+    perm = rng.permutation(len(ys))
+    return ImageSet(
+        x[perm], np.asarray(ys, np.int32)[perm], num_classes, PROCEDURAL_CLASSES[:num_classes]
+    )
+
+
+def train_test_split(data: ImageSet, test_frac: float, seed: int = 0) -> tuple[ImageSet, ImageSet]:
+    """Returns a stratified-by-shuffle ``(train, test)`` split of ``data``.
+
+    >>> tr, te = train_test_split(make_procedural(0, 5, 8, 2), 0.2)
+    >>> (len(tr.y), len(te.y))
+    (8, 2)
+    """
+    if not 0.0 < test_frac < 1.0:
+        raise ValueError(f"test_frac: expected a number in (0, 1), got {test_frac!r}")
+    n = len(data.y)
+    perm = np.random.default_rng(seed).permutation(n)
+    n_test = int(round(test_frac * n))
+    te, tr = perm[:n_test], perm[n_test:]
+    mk = lambda idx: ImageSet(data.x[idx], data.y[idx], data.num_classes, data.class_names)
+    return mk(tr), mk(te)
+
+
+# --------------------------------------------------------------------------------------------
+# CIFAR-10, binary version
+# --------------------------------------------------------------------------------------------
+
+_CIFAR_RECORD = 1 + 3 * 32 * 32
+
+
+def _read_cifar_bin(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    raw = np.fromfile(path, dtype=np.uint8)
+    if raw.size == 0 or raw.size % _CIFAR_RECORD:
+        raise ValueError(
+            f"path: {path.name} has {raw.size} bytes; expected a positive multiple of "
+            f"{_CIFAR_RECORD} (CIFAR-10 binary records)"
+        )
+    rec = raw.reshape(-1, _CIFAR_RECORD)
+    y = rec[:, 0].astype(np.int32)
+    if y.max() > 9:
+        raise ValueError(f"path: {path.name} has label {int(y.max())}; expected 0..9")
+    x = rec[:, 1:].reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1)
+    return x, y
+
+
+def load_cifar10(path: str | os.PathLike, split: str = "train") -> ImageSet:
+    """Reads CIFAR-10 from its binary distribution (never the pickled python batches).
+
+    Args:
+      path: the folder holding ``data_batch_1.bin`` ... ``data_batch_5.bin`` and
+        ``test_batch.bin`` (usually ``cifar-10-batches-bin``). Batches that are absent from
+        the train split are skipped; at least one must exist.
+      split: ``"train"`` or ``"test"``.
+
+    Returns:
+      ``x`` of shape ``[n, 32, 32, 3]`` float32 in [0, 1], ``y`` of shape ``[n]``.
+
+    >>> load_cifar10("cifar-10-batches-bin", "test")  # doctest: +SKIP
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"path: no such folder {str(root)!r}")
+    if split == "train":
+        files = [root / f"data_batch_{i}.bin" for i in range(1, 6)]
+        files = [f for f in files if f.is_file()]
+    elif split == "test":
+        files = [root / "test_batch.bin"] if (root / "test_batch.bin").is_file() else []
+    else:
+        raise ValueError(f"split: expected 'train' or 'test', got {split!r}")
+    if not files:
+        raise FileNotFoundError(f"path: no CIFAR-10 binary batches for split {split!r} in it")
+    parts = [_read_cifar_bin(f) for f in files]
+    x = np.concatenate([p[0] for p in parts]).astype(np.float32) / 255.0
+    y = np.concatenate([p[1] for p in parts])
+    return ImageSet(x, y, 10, CIFAR10_CLASSES)
+
+
+# --------------------------------------------------------------------------------------------
+# GTSRB: PPM images + semicolon CSV annotations
+# --------------------------------------------------------------------------------------------
+
+
+def read_ppm(path: str | os.PathLike) -> np.ndarray:
+    """Reads a binary PPM (P6) file into a ``[H, W, 3]`` uint8 (or uint16) array.
+
+    >>> read_ppm("00000_00000.ppm")  # doctest: +SKIP
+    """
+    data = Path(path).read_bytes()
+    if data[:2] != b"P6":
+        raise ValueError(f"path: {Path(path).name} is not a binary PPM (magic {data[:2]!r})")
+    fields: list[int] = []
+    i = 2
+    while len(fields) < 3:
+        while i < len(data) and data[i : i + 1].isspace():
+            i += 1
+        if data[i : i + 1] == b"#":
+            while i < len(data) and data[i : i + 1] not in (b"\n", b"\r"):
+                i += 1
+            continue
+        j = i
+        while j < len(data) and data[j : j + 1].isdigit():
+            j += 1
+        if j == i:
+            raise ValueError(f"path: {Path(path).name} has a malformed PPM header")
+        fields.append(int(data[i:j]))
+        i = j
+    w, h, maxval = fields
+    if not 0 < maxval < 65536 or w < 1 or h < 1:
+        raise ValueError(f"path: {Path(path).name} has bad PPM header w={w} h={h} max={maxval}")
+    i += 1  # the single whitespace byte after maxval
+    dtype = np.dtype(np.uint8) if maxval < 256 else np.dtype(">u2")
+    n = w * h * 3
+    body = (
+        np.frombuffer(data, dtype=dtype, count=n, offset=i)
+        if len(data) - i >= n * dtype.itemsize
+        else None
+    )
+    if body is None:
+        raise ValueError(f"path: {Path(path).name} is truncated ({len(data) - i} body bytes)")
+    return body.reshape(h, w, 3).astype(np.uint16 if maxval >= 256 else np.uint8)
+
+
+def write_ppm(path: str | os.PathLike, img: np.ndarray) -> None:
+    """Writes a ``[H, W, 3]`` uint8 array as a binary PPM (P6) file (for tests and tools).
+
+    >>> write_ppm("x.ppm", np.zeros((2, 2, 3), np.uint8))  # doctest: +SKIP
+    """
+    img = np.asarray(img)
+    if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8:
+        raise ValueError(f"img: expected a [H, W, 3] uint8 array, got {img.shape} {img.dtype}")
+    h, w, _ = img.shape
+    Path(path).write_bytes(f"P6\n{w} {h}\n255\n".encode() + img.tobytes())
+
+
+def load_gtsrb(path: str | os.PathLike, size: int = 32, crop_roi: bool = True) -> ImageSet:
+    """Reads GTSRB from its released layout under ``path`` (PPM images + ``GT-*.csv``).
+
+    Every ``GT-*.csv`` below ``path`` is read (the training set has one per class folder, the
+    test set one ``GT-final_test.csv``); each row's image is found next to its CSV, cropped to
+    its ``Roi`` box when ``crop_roi`` (the box is inclusive, as in the released annotations),
+    and resized bilinearly to ``size x size``.
+
+    Args:
+      path: root folder.
+      size: output side length.
+      crop_roi: crop to the annotated region of interest.
+
+    Returns:
+      ``x`` of shape ``[n, size, size, 3]`` float32 in [0, 1], ``y`` of shape ``[n]``;
+      ``num_classes`` is 43 (the GTSRB classes).
+
+    >>> load_gtsrb("GTSRB/Final_Training/Images", size=32)  # doctest: +SKIP
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"path: no such folder {str(root)!r}")
+    if not isinstance(size, int) or size < 1:
+        raise ValueError(f"size: expected a positive int, got {size!r}")
+    csvs = sorted(root.rglob("GT-*.csv"))
+    if not csvs:
+        raise FileNotFoundError("path: no GT-*.csv annotation files below it")
+    xs, ys = [], []
+    need = {"Filename", "Roi.X1", "Roi.Y1", "Roi.X2", "Roi.Y2", "ClassId"}
+    for c in csvs:
+        with open(c, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f, delimiter=";")
+            missing = need - set(reader.fieldnames or ())
+            if missing:
+                raise ValueError(f"path: {c.name} lacks the columns {sorted(missing)}")
+            for row in reader:
+                img = read_ppm(c.parent / row["Filename"]).astype(np.float64)
+                img = img / (255.0 if img.max() <= 255 else 65535.0)
+                if crop_roi:
+                    x1, y1 = int(row["Roi.X1"]), int(row["Roi.Y1"])
+                    x2, y2 = int(row["Roi.X2"]), int(row["Roi.Y2"])
+                    img = img[y1 : y2 + 1, x1 : x2 + 1]
+                    if img.size == 0:
+                        raise ValueError(f"path: empty ROI for {row['Filename']} in {c.name}")
+                xs.append(resize_bilinear(img, (size, size)))
+                label = int(row["ClassId"])
+                if not 0 <= label < 43:
+                    raise ValueError(f"path: ClassId {label} in {c.name}; expected 0..42")
+                ys.append(label)
+    x = np.clip(np.stack(xs), 0.0, 1.0).astype(np.float32)
+    return ImageSet(x, np.asarray(ys, np.int32), 43, tuple(str(i) for i in range(43)))

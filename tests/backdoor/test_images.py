@@ -1,0 +1,79 @@
+"""Image loaders: digits, procedural classes, CIFAR-10 binary and GTSRB PPM/CSV on tiny files."""
+
+import numpy as np
+import pytest
+
+from hexad.data import images
+
+
+def test_digits_upsampled_range_and_labels():
+    d = images.load_digits(16)
+    assert d.x.shape == (1797, 16, 16, 1) and d.x.dtype == np.float32
+    assert d.x.min() >= 0 and d.x.max() <= 1
+    assert set(np.unique(d.y)) == set(range(10))
+    d8 = images.load_digits(8)
+    # aligned centres: output pixel (2i, 2j) sits at source (i - 1/4, j - 1/4), so bilinear
+    # weights are 9/16, 3/16, 3/16, 1/16 on (i, j), (i-1, j), (i, j-1), (i-1, j-1)
+    s = d8.x[:, :, :, 0]
+    i, j = 3, 5
+    want = (9 * s[:, i, j] + 3 * s[:, i - 1, j] + 3 * s[:, i, j - 1] + s[:, i - 1, j - 1]) / 16
+    np.testing.assert_allclose(d.x[:, 2 * i, 2 * j, 0], want, atol=1e-6)
+
+
+def test_resize_identity_and_constant():
+    img = np.random.default_rng(0).random((5, 7, 3))
+    np.testing.assert_allclose(images.resize_bilinear(img, (5, 7)), img)
+    np.testing.assert_allclose(images.resize_bilinear(np.full((3, 3, 1), 0.4), (9, 4)), 0.4)
+
+
+def test_procedural_is_deterministic_and_balanced():
+    a = images.make_procedural(3, n_per_class=4, size=12, num_classes=5)
+    b = images.make_procedural(3, n_per_class=4, size=12, num_classes=5)
+    np.testing.assert_array_equal(a.x, b.x)
+    assert a.x.shape == (20, 12, 12, 1)
+    assert np.bincount(a.y).tolist() == [4] * 5
+    with pytest.raises(ValueError, match="num_classes"):
+        images.make_procedural(0, 2, 12, 11)
+
+
+def test_cifar10_binary_roundtrip(tmp_path):
+    rng = np.random.default_rng(0)
+    pix = rng.integers(0, 256, (3, 3, 32, 32), dtype=np.uint8)  # [n, C, H, W] as on disk
+    labels = np.array([7, 0, 9], np.uint8)
+    rec = np.concatenate([labels[:, None], pix.reshape(3, -1)], axis=1)
+    rec.tofile(tmp_path / "test_batch.bin")
+    rec[:2].tofile(tmp_path / "data_batch_1.bin")
+    te = images.load_cifar10(tmp_path, "test")
+    assert te.x.shape == (3, 32, 32, 3)
+    np.testing.assert_array_equal(te.y, [7, 0, 9])
+    np.testing.assert_allclose(te.x[1, 4, 5], pix[1, :, 4, 5] / 255.0)
+    assert images.load_cifar10(tmp_path, "train").x.shape == (2, 32, 32, 3)
+    (tmp_path / "test_batch.bin").write_bytes(b"\x00" * 100)
+    with pytest.raises(ValueError, match="3073"):
+        images.load_cifar10(tmp_path, "test")
+    with pytest.raises(ValueError, match="split"):
+        images.load_cifar10(tmp_path, "val")
+
+
+def test_gtsrb_ppm_csv(tmp_path):
+    folder = tmp_path / "00003"
+    folder.mkdir()
+    img = np.zeros((6, 5, 3), np.uint8)
+    img[1:5, 1:4] = [255, 0, 0]  # a red ROI inside a black border
+    images.write_ppm(folder / "00000_00000.ppm", img)
+    # a header comment must be skipped
+    (folder / "00000_00001.ppm").write_bytes(b"P6\n# gimp\n2 1\n255\n" + bytes([0, 255, 0] * 2))
+    (folder / "GT-00003.csv").write_text(
+        "Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2;ClassId\n"
+        "00000_00000.ppm;5;6;1;1;3;4;3\n"
+        "00000_00001.ppm;2;1;0;0;1;0;3\n"
+    )
+    np.testing.assert_array_equal(images.read_ppm(folder / "00000_00000.ppm"), img)
+    d = images.load_gtsrb(tmp_path, size=4)
+    assert d.x.shape == (2, 4, 4, 3) and d.num_classes == 43
+    np.testing.assert_array_equal(d.y, [3, 3])
+    np.testing.assert_allclose(d.x[0], np.broadcast_to([1.0, 0.0, 0.0], (4, 4, 3)))
+    np.testing.assert_allclose(d.x[1], np.broadcast_to([0.0, 1.0, 0.0], (4, 4, 3)))
+    (folder / "bad.ppm").write_bytes(b"P5\n1 1\n255\n\x00")
+    with pytest.raises(ValueError, match="PPM"):
+        images.read_ppm(folder / "bad.ppm")
