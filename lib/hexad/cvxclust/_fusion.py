@@ -556,10 +556,11 @@ def clusterpath(
     [2, 1]
     """
     solver = FusionSolver() if solver is None else solver
-    g = np.asarray(gammas)
-    if g.ndim != 1 or g.size == 0 or (g < 0).any() or (np.diff(g) < 0).any():
-        raise ValueError(f"gammas: expected a non-empty ascending [k] array >= 0, got {g!r}")
-    gammas = jnp.asarray(g, problem.x.dtype)
+    if not isinstance(gammas, jax.core.Tracer):  # validate when concrete (outside jit)
+        g = np.asarray(gammas)
+        if g.ndim != 1 or g.size == 0 or (g < 0).any() or (np.diff(g) < 0).any():
+            raise ValueError(f"gammas: expected a non-empty ascending [k] array >= 0, got {g!r}")
+    gammas = jnp.asarray(gammas, problem.x.dtype)
     n = problem.n
     thresh = rtol * jnp.sqrt(jnp.mean(problem.x**2))
     u0 = jnp.zeros_like(problem.x) if problem.loss == "logistic" else problem.x
