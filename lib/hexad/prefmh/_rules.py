@@ -15,6 +15,8 @@ Barker's rule and ``K -> inf`` tends to Metropolis-Hastings.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -164,7 +166,14 @@ def acceptance_probability(
     if rule not in RULES:
         raise ValueError(f"rule: expected one of {RULES}, got {rule!r}")
     num_comparisons = check_num_comparisons(num_comparisons)
-    log_p_win, log_rho = jnp.broadcast_arrays(jnp.asarray(log_p_win), jnp.asarray(log_rho))
+    return _acceptance_probability(
+        rule, jnp.asarray(log_p_win), jnp.asarray(log_rho), num_comparisons
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _acceptance_probability(rule, log_p_win, log_rho, num_comparisons):
+    log_p_win, log_rho = jnp.broadcast_arrays(log_p_win, log_rho)
     log_q = jnp.log1p(-jnp.exp(log_p_win))
     log_odds = log_p_win - log_q
     if rule == "mh":

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from hexad.prefmh._diagnostics import effective_sample_size, potential_scale_reduction
 
@@ -133,7 +133,10 @@ def run_chains(
                 f"initial_positions: chains = {num_chains} must be divisible by the mesh axis "
                 f"{axis_name!r} of size {size}"
             )
-        sharding = NamedSharding(mesh, PartitionSpec(axis_name))
+        # Explicit-sharding meshes (jax.make_mesh's default) would type every intermediate;
+        # the chains are independent, so an Auto mesh on the same devices lets XLA propagate.
+        auto = Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * mesh.devices.ndim)
+        sharding = NamedSharding(auto, PartitionSpec(axis_name))
     states = jax.vmap(lambda p: algorithm.init(p))(positions)
     if sharding is not None:
         states = jax.device_put(states, sharding)

@@ -1,0 +1,172 @@
+"""Kernels: one trace per jitted step, BlackJAX compatibility, acceptance statistics of a single
+step, chains matching known targets, and bad input."""
+
+import blackjax
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hexad import prefmh
+
+
+def _score(x):
+    return -0.5 * jnp.sum(x**2)
+
+
+def _fixed_proposal(y, log_rho):
+    return lambda key, x: (y, jnp.asarray(log_rho, jnp.float32))
+
+
+@pytest.mark.parametrize("rule", ["kbudget", "majority", "two_coin", "mh"])
+def test_step_traces_once(key, rule):
+    chex.clear_trace_counter()
+    algo = prefmh.prefmh(
+        prefmh.bradley_terry_judge(_score), prefmh.random_walk(0.5), rule=rule, num_comparisons=3
+    )
+    step = jax.jit(chex.assert_max_traces(algo.step, n=1))
+    state = algo.init(jnp.zeros(2))
+    for k in jax.random.split(key, 3):
+        state, info = step(k, state)
+    assert info.judge_calls.dtype == jnp.int32 and state.position.shape == (2,)
+
+
+@pytest.mark.parametrize(
+    "rule,k,log_rho", [("kbudget", 3, np.log(2.0)), ("kbudget", 4, 0.0), ("two_coin", 1, 0.7)]
+)
+def test_single_step_acceptance_matches_closed_form(key, rule, k, log_rho):
+    x, y = jnp.array([0.2, 0.1]), jnp.array([0.9, -0.4])
+    judge = prefmh.bradley_terry_judge(_score)
+    kernel = prefmh.build_kernel(judge, _fixed_proposal(y, log_rho), rule, k)
+    n = 20000
+    _, info = jax.jit(jax.vmap(kernel, in_axes=(0, None)))(jax.random.split(key, n), prefmh.init(x))
+    log_p = jax.nn.log_sigmoid(_score(y) - _score(x))
+    want = float(prefmh.acceptance_probability(rule, log_p, log_rho, k))
+    se = np.sqrt(want * (1 - want) / n)
+    # Fixed key; 4 binomial standard errors.
+    assert abs(float(info.is_accepted.mean()) - want) < 4 * se
+    if rule == "two_coin":
+        p = float(jnp.exp(log_p))
+        rho = np.exp(log_rho)
+        mean_rounds = (1 + rho) / (rho * p + 1 - p)  # geometric number of comparisons
+        assert abs(float(info.judge_calls.mean()) - mean_rounds) < 0.05 * mean_rounds
+        assert not bool(info.truncated.any())
+    else:
+        assert bool(jnp.all(info.judge_calls == k))
+
+
+def _mixture_logpdf(x):
+    # 0.3 N(-2, 0.5^2) + 0.7 N(1.5, 0.7^2), 1-D
+    comps = jnp.stack(
+        [
+            jnp.log(0.3) + jax.scipy.stats.norm.logpdf(x[0], -2.0, 0.5),
+            jnp.log(0.7) + jax.scipy.stats.norm.logpdf(x[0], 1.5, 0.7),
+        ]
+    )
+    return jax.scipy.special.logsumexp(comps)
+
+
+MIX_MEAN = 0.3 * -2.0 + 0.7 * 1.5
+MIX_P_NEG = 0.3 * 1.0 + 0.7 * float(jax.scipy.stats.norm.cdf(0.0, 1.5, 0.7))
+
+
+def _check_mean(trace, ess, mean, sd, name):
+    # Monte-Carlo standard error from the chains' effective sample size; 4 SE with a fixed key.
+    se = sd / np.sqrt(float(ess))
+    assert abs(float(trace.mean()) - mean) < 4 * se, (name, float(trace.mean()), mean, se)
+
+
+@pytest.mark.parametrize(
+    "rule,k,proposal",
+    [
+        ("kbudget", 3, prefmh.random_walk(1.5)),
+        ("kbudget", 1, prefmh.autoregressive(1.5, 0.3)),
+        ("two_coin", 1, prefmh.autoregressive(1.5, 0.3)),
+    ],
+)
+def test_chains_match_mixture_target(key, rule, k, proposal):
+    algo = prefmh.prefmh(prefmh.bradley_terry_judge(_mixture_logpdf), proposal, rule, k)
+    k_init, k_run = jax.random.split(key)
+    x0 = jax.random.normal(k_init, (256, 1)) * 2.0
+    out = prefmh.run_chains(k_run, algo, x0, 600, burn_in=200, chunk_size=200)
+    sd = np.sqrt(0.3 * (0.25 + 4.0) + 0.7 * (0.49 + 2.25) - MIX_MEAN**2)
+    _check_mean(out.trace, out.ess[0], MIX_MEAN, sd, rule)
+    neg = (out.trace < 0).astype(jnp.float32)
+    ess_neg = prefmh.effective_sample_size(neg)[0]
+    _check_mean(neg, ess_neg, MIX_P_NEG, np.sqrt(MIX_P_NEG * (1 - MIX_P_NEG)), rule + " P(x<0)")
+    assert float(jnp.max(out.rhat)) < 1.05
+
+
+def test_latent_and_independent_proposals_target_tilted_prior(key):
+    # prior N(0, 1) tilted by a judge with score -(x - 1)^2 / 2: target N(1/2, 1/2).
+    judge = prefmh.bradley_terry_judge(lambda x: -0.5 * jnp.sum((x - 1.0) ** 2))
+    latent = prefmh.pullback_judge(judge, lambda z: z)
+    k1, k2 = jax.random.split(key)
+    for k, algo in (
+        (k1, prefmh.prefmh(latent, prefmh.latent_random_walk(1.0), "kbudget", 3)),
+        (k2, prefmh.prefmh(judge, prefmh.independent(lambda kk: jax.random.normal(kk, (1,))))),
+    ):
+        out = prefmh.run_chains(k, algo, jnp.zeros((256, 1)), 400, burn_in=200, chunk_size=200)
+        _check_mean(out.trace, out.ess[0], 0.5, np.sqrt(0.5), "tilted mean")
+        sq = (out.trace - 0.5) ** 2
+        _check_mean(sq, prefmh.effective_sample_size(sq)[0], 0.5, np.sqrt(2) * 0.5, "tilted var")
+
+
+def test_blackjax_run_inference_algorithm_and_diagnostics(key):
+    algo = prefmh.prefmh(prefmh.bradley_terry_judge(_score), prefmh.random_walk(1.0), "kbudget", 3)
+    k_run, k_diag = jax.random.split(key)
+    final, (states, infos) = blackjax.util.run_inference_algorithm(
+        k_run, algo, 200, initial_position=jnp.zeros(2)
+    )
+    assert states.position.shape == (200, 2) and infos.judge_calls.shape == (200,)
+    assert int(infos.judge_calls.sum()) == 600
+    chains = jax.vmap(
+        lambda k: (
+            blackjax.util.run_inference_algorithm(k, algo, 200, initial_position=jnp.zeros(2))[1][
+                0
+            ].position
+        )
+    )(jax.random.split(k_diag, 4))
+    bj_ess = blackjax.diagnostics.effective_sample_size(chains)
+    bj_rhat = blackjax.diagnostics.potential_scale_reduction(chains)
+    assert bj_ess.shape == (2,) and bool(jnp.all(bj_rhat < 1.1))
+    # Our own estimators agree with BlackJAX's on the same draws.
+    np.testing.assert_allclose(prefmh.potential_scale_reduction(chains), bj_rhat, rtol=1e-5)
+    np.testing.assert_allclose(prefmh.effective_sample_size(chains), bj_ess, rtol=0.05)
+
+
+def test_bad_input(key):
+    judge = prefmh.bradley_terry_judge(_score)
+    rw = prefmh.random_walk(1.0)
+    with pytest.raises(ValueError, match="num_comparisons"):
+        prefmh.prefmh(judge, rw, num_comparisons=0)
+    with pytest.raises(ValueError, match="rule"):
+        prefmh.prefmh(judge, rw, rule="metropolis")
+    with pytest.raises(ValueError, match="log_odds"):
+        prefmh.prefmh(prefmh.external_judge(lambda a, b: np.ones(len(a))), rw, rule="mh")
+    with pytest.raises(TypeError, match="judge"):
+        prefmh.prefmh(_score, rw)
+    with pytest.raises(ValueError, match="sigma"):
+        prefmh.random_walk(-1.0)
+    with pytest.raises(ValueError, match="shrink"):
+        prefmh.autoregressive(1.0, 1.0)
+    wrong = prefmh.Judge(compare=lambda k, a, b, n: jnp.zeros((n + 1,), jnp.int32))
+    with pytest.raises(ValueError, match="shape"):
+        prefmh.prefmh(wrong, rw).step(key, prefmh.init(jnp.zeros(2)))
+    floaty = prefmh.Judge(compare=lambda k, a, b, n: jnp.full((n,), 0.5))
+    with pytest.raises(TypeError, match="integer or bool"):
+        prefmh.prefmh(floaty, rw).step(key, prefmh.init(jnp.zeros(2)))
+    # A log-density that is NaN somewhere: the runner stops with a clear error, never a silent
+    # rejection.
+    nan_judge = prefmh.bradley_terry_judge(lambda x: jnp.where(x[0] > 0.5, jnp.nan, -(x[0] ** 2)))
+    with pytest.raises(ValueError, match="non-finite"):
+        prefmh.run_chains(key, prefmh.prefmh(nan_judge, rw), jnp.zeros((4, 2)), 20, chunk_size=10)
+    nan_rho = lambda k, x: (x + 0.1, jnp.array(jnp.nan))
+    with pytest.raises(ValueError, match="non-finite"):
+        prefmh.run_chains(key, prefmh.prefmh(judge, nan_rho), jnp.zeros((4, 2)), 10)
+    algo = prefmh.prefmh(judge, rw)
+    with pytest.raises(ValueError, match="burn_in"):
+        prefmh.run_chains(key, algo, jnp.zeros((4, 2)), 10, burn_in=10)
+    with pytest.raises(ValueError, match="num_steps"):
+        prefmh.run_chains(key, algo, jnp.zeros((4, 2)), 15, chunk_size=10)
