@@ -1,0 +1,308 @@
+"""PoE / KL composition of frozen offline actors with goal-conditioned priors on PointMaze.
+
+The diagnostic of issue 6 at our scale. A scripted noisy oracle generates a PointMaze-UMaze data
+set (gymnasium-robotics, cached npz with D4RL names). Offline, IQL trains a *competent* actor
+for the data's task (sparse reward at the task goal (-1, -1), the end of the U) and an
+*incompetent* one (the same IQL stopped after ``incompetent_steps`` updates); goal-conditioned
+BC trains a *good* prior on (observation, commanded goal). The *degraded* prior is the good one
+with parameter noise (``degrade_scale`` times each weight tensor's std); the *random* prior is
+an untrained network. At deployment the objective shifts: each episode starts at the far end of
+the U and must reach a new goal drawn uniformly within ``goal_shift`` of the task goal (free
+space only). All methods act deterministically (tanh of the composed pre-tanh mean):
+
+- actor: the frozen actor (alpha = 0);
+- PoE over the alpha sweep ``alphas`` (alpha = 1 is the prior alone, "prior-only");
+- PoE at the global KL-budget alpha (largest alpha with mean KL(pi_alpha || pi_actor) <=
+  ``kl_budget`` over ``n_kl_states`` data states paired with deployment goals), and with the
+  per-state KL-budget alpha;
+- oracle alpha: the sweep's alpha with the best mean return (chosen on the evaluation
+  episodes themselves, so an upper reference, not a method);
+- additive: ``(1 - alpha) mu_actor + alpha mu_prior`` at the KL-budget alpha and at its own
+  best sweep alpha.
+
+Success: final distance to the goal <= 0.45; return: sum over steps of exp(-distance)
+(gymnasium-robotics' dense reward). Every method sees the same goals and start seeds.
+
+Command:  python -m experiments.policy_pointmaze [--quick] [--out DIR] [--seed N] [--set k=v]
+Runtime:  --quick about 2 min on 2 CPU cores (20k transitions, 64-wide networks, 2000
+          updates, 3 episodes per method); full about 40 min (100k transitions, 256-wide
+          networks, 10000 updates, 10 episodes per method).
+
+summary.json keys (Q in good / degraded / random; every key also exists with the prefix
+``incompetent_`` for the incompetent actor):
+``actor_success``, ``actor_return``; ``poe_kl_budget_success_Q``, ``poe_kl_budget_return_Q``,
+``poe_kl_budget_alpha_Q``; ``poe_kl_state_success_Q``, ``poe_kl_state_return_Q``;
+``oracle_success_Q``, ``oracle_return_Q``, ``oracle_alpha_Q``; ``additive_success_Q``,
+``additive_return_Q`` (at the KL-budget alpha); ``additive_oracle_success_Q``,
+``additive_oracle_return_Q``, ``additive_oracle_alpha_Q``; ``prior_only_success_Q``,
+``prior_only_return_Q``; ``poe_return_curve_Q``, ``additive_return_curve_Q``,
+``poe_success_curve_Q`` (lists over ``alphas``); and once: ``alphas``,
+``scripted_oracle_success``, ``scripted_oracle_return`` (the data's oracle on the same goals),
+``dataset_reward_frac``, ``iql_final_critic_loss``, ``prior_final_nll``, ``runtime_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from experiments import _runner
+from hexad import policy as P
+from hexad.data import offline_rl as D
+
+PRIORS = ("good", "degraded", "random")
+ACTORS = ("", "incompetent_")
+POE, ADDITIVE, KL_STATE = 0, 1, 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    n_transitions: int = 100_000
+    noise_std: float = 0.3
+    hidden: int = 256
+    iql_steps: int = 10_000
+    incompetent_steps: int = 100
+    bc_steps: int = 10_000
+    batch_size: int = 256
+    lr: float = 3e-4
+    expectile: float = 0.9
+    temperature: float = 10.0
+    alphas: tuple[float, ...] = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+    kl_budget: float = 1.0
+    n_kl_states: int = 2048
+    degrade_scale: float = 1.0
+    goal_shift: float = 1.0
+    n_episodes: int = 10
+    episode_steps: int = 300
+    n_envs: int = 48
+
+
+def _train(ctx, algo, data, n_steps, key, desc, batch_size, chunk=500):
+    state = algo.init(key, data)
+    train = jax.jit(P.make_train(algo, min(chunk, n_steps), batch_size))
+    infos = None
+    for i in ctx.progress(range(max(n_steps // chunk, 1)), desc=desc):
+        state, infos = train(jax.random.fold_in(key, i), state, data)
+        ctx.log(stage=desc, chunk=i, **{k: float(v[-1]) for k, v in infos._asdict().items()})
+    return state, infos
+
+
+def run(cfg: Config, ctx: _runner.Context) -> dict:
+    raw = D.pointmaze_dataset(cfg.n_transitions, seed=ctx.seed, noise_std=cfg.noise_std)
+    data = P.batch_from_dataset(raw)
+    goals_data = jnp.asarray(raw["infos/goal"], jnp.float32)
+    keys = jax.random.split(ctx.key(), 8)
+    hid = (cfg.hidden, cfg.hidden)
+    actor_net, prior_net = P.GaussianActor(2, hid), P.GaussianActor(2, hid)
+
+    opt = optax.adam(cfg.lr)
+    iql = P.iql(
+        actor_net,
+        P.TwinCritic(hid),
+        P.ValueNet(hid),
+        opt,
+        opt,
+        opt,
+        expectile=cfg.expectile,
+        temperature=cfg.temperature,
+    )
+    iql_state, iql_info = _train(ctx, iql, data, cfg.iql_steps, keys[0], "iql", cfg.batch_size)
+    weak_state, _ = _train(
+        ctx,
+        iql,
+        data,
+        cfg.incompetent_steps,
+        keys[0],
+        "iql_weak",
+        cfg.batch_size,
+        chunk=cfg.incompetent_steps,
+    )
+    gdata = data._replace(observations=jnp.concatenate([data.observations, goals_data], -1))
+    bc = P.bc(prior_net, optax.adam(cfg.lr))
+    prior_state, prior_info = _train(ctx, bc, gdata, cfg.bc_steps, keys[1], "gcbc", cfg.batch_size)
+    prior_params = (
+        prior_state.params,
+        P.degrade_params(keys[2], prior_state.params, cfg.degrade_scale),
+        prior_net.init(keys[3], gdata.observations[:1]),
+    )
+    actor_params = (iql_state.actor_params, weak_state.actor_params)
+
+    rng = np.random.default_rng(ctx.seed)
+    task_goal = raw["task_goal"]
+    ep_goals = D.sample_free_goals(rng, task_goal, cfg.goal_shift, cfg.n_episodes)
+
+    # Global KL-budget alpha per (actor, prior): data states paired with deployment goals.
+    idx = rng.choice(data.observations.shape[0], cfg.n_kl_states, replace=False)
+    s = data.observations[idx]
+    g = jnp.asarray(ep_goals[rng.integers(0, cfg.n_episodes, cfg.n_kl_states)], jnp.float32)
+    kl_alpha = {}
+    for ai, ap in enumerate(actor_params):
+        for pi, pp in enumerate(prior_params):
+            a_d = actor_net.apply(ap, s)
+            p_d = prior_net.apply(pp, jnp.concatenate([s, g], -1))
+            kl_alpha[ai, pi] = float(P.kl_budget_alpha(a_d, p_d, cfg.kl_budget))
+
+    @jax.jit
+    def composed(obs, goal, spec):
+        a_id, p_id, mode, alpha = (
+            spec[:, 0].astype(int),
+            spec[:, 1].astype(int),
+            spec[:, 2].astype(int),
+            spec[:, 3],
+        )
+        a_all = [actor_net.apply(p, obs) for p in actor_params]
+        p_all = [prior_net.apply(p, jnp.concatenate([obs, goal], -1)) for p in prior_params]
+        pick = lambda ds, i: jax.tree.map(  # noqa: E731
+            lambda *xs: jnp.take_along_axis(jnp.stack(xs), i[None, :, None], 0)[0], *ds
+        )
+        a, p = pick(a_all, a_id), pick(p_all, p_id)
+        alpha = jnp.where(mode == KL_STATE, P.kl_budget_alpha_per_state(a, p, cfg.kl_budget), alpha)
+        mean = jnp.where(
+            (mode == ADDITIVE)[:, None], P.additive(a, p, alpha).mean, P.poe(a, p, alpha).mean
+        )
+        return jnp.tanh(mean)
+
+    methods = []  # (actor id, prior id, mode, alpha)
+    for ai in range(len(ACTORS)):
+        for pi in range(len(PRIORS)):
+            methods += [(ai, pi, POE, a) for a in cfg.alphas]
+            methods += [(ai, pi, ADDITIVE, a) for a in cfg.alphas]
+            methods += [
+                (ai, pi, POE, kl_alpha[ai, pi]),
+                (ai, pi, ADDITIVE, kl_alpha[ai, pi]),
+                (ai, pi, KL_STATE, 0.0),
+            ]
+    specs = np.repeat(np.asarray(methods, np.float32), cfg.n_episodes, axis=0)
+    ep = np.tile(np.arange(cfg.n_episodes), len(methods))
+    policy = lambda o, gl, sp: composed(  # noqa: E731
+        jnp.asarray(o, jnp.float32), jnp.asarray(gl, jnp.float32), jnp.asarray(sp)
+    )
+    res = D.evaluate_pointmaze(
+        policy,
+        ep_goals[ep],
+        specs,
+        1000 * ctx.seed + ep,
+        cfg.n_envs,
+        cfg.episode_steps,
+        progress=ctx.progress,
+    )
+    geom = D.MazeGeometry()
+    ref = D.evaluate_pointmaze(
+        lambda o, gl, sp: D.pointmaze_oracle(geom, o, gl),
+        ep_goals,
+        np.zeros((cfg.n_episodes, 1)),
+        1000 * ctx.seed + np.arange(cfg.n_episodes),
+        cfg.n_envs,
+        cfg.episode_steps,
+    )
+
+    def stat(key, m):
+        rows = np.all(np.isclose(specs, np.asarray(m, np.float32)[None]), axis=1)
+        return float(np.mean(res[key][rows]))
+
+    out = {
+        "alphas": list(cfg.alphas),
+        "kl_budget": cfg.kl_budget,
+        "scripted_oracle_success": float(ref["success"].mean()),
+        "scripted_oracle_return": float(ref["return"].mean()),
+        "dataset_reward_frac": float(raw["rewards"].mean()),
+        "iql_final_critic_loss": float(iql_info.critic_loss[-1]),
+        "prior_final_nll": float(prior_info.loss[-1]),
+    }
+    for ai, pre in enumerate(ACTORS):
+        out[pre + "actor_success"] = stat("success", (ai, 0, POE, 0.0))
+        out[pre + "actor_return"] = stat("return", (ai, 0, POE, 0.0))
+        for pi, q in enumerate(PRIORS):
+            ka = kl_alpha[ai, pi]
+            curves = {}
+            for mode, name in ((POE, "poe"), (ADDITIVE, "additive")):
+                curves[name] = [stat("return", (ai, pi, mode, a)) for a in cfg.alphas]
+                curves[name + "_s"] = [stat("success", (ai, pi, mode, a)) for a in cfg.alphas]
+            best = int(np.argmax(curves["poe"]))
+            best_add = int(np.argmax(curves["additive"]))
+            out.update(
+                {
+                    f"{pre}poe_kl_budget_alpha_{q}": ka,
+                    f"{pre}poe_kl_budget_success_{q}": stat("success", (ai, pi, POE, ka)),
+                    f"{pre}poe_kl_budget_return_{q}": stat("return", (ai, pi, POE, ka)),
+                    f"{pre}poe_kl_state_success_{q}": stat("success", (ai, pi, KL_STATE, 0.0)),
+                    f"{pre}poe_kl_state_return_{q}": stat("return", (ai, pi, KL_STATE, 0.0)),
+                    f"{pre}oracle_alpha_{q}": cfg.alphas[best],
+                    f"{pre}oracle_success_{q}": curves["poe_s"][best],
+                    f"{pre}oracle_return_{q}": curves["poe"][best],
+                    f"{pre}additive_success_{q}": stat("success", (ai, pi, ADDITIVE, ka)),
+                    f"{pre}additive_return_{q}": stat("return", (ai, pi, ADDITIVE, ka)),
+                    f"{pre}additive_oracle_alpha_{q}": cfg.alphas[best_add],
+                    f"{pre}additive_oracle_success_{q}": curves["additive_s"][best_add],
+                    f"{pre}additive_oracle_return_{q}": curves["additive"][best_add],
+                    f"{pre}prior_only_success_{q}": stat("success", (ai, pi, POE, 1.0)),
+                    f"{pre}prior_only_return_{q}": stat("return", (ai, pi, POE, 1.0)),
+                    f"{pre}poe_return_curve_{q}": curves["poe"],
+                    f"{pre}poe_success_curve_{q}": curves["poe_s"],
+                    f"{pre}additive_return_curve_{q}": curves["additive"],
+                }
+            )
+    _plot(ctx, cfg, out)
+    return out
+
+
+def _plot(ctx, cfg, out):
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(PRIORS), figsize=(4.2 * len(PRIORS), 3.4), sharey=True)
+    for ax, q in zip(axes, PRIORS, strict=True):
+        for pre, style in (("", "-"), ("incompetent_", ":")):
+            who = "competent" if not pre else "incompetent"
+            ax.plot(
+                cfg.alphas,
+                out[f"{pre}poe_return_curve_{q}"],
+                "o" + style,
+                c="C0",
+                label=f"PoE, {who}",
+            )
+            ax.plot(
+                cfg.alphas,
+                out[f"{pre}additive_return_curve_{q}"],
+                "s" + style,
+                c="C1",
+                label=f"additive, {who}",
+            )
+        ax.axvline(out[f"poe_kl_budget_alpha_{q}"], c="C2", ls="--", label="KL-budget alpha")
+        ax.plot(
+            out[f"oracle_alpha_{q}"],
+            out[f"oracle_return_{q}"],
+            "*",
+            c="C3",
+            ms=14,
+            label="oracle alpha",
+        )
+        ax.set_title(f"{q} prior")
+        ax.set_xlabel("alpha")
+    axes[0].set_ylabel("return (sum exp(-distance))")
+    axes[-1].legend(fontsize=7)
+    ctx.save_plot(fig, "return_vs_alpha")
+
+
+STUDY = _runner.Study(
+    "policy_pointmaze",
+    Config,
+    run,
+    quick={
+        "n_transitions": 20_000,
+        "hidden": 64,
+        "iql_steps": 2000,
+        "bc_steps": 2000,
+        "alphas": (0.0, 0.25, 0.5, 0.75, 1.0),
+        "n_kl_states": 512,
+        "n_episodes": 3,
+        "n_envs": 32,
+    },
+    doc=__doc__,
+)
+
+if __name__ == "__main__":
+    STUDY.main()
