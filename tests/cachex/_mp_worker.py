@@ -68,7 +68,7 @@ def main() -> None:
             os.path.join(base, f"node{1 % n}", "replicas", "rank_0", "1"),
             os.path.join(base, "pfs", "1", "rank_0"),
         ):
-            path = os.path.join(d, "l0_s0.bin")
+            path = os.path.join(d, "data.bin")
             data = bytearray(open(path, "rb").read())
             data[0] ^= 1
             open(path, "wb").write(bytes(data))

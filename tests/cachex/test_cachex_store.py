@@ -171,7 +171,7 @@ def test_corrupt_local_step_is_never_loaded(tmp_path, fault):
     m.save(1, {"x": good["x"] + 1})
     m.wait_until_finished()
     d = m.steps_dir / "1" / "state"
-    data = d / "l0_s0.bin"
+    data = d / "data.bin"
     if fault == "flip_data":
         _flip_bit(data, byte=17)
     elif fault == "flip_manifest":
@@ -251,10 +251,10 @@ def test_restore_falls_back_local_then_replica_then_pfs(tmp_path, server):
     server.stop()
     r = m.restore(x0)
     assert (r.step, r.tier) == (0, "local")  # step 0 is still local, first tier wins
-    _flip_bit(m.steps_dir / "0" / "state" / "l0_s0.bin")
+    _flip_bit(m.steps_dir / "0" / "state" / "data.bin")
     r = m.restore(x0)
     assert (r.step, r.tier) == (0, "pfs") and np.array_equal(r.state["x"], x0["x"])
-    _flip_bit(tmp_path / "pfs" / "0" / "rank_0" / "l0_s0.bin")
+    _flip_bit(tmp_path / "pfs" / "0" / "rank_0" / "data.bin")
     with pytest.raises(FileNotFoundError, match="no checkpoint step"):
         m.restore(x0)
     m.close()
@@ -316,7 +316,7 @@ def test_drainer_refuses_to_propagate_a_corrupt_local_step(tmp_path):
     m = cachex.CacheXManager(tmp_path / "n", pfs_dir=tmp_path / "pfs", drainer=False)
     m.save(0, {"x": np.arange(100, dtype=np.float32)})
     m.close()
-    _flip_bit(m.steps_dir / "0" / "state" / "l0_s0.bin", byte=40)
+    _flip_bit(m.steps_dir / "0" / "state" / "data.bin", byte=40)
     assert _pfs.drain_once(m.drainer_config) == []
     assert m.tier_done(0, "pfs_error") and not (tmp_path / "pfs" / "0").exists()
 

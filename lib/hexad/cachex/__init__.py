@@ -30,7 +30,12 @@ from hexad.cachex._model import (
     pfs_time_quantile,
 )
 from hexad.cachex._pfs import DrainerConfig, PFSModel, spawn_drainer
-from hexad.cachex._replica import ReplicaClient, ReplicaError, ReplicaServer
+from hexad.cachex._replica import (
+    ReplicaClient,
+    ReplicaError,
+    ReplicaServer,
+    spawn_replica_server,
+)
 
 __all__ = [
     "CacheXHandler",
@@ -55,6 +60,7 @@ __all__ = [
     "pfs_time_quantile",
     "resume",
     "spawn_drainer",
+    "spawn_replica_server",
     "validate_file_name",
     "validate_step_name",
 ]

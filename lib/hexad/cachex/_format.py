@@ -1,12 +1,13 @@
 """The CacheX on-disk format and the T0 host-DRAM staging pool.
 
-A saved step holds, per rank, one directory of raw little-endian array bytes, one file per
-addressable shard (``l<leaf>_s<k>.bin``), and a ``manifest.json`` written last: the tree's key
-paths, each leaf's global shape and dtype, and for each shard its index (``[start, stop)`` per
-dimension), byte count and CRC-32. The manifest carries the CRC-32 of its own canonical JSON,
-so a flipped bit in the manifest itself is caught too. No pickle anywhere: a restore reads JSON
-and raw bytes only, checks every size and checksum before any array is built, and refuses a
-step that is truncated, bit-flipped or missing a file.
+A saved step holds, per rank, one directory with ``data.bin`` (the raw little-endian bytes of
+every addressable shard, back to back) and a ``manifest.json`` written last: the tree's key
+paths, each leaf's global shape and dtype, each shard's index (``[start, stop)`` per
+dimension), offset and byte count, and each data file's size and CRC-32. The manifest
+carries the CRC-32 of its own canonical JSON, so a flipped bit in the manifest itself is
+caught too. No pickle anywhere: a restore reads JSON and raw bytes only, checks every size and
+checksum before any array is built, and refuses a step that is truncated, bit-flipped or
+missing a file.
 
 Each rank saves every distinct shard it can address (not only ``replica_id == 0``), so a rank
 can restore from its own node-local copy without reading another node's files.
@@ -18,6 +19,7 @@ import json
 import os
 import queue
 import threading
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -43,6 +45,7 @@ __all__ = [
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+DATA = "data.bin"
 
 
 class CorruptCheckpointError(ValueError):
@@ -184,40 +187,48 @@ def _manifest_crc(body: Mapping[str, Any]) -> int:
 def write_rank_dir(directory: Path, snap: Snapshot, meta: Mapping[str, Any]) -> int:
     """T1 write of one rank's snapshot into the existing empty ``directory``; returns bytes.
 
-    Writes and ``fsync``s every shard file, then the manifest (with its own checksum), then
-    ``fsync``s the directory. The manifest is the last entry written, so a directory without
-    a valid manifest is, by construction, an interrupted write.
+    Writes every shard back to back into one ``data.bin`` (CRC-32 computed on the way) and
+    ``fsync``s it, then writes and ``fsync``s the manifest (with its own checksum), then
+    ``fsync``s the directory. The manifest is the last entry written, so a directory without a
+    valid manifest is, by construction, an interrupted write.
     """
     directory = Path(directory)
-    files = []
-    total = 0
-    counts: dict[int, int] = {}
-    for s in snap.shards:
-        k = counts.get(s.leaf, 0)
-        counts[s.leaf] = k + 1
-        name = f"l{s.leaf}_s{k}.bin"
-        data = np.ascontiguousarray(s.data)
-        view = memoryview(data.reshape(-1).view(np.uint8)) if data.size else memoryview(b"")
-        total += _fsio.write_file_durable(directory / name, view)
-        files.append(
-            {
-                "leaf": s.leaf,
-                "index": [list(ab) for ab in s.index],
-                "file": name,
-                "nbytes": int(data.nbytes),
-                "crc32": _fsio.crc32_bytes(view),
-            }
-        )
+    shards = []
+    crc = 0
+    offset = 0
+    fd = os.open(directory / DATA, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        for s in snap.shards:
+            data = np.ascontiguousarray(s.data)
+            view = memoryview(data.reshape(-1).view(np.uint8)) if data.size else memoryview(b"")
+            done = 0
+            while done < len(view):
+                done += os.write(fd, view[done:])
+            crc = zlib.crc32(view, crc)
+            shards.append(
+                {
+                    "leaf": s.leaf,
+                    "index": [list(ab) for ab in s.index],
+                    "file": DATA,
+                    "offset": offset,
+                    "nbytes": len(view),
+                }
+            )
+            offset += len(view)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
     body = {
         "format": FORMAT_VERSION,
         "meta": dict(meta),
         "leaves": [{"path": v.path, "shape": list(v.shape), "dtype": v.dtype} for v in snap.leaves],
-        "shards": files,
+        "files": [{"file": DATA, "nbytes": offset, "crc32": crc & 0xFFFFFFFF}],
+        "shards": shards,
     }
     manifest = dict(body, manifest_crc32=_manifest_crc(body))
     _fsio.write_file_durable(directory / MANIFEST, json.dumps(manifest, sort_keys=True).encode())
     _fsio.fsync_dir(directory)
-    return total
+    return offset
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -238,8 +249,12 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise CorruptCheckpointError(
             f"{directory}: format {body.get('format')!r}, expected {FORMAT_VERSION}"
         )
-    for f in body["shards"]:
+    for f in body["files"]:
         _fsio.validate_file_name(f["file"])
+    names = {f["file"] for f in body["files"]}
+    for sh in body["shards"]:
+        if sh["file"] not in names:
+            raise CorruptCheckpointError(f"{directory}: shard names unlisted file {sh['file']!r}")
     return body
 
 
@@ -254,8 +269,8 @@ def read_rank_dir(directory: Path) -> tuple[dict[str, Any], list[tuple[int, tupl
     """
     directory = Path(directory)
     manifest = read_manifest(directory)
-    out = []
-    for f in manifest["shards"]:
+    raws = {}
+    for f in manifest["files"]:
         path = directory / f["file"]
         try:
             size = os.stat(path).st_size
@@ -270,10 +285,20 @@ def read_rank_dir(directory: Path) -> tuple[dict[str, Any], list[tuple[int, tupl
             got = fh.readinto(raw) if size else 0
         if got != size or _fsio.crc32_bytes(raw) != f["crc32"]:
             raise CorruptCheckpointError(f"{directory}: {f['file']} checksum mismatch (bit flip)")
-        leaf = manifest["leaves"][f["leaf"]]
-        idx = tuple((int(a), int(b)) for a, b in f["index"])
-        arr = np.frombuffer(raw, dtype=np.dtype(jax.numpy.dtype(leaf["dtype"])))
-        out.append((int(f["leaf"]), idx, arr.reshape(tuple(b - a for a, b in idx))))
+        raws[f["file"]] = raw
+    out = []
+    for sh in manifest["shards"]:
+        leaf = manifest["leaves"][sh["leaf"]]
+        idx = tuple((int(a), int(b)) for a, b in sh["index"])
+        dtype = np.dtype(jax.numpy.dtype(leaf["dtype"]))
+        shape = tuple(b - a for a, b in idx)
+        if sh["nbytes"] != int(np.prod(shape)) * dtype.itemsize:
+            raise CorruptCheckpointError(f"{directory}: shard size disagrees with its index")
+        raw = raws[sh["file"]]
+        if sh["offset"] < 0 or sh["offset"] + sh["nbytes"] > len(raw):
+            raise CorruptCheckpointError(f"{directory}: shard lies outside {sh['file']}")
+        arr = np.frombuffer(raw, dtype=dtype, count=int(np.prod(shape)), offset=sh["offset"])
+        out.append((int(sh["leaf"]), idx, arr.reshape(shape)))
     return manifest, out
 
 

@@ -49,8 +49,9 @@ TIERS = ("local", "replica", "pfs")
 class _Node:
     """What one process's handler shares with its manager (static, host-side)."""
 
-    def __init__(self, rank, records_dir, pool, neighbour, require_replica):
+    def __init__(self, rank, steps_dir, records_dir, pool, neighbour, require_replica):
         self.rank = rank
+        self.steps_dir = Path(steps_dir)
         self.records_dir = Path(records_dir)
         self.pool = pool
         self.neighbour = neighbour
@@ -106,6 +107,12 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
                     _pfs.record_tier(
                         node.records_dir, step, "replica", seconds=time.perf_counter() - t0
                     )
+                    # Replica GC follows local GC (off the training loop's path).
+                    keep = [int(p.name) for p in node.steps_dir.iterdir() if p.name.isdigit()]
+                    try:
+                        node.neighbour.retain(node.rank, [*keep, int(step)])
+                    except _replica.ReplicaError:
+                        pass
         finally:
             node.pool.release(slot)
 
@@ -236,7 +243,9 @@ class CacheXManager:
             raise ValueError(f"rank: expected 0 <= rank < n_ranks={self.n_ranks}, got {self.rank}")
         self.neighbour = neighbour
         self.pool = _format.StagingPool(staging_slots)
-        self._node = _Node(self.rank, self.records_dir, self.pool, neighbour, require_replica)
+        self._node = _Node(
+            self.rank, self.steps_dir, self.records_dir, self.pool, neighbour, require_replica
+        )
         self.handler = CacheXHandler(self._node)
         options = ocp.CheckpointManagerOptions(
             enable_async_checkpointing=True,
@@ -279,12 +288,6 @@ class CacheXManager:
         saved = self._mngr.save(
             int(step), args=ocp.args.Composite(**{ITEM: CacheXSave(state, int(step))}), force=force
         )
-        if saved and self.neighbour is not None:
-            # Replica GC follows local GC; the step just started is kept (it may commit soon).
-            try:
-                self.neighbour.retain(self.rank, [*self._mngr.all_steps(), int(step)])
-            except _replica.ReplicaError:
-                pass
         return saved
 
     def wait_until_finished(self) -> None:

@@ -171,7 +171,7 @@ def _drain_step(cfg: DrainerConfig, step: int) -> float:
     else:
         rank_dir.mkdir()
     nbytes = 0
-    for f in manifest["shards"]:
+    for f in manifest["files"]:
         data = (src / f["file"]).read_bytes()
         if len(data) != f["nbytes"] or _fsio.crc32_bytes(data) != f["crc32"]:
             raise _format.CorruptCheckpointError(f"local step {name}: {f['file']} is corrupt")

@@ -12,13 +12,18 @@ renames it to ``<root>/rank_<owner>/<step>``, ``fsync``s the parent and only the
 
 from __future__ import annotations
 
+import argparse
 import hmac
 import json
 import os
+import select
 import shutil
+import signal
 import socket
 import socketserver
 import struct
+import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -27,7 +32,7 @@ from typing import Any
 
 from hexad.cachex import _format, _fsio
 
-__all__ = ["ReplicaClient", "ReplicaError", "ReplicaServer"]
+__all__ = ["ReplicaClient", "ReplicaError", "ReplicaServer", "spawn_replica_server"]
 
 _LEN = struct.Struct(">I")
 
@@ -260,7 +265,7 @@ class ReplicaServer:
             base = self.root / owner
             tmp = base / f".tmp-{step}"
             manifest = _format.read_manifest(tmp)
-            for f in manifest["shards"]:
+            for f in manifest["files"]:
                 p = tmp / f["file"]
                 if not p.exists() or p.stat().st_size != f["nbytes"]:
                     raise ValueError(f"commit {step}: {f['file']} missing or wrong size")
@@ -368,7 +373,7 @@ class ReplicaClient:
         step_name = _fsio.validate_step_name(step)
         sock = self._connect()
         try:
-            crcs = {f["file"]: f["crc32"] for f in manifest["shards"]}
+            crcs = {f["file"]: f["crc32"] for f in manifest["files"]}
             for name in [*crcs, _format.MANIFEST]:
                 data = (Path(directory) / name).read_bytes()
                 crc = crcs.get(name, _fsio.crc32_bytes(data))
@@ -429,7 +434,7 @@ class ReplicaClient:
             raw = get(_format.MANIFEST)
             (dest / _format.MANIFEST).write_bytes(raw)
             manifest = _format.read_manifest(dest)
-            for f in manifest["shards"]:
+            for f in manifest["files"]:
                 (dest / f["file"]).write_bytes(get(f["file"]))
         finally:
             sock.close()
@@ -443,3 +448,71 @@ class ReplicaClient:
         finally:
             sock.close()
         return h["removed"]
+
+
+def spawn_replica_server(
+    root: str | Path,
+    token: str,
+    port: int = 0,
+    max_lifetime_s: float = 600.0,
+    delay_s: float = 0.0,
+    timeout_s: float = 60.0,
+) -> tuple[subprocess.Popen, tuple[str, int]]:
+    """Starts a :class:`ReplicaServer` on 127.0.0.1 in its own process (a "neighbour node").
+
+    The token travels in the child's environment, not its command line. The server stops
+    itself after ``max_lifetime_s``; stop it earlier with ``proc.terminate()``.
+
+    Returns:
+      ``(process, (host, port))``.
+
+    >>> # proc, addr = spawn_replica_server(tmp, "token"); ...; proc.terminate()
+    """
+    if not isinstance(token, str) or not token:
+        raise ValueError(f"token: expected a non-empty str, got {token!r}")
+    env = dict(os.environ, HEXAD_CACHEX_TOKEN=token, JAX_PLATFORMS="cpu")
+    cmd = [
+        sys.executable,
+        "-m",
+        "hexad.cachex._replica",
+        str(root),
+        "--port",
+        str(port),
+        "--max-lifetime-s",
+        str(max_lifetime_s),
+        "--delay-s",
+        str(delay_s),
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    line = proc.stdout.readline().split() if ready else []
+    if len(line) != 2 or line[0] != "PORT":
+        proc.kill()
+        raise ReplicaError(f"replica server process did not start (got {line!r})")
+    return proc, ("127.0.0.1", int(line[1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hexad.cachex._replica")
+    p.add_argument("root", type=Path)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--max-lifetime-s", type=float, default=600.0)
+    p.add_argument("--delay-s", type=float, default=0.0)
+    args = p.parse_args(argv)
+    token = os.environ.get("HEXAD_CACHEX_TOKEN", "")
+    srv = ReplicaServer(
+        args.root,
+        token,
+        port=args.port,
+        max_lifetime_s=args.max_lifetime_s,
+        delay_s=args.delay_s,
+    ).start()
+    print(f"PORT {srv.address[1]}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: srv.stop())
+    while srv._thread is not None:
+        time.sleep(0.2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,215 @@
+"""CacheX benchmarks: training-loop stall, time to durable, local-tier write bandwidth.
+
+``python -m kernels cachex [--quick]``. A float32 pytree of 4 leaves (32 MiB; 4 MiB with
+``--quick``) on the default device.
+
+Rows (peers timed in the same run, on the same disk):
+
+- ``cachex/stall``: the blocking part of one save, i.e. what the training loop waits for.
+  Each timed call saves on its own manager, warmed by one earlier completed save, so no call
+  waits for a previous commit (orbax keeps one save in flight per manager). Ours: CacheX T0
+  staging into the reused double-buffered pool, replica server on loopback. Peer: orbax's
+  async ``CheckpointManager.save`` with ``StandardSave``. Goal: ratio <= 1.0.
+- ``cachex/durable``: one save until committed (ours: local + neighbour replica; orbax: its
+  local commit). Informational; no issue bar.
+- ``cachex/local write``: the T1 write of a staged snapshot (per-shard files, CRC-32, file
+  and directory fsync) against a raw write of the same bytes to one file with ``fsync`` and a
+  directory ``fsync``. Goal: >= 70% of the raw bandwidth, i.e. ratio <= 1.43.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from hexad import cachex
+from hexad.cachex import _format, _fsio
+from kernels._harness import Case
+
+_TMP = Path(tempfile.mkdtemp(prefix="cachex-bench-"))
+atexit.register(shutil.rmtree, _TMP, True)
+_SERVER: tuple | None = None
+_TOKEN = "bench"
+
+
+def _tree(mib: int) -> dict:
+    n = mib * 2**20 // 4 // 4
+    keys = jax.random.split(jax.random.key(0), 4)
+    return {f"w{i}": jax.random.normal(k, (n,), jnp.float32) for i, k in enumerate(keys)}
+
+
+def _server_address() -> tuple[str, int]:
+    # The neighbour is another process (another node), so its work does not share our GIL.
+    global _SERVER
+    if _SERVER is None:
+        _SERVER = cachex.spawn_replica_server(_TMP / "neighbour", _TOKEN, max_lifetime_s=1800)
+        atexit.register(_SERVER[0].terminate)
+    return _SERVER[1]
+
+
+def _cachex_manager(name: str, rank: int) -> cachex.CacheXManager:
+    # Distinct ranks keep the managers' replicas apart on the shared neighbour server.
+    client = cachex.ReplicaClient(_server_address(), _TOKEN)
+    m = cachex.CacheXManager(_TMP / name, neighbour=client, rank=rank, n_ranks=1 << 16)
+    _OPEN.append(m)
+    return m
+
+
+_OPEN: list = []
+
+
+def _close_all() -> None:
+    for m in _OPEN:  # let the timed saves' background commits finish before exit
+        m.wait_until_finished()
+        m.close()
+
+
+atexit.register(_close_all)
+
+
+def _orbax_manager(name: str) -> ocp.CheckpointManager:
+    m = ocp.CheckpointManager(
+        _TMP / name,
+        options=ocp.CheckpointManagerOptions(enable_async_checkpointing=True, max_to_keep=2),
+    )
+    _OPEN.append(m)
+    return m
+
+
+class _OneShotSaves:
+    """Each call saves step 1 on a fresh manager whose step 0 was saved and committed."""
+
+    def __init__(self, managers, save):
+        self._it = iter(managers)
+        self._save = save
+        self.__name__ = "save"
+
+    def __call__(self, tree):
+        self._save(next(self._it), 1, tree)
+
+
+def _save_ours(m, step, tree):
+    m.save(step, tree)
+
+
+def _save_orbax(m, step, tree):
+    m.save(step, args=ocp.args.StandardSave(tree))
+
+
+class _SaveAndWait:
+    def __init__(self, m, save):
+        self.m, self._save, self._steps = m, save, itertools.count(1)
+        self.__name__ = "save+wait"
+
+    def __call__(self, tree):
+        self._save(self.m, next(self._steps), tree)
+        self.m.wait_until_finished()
+
+
+class _LocalWrite:
+    def __init__(self, snap):
+        self.snap, self._n = snap, itertools.count()
+        self.__name__ = "cachex T1 write"
+
+    def __call__(self):
+        d = _TMP / "t1" / str(next(self._n))
+        d.mkdir(parents=True)
+        _format.write_rank_dir(d, self.snap, {"step": 0, "rank": 0})
+
+
+class _RawWrite:
+    def __init__(self, snap):
+        self.snap, self._n = snap, itertools.count()
+        self.__name__ = "raw fsync'd write"
+
+    def __call__(self):
+        d = _TMP / "raw"
+        d.mkdir(exist_ok=True)
+        path = d / f"{next(self._n)}.bin"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            for s in self.snap.shards:
+                view = memoryview(s.data.reshape(-1).view(np.uint8))
+                off = 0
+                while off < len(view):
+                    off += os.write(fd, view[off:])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsio.fsync_dir(d)
+
+
+def cases(quick: bool) -> list[Case]:
+    mib = 4 if quick else 32
+    tree = _tree(mib)
+    nbytes = float(sum(x.nbytes for x in tree.values()))
+    shapes = f"4 x [{next(iter(tree.values())).shape[0]}]"
+    calls = 8  # warmup 1 + repeats 7
+    ours, peers = [], []
+    for i in range(calls):
+        m = _cachex_manager(f"stall-ours-{i}", rank=i)
+        m.save(0, tree)
+        m.wait_until_finished()
+        ours.append(m)
+        o = _orbax_manager(f"stall-orbax-{i}")
+        o.save(0, args=ocp.args.StandardSave(tree))
+        o.wait_until_finished()
+        peers.append(o)
+    pool = _format.StagingPool(1)
+    slot, snap = pool.stage(tree)
+    return [
+        Case(
+            name="cachex/stall",
+            fn=_OneShotSaves(ours, _save_ours),
+            args=(tree,),
+            shapes=shapes,
+            jit=False,
+            bytes=nbytes,
+            items=nbytes,
+            unit="B",
+            peer=_OneShotSaves(peers, _save_orbax),
+            peer_name="orbax async CheckpointManager.save",
+            peer_jit=False,
+            goal="ratio <= 1.0",
+            repeats=7,
+            warmup=1,
+        ),
+        Case(
+            name="cachex/durable",
+            fn=_SaveAndWait(_cachex_manager("durable-ours", rank=100), _save_ours),
+            args=(tree,),
+            shapes=shapes,
+            jit=False,
+            items=nbytes,
+            unit="B",
+            peer=_SaveAndWait(_orbax_manager("durable-orbax"), _save_orbax),
+            peer_name="orbax async save + wait (local commit)",
+            peer_jit=False,
+            goal="informational (ours includes the replica push)",
+            repeats=5,
+            warmup=1,
+        ),
+        Case(
+            name="cachex/local write",
+            fn=_LocalWrite(snap),
+            shapes=shapes,
+            jit=False,
+            items=nbytes,
+            unit="B",
+            peer=_RawWrite(snap),
+            peer_name="raw write + fsync + dir fsync",
+            peer_jit=False,
+            goal="bandwidth >= 70% of raw: ratio <= 1.43",
+            repeats=7,
+            warmup=1,
+        ),
+    ]
