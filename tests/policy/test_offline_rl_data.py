@@ -1,0 +1,84 @@
+"""PointMaze offline data: the oracle reaches goals, D4RL fields are consistent, npz round trip."""
+
+import numpy as np
+import pytest
+
+from hexad.data import offline_rl as D
+
+
+@pytest.fixture(scope="module")
+def small():
+    return D.generate_pointmaze(400, seed=3, n_envs=2, episode_steps=120)
+
+
+def test_fields_and_consistency(small):
+    d = small
+    n = 400
+    assert d["observations"].shape == (n, 4) and d["actions"].shape == (n, 2)
+    for k in ("rewards", "terminals", "timeouts"):
+        assert d[k].shape == (n,)
+    assert d["infos/goal"].shape == (n, 2)
+    assert np.all(np.abs(d["actions"]) <= 1.0)
+    assert np.all(d["terminals"] == 0)  # mazes never terminate
+    # next_observations[t] == observations[t + 1] except across a timeout.
+    cont = d["timeouts"][:-1] == 0
+    np.testing.assert_allclose(d["next_observations"][:-1][cont], d["observations"][1:][cont])
+    # Sparse reward = next position within 0.5 of the task goal.
+    dist = np.linalg.norm(d["next_observations"][:, :2] - d["task_goal"][None], axis=-1)
+    np.testing.assert_array_equal(d["rewards"], (dist <= 0.5).astype(np.float32))
+    # Positions stay inside the maze's outer walls.
+    assert np.all(np.abs(d["observations"][:, :2]) < 2.0)
+
+
+def test_oracle_reaches_goals():
+    geom = D.MazeGeometry()
+    goals = np.array([[-1.0, -1.0], [1.0, 0.0], [0.0, -1.0], [-1.0, 1.0]])
+    res = D.evaluate_pointmaze(
+        lambda o, g, s: D.pointmaze_oracle(geom, o, g),
+        goals,
+        np.zeros((4, 1)),
+        np.arange(4),
+        n_envs=4,
+        episode_steps=250,
+    )
+    # The noiseless scripted oracle reaches every goal of the U from the far end and stays.
+    assert np.all(res["success"] == 1.0)
+    assert np.all(res["final_distance"] < 0.1)
+
+
+def test_geometry():
+    g = D.MazeGeometry()
+    np.testing.assert_array_equal(g.cell_of(np.array([[-1.0, -1.0], [1.0, 0.0]])), [[3, 1], [2, 3]])
+    assert not g.is_free(np.array([-1.0, 0.0]))  # the U's inner wall
+    wp = g.waypoint(np.array([[-1.0, 1.0]]), np.array([[-1.0, -1.0]]))
+    np.testing.assert_allclose(wp, [[0.0, 1.0]])  # first step of the path round the U
+    goals = D.sample_free_goals(np.random.default_rng(0), (-1.0, -1.0), 1.0, 50)
+    assert np.all(g.is_free(goals)) and np.all(np.linalg.norm(goals + 1.0, axis=1) <= 1.0)
+
+
+def test_npz_round_trip_and_refusals(small, tmp_path):
+    path = D.save_offline_rl(tmp_path / "pm.npz", small)
+    back = D.load_offline_rl(path)
+    for k, v in small.items():
+        np.testing.assert_array_equal(back[k], v)
+    bad = dict(small)
+    del bad["rewards"]
+    np.savez(tmp_path / "missing.npz", **bad)
+    with pytest.raises(ValueError, match="rewards"):
+        D.load_offline_rl(tmp_path / "missing.npz")
+    nan = dict(small, observations=small["observations"].copy())
+    nan["observations"][5, 0] = np.nan
+    with pytest.raises(ValueError, match="observations"):
+        D.save_offline_rl(tmp_path / "nan.npz", nan)
+    np.savez(tmp_path / "nan2.npz", **nan)
+    with pytest.raises(ValueError, match="finite"):
+        D.load_offline_rl(tmp_path / "nan2.npz")
+    with pytest.raises(FileNotFoundError):
+        D.load_offline_rl(tmp_path / "absent.npz")
+
+
+def test_cached_dataset(tmp_path):
+    a = D.pointmaze_dataset(64, seed=1, path=tmp_path / "c.npz")
+    assert (tmp_path / "c.npz").is_file()
+    b = D.pointmaze_dataset(64, seed=1, path=tmp_path / "c.npz")
+    np.testing.assert_array_equal(a["actions"], b["actions"])

@@ -1,0 +1,46 @@
+"""Smoke test of experiments.policy_pointmaze at a tiny size: runs and writes every key."""
+
+import json
+
+from experiments import policy_pointmaze as study
+
+
+def test_pointmaze_study_smoke(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEXAD_CACHE", str(tmp_path / "cache"))
+    cfg = study.STUDY.make_config(
+        True,
+        {
+            "n_transitions": 600,
+            "hidden": 8,
+            "iql_steps": 20,
+            "incompetent_steps": 5,
+            "bc_steps": 20,
+            "batch_size": 32,
+            "alphas": (0.0, 0.5, 1.0),
+            "n_kl_states": 64,
+            "n_episodes": 1,
+            "episode_steps": 10,
+            "n_envs": 4,
+        },
+    )
+    summary = study.STUDY.execute(cfg, out_dir=tmp_path / "run", show_progress=False)
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved == summary
+    for pre in ("", "incompetent_"):
+        assert 0.0 <= summary[pre + "actor_success"] <= 1.0
+        for q in study.PRIORS:
+            for k in (
+                "poe_kl_budget_success",
+                "poe_kl_budget_alpha",
+                "poe_kl_state_success",
+                "oracle_success",
+                "oracle_alpha",
+                "additive_success",
+                "additive_oracle_success",
+                "prior_only_success",
+            ):
+                assert f"{pre}{k}_{q}" in summary
+            assert len(summary[f"{pre}poe_return_curve_{q}"]) == 3
+            assert 0.0 <= summary[f"{pre}poe_kl_budget_alpha_{q}"] <= 1.0
+    assert (tmp_path / "run" / "return_vs_alpha.png").is_file()
+    assert "scripted_oracle_success" in summary
