@@ -51,6 +51,7 @@ import numpy as np
 import optax
 
 from experiments import _runner
+from hexad import cachex
 from hexad import policy as P
 from hexad.data import offline_rl as D
 
@@ -91,14 +92,7 @@ def _train(ctx, algo, data, n_steps, key, desc, batch_size, chunk=500):
     return state, infos
 
 
-def run(cfg: Config, ctx: _runner.Context) -> dict:
-    raw = D.pointmaze_dataset(cfg.n_transitions, seed=ctx.seed, noise_std=cfg.noise_std)
-    data = P.batch_from_dataset(raw)
-    goals_data = jnp.asarray(raw["infos/goal"], jnp.float32)
-    keys = jax.random.split(ctx.key(), 8)
-    hid = (cfg.hidden, cfg.hidden)
-    actor_net, prior_net = P.GaussianActor(2, hid), P.GaussianActor(2, hid)
-
+def _train_all(ctx, cfg, data, gdata, actor_net, prior_net, hid, keys):
     opt = optax.adam(cfg.lr)
     iql = P.iql(
         actor_net,
@@ -110,26 +104,47 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         expectile=cfg.expectile,
         temperature=cfg.temperature,
     )
-    iql_state, iql_info = _train(ctx, iql, data, cfg.iql_steps, keys[0], "iql", cfg.batch_size)
-    weak_state, _ = _train(
-        ctx,
-        iql,
-        data,
-        cfg.incompetent_steps,
-        keys[0],
-        "iql_weak",
-        cfg.batch_size,
-        chunk=cfg.incompetent_steps,
+    bs = cfg.batch_size
+    iql_state, iql_info = _train(ctx, iql, data, cfg.iql_steps, keys[0], "iql", bs)
+    weak, _ = _train(
+        ctx, iql, data, cfg.incompetent_steps, keys[0], "iql_weak", bs, chunk=cfg.incompetent_steps
     )
-    gdata = data._replace(observations=jnp.concatenate([data.observations, goals_data], -1))
     bc = P.bc(prior_net, optax.adam(cfg.lr))
-    prior_state, prior_info = _train(ctx, bc, gdata, cfg.bc_steps, keys[1], "gcbc", cfg.batch_size)
-    prior_params = (
+    prior_state, prior_info = _train(ctx, bc, gdata, cfg.bc_steps, keys[1], "gcbc", bs)
+    priors = (
         prior_state.params,
         P.degrade_params(keys[2], prior_state.params, cfg.degrade_scale),
         prior_net.init(keys[3], gdata.observations[:1]),
     )
-    actor_params = (iql_state.actor_params, weak_state.actor_params)
+    diag = jnp.stack([iql_info.critic_loss[-1], prior_info.loss[-1]])
+    return {"actors": (iql_state.actor_params, weak.actor_params), "priors": priors, "diag": diag}
+
+
+def run(cfg: Config, ctx: _runner.Context) -> dict:
+    raw = D.pointmaze_dataset(cfg.n_transitions, seed=ctx.seed, noise_std=cfg.noise_std)
+    data = P.batch_from_dataset(raw)
+    goals_data = jnp.asarray(raw["infos/goal"], jnp.float32)
+    keys = jax.random.split(ctx.key(), 8)
+    hid = (cfg.hidden, cfg.hidden)
+    actor_net, prior_net = P.GaussianActor(2, hid), P.GaussianActor(2, hid)
+
+    gdata = data._replace(observations=jnp.concatenate([data.observations, goals_data], -1))
+    # Frozen actors and priors checkpoint through hexad.cachex; --resume skips the training.
+    init = {
+        "actors": (actor_net.init(keys[0], data.observations[:1]),) * 2,
+        "priors": (prior_net.init(keys[1], gdata.observations[:1]),) * 3,
+        "diag": jnp.zeros(2),
+    }
+    mngr = cachex.CacheXManager(ctx.checkpoint_dir)
+    try:
+        start, frozen = cachex.resume(mngr, init, ctx.resume)
+        if start == 0:
+            frozen = _train_all(ctx, cfg, data, gdata, actor_net, prior_net, hid, keys)
+            mngr.save(0, frozen)
+            mngr.wait_until_finished()
+    finally:
+        mngr.close()
+    actor_params, prior_params = frozen["actors"], frozen["priors"]
 
     rng = np.random.default_rng(ctx.seed)
     task_goal = raw["task_goal"]
@@ -186,7 +201,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         ep_goals[ep],
         specs,
         1000 * ctx.seed + ep,
-        cfg.n_envs,
+        min(cfg.n_envs, len(ep)),
         cfg.episode_steps,
         progress=ctx.progress,
     )
@@ -196,7 +211,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         ep_goals,
         np.zeros((cfg.n_episodes, 1)),
         1000 * ctx.seed + np.arange(cfg.n_episodes),
-        cfg.n_envs,
+        min(cfg.n_envs, cfg.n_episodes),
         cfg.episode_steps,
     )
 
@@ -210,8 +225,8 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         "scripted_oracle_success": float(ref["success"].mean()),
         "scripted_oracle_return": float(ref["return"].mean()),
         "dataset_reward_frac": float(raw["rewards"].mean()),
-        "iql_final_critic_loss": float(iql_info.critic_loss[-1]),
-        "prior_final_nll": float(prior_info.loss[-1]),
+        "iql_final_critic_loss": float(frozen["diag"][0]),
+        "prior_final_nll": float(frozen["diag"][1]),
     }
     for ai, pre in enumerate(ACTORS):
         out[pre + "actor_success"] = stat("success", (ai, 0, POE, 0.0))

@@ -23,7 +23,10 @@ def test_pointmaze_study_smoke(tmp_path, monkeypatch):
             "n_envs": 4,
         },
     )
-    summary = study.STUDY.execute(cfg, out_dir=tmp_path / "run", show_progress=False)
+    ckpt = tmp_path / "ckpt"
+    summary = study.STUDY.execute(
+        cfg, out_dir=tmp_path / "run", checkpoint_dir=ckpt, show_progress=False
+    )
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved == summary
     for pre in ("", "incompetent_"):
@@ -44,3 +47,12 @@ def test_pointmaze_study_smoke(tmp_path, monkeypatch):
             assert 0.0 <= summary[f"{pre}poe_kl_budget_alpha_{q}"] <= 1.0
     assert (tmp_path / "run" / "return_vs_alpha.png").is_file()
     assert "scripted_oracle_success" in summary
+    # --resume restores the frozen actors and priors through hexad.cachex and skips training:
+    # the deterministic evaluation then reproduces every figure.
+    again = study.STUDY.execute(
+        cfg, out_dir=tmp_path / "run2", checkpoint_dir=ckpt, resume=True, show_progress=False
+    )
+    summary.pop("runtime_s")
+    again.pop("runtime_s")
+    assert again == summary
+    assert not (tmp_path / "run2" / "metrics.jsonl").exists()  # no training chunks logged
