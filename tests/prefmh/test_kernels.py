@@ -40,7 +40,9 @@ def test_single_step_acceptance_matches_closed_form(key, rule, k, log_rho):
     judge = prefmh.bradley_terry_judge(_score)
     kernel = prefmh.build_kernel(judge, _fixed_proposal(y, log_rho), rule, k)
     n = 20000
-    _, info = jax.jit(jax.vmap(kernel, in_axes=(0, None)))(jax.random.split(key, n), prefmh.init(x))
+    _, info = jax.jit(jax.vmap(kernel, in_axes=(0, None)))(
+        jax.random.split(key, n), prefmh.init(x, judge)
+    )
     log_p = jax.nn.log_sigmoid(_score(y) - _score(x))
     want = float(prefmh.acceptance_probability(rule, log_p, log_rho, k))
     se = np.sqrt(want * (1 - want) / n)
@@ -151,12 +153,12 @@ def test_bad_input(key):
         prefmh.random_walk(-1.0)
     with pytest.raises(ValueError, match="shrink"):
         prefmh.autoregressive(1.0, 1.0)
-    wrong = prefmh.Judge(compare=lambda k, a, b, n: jnp.zeros((n + 1,), jnp.int32))
+    wrong = prefmh.Judge(compare_features=lambda k, a, b, n: jnp.zeros((n + 1,), jnp.int32))
     with pytest.raises(ValueError, match="shape"):
-        prefmh.prefmh(wrong, rw).step(key, prefmh.init(jnp.zeros(2)))
-    floaty = prefmh.Judge(compare=lambda k, a, b, n: jnp.full((n,), 0.5))
+        prefmh.prefmh(wrong, rw).step(key, prefmh.init(jnp.zeros(2), wrong))
+    floaty = prefmh.Judge(compare_features=lambda k, a, b, n: jnp.full((n,), 0.5))
     with pytest.raises(TypeError, match="integer or bool"):
-        prefmh.prefmh(floaty, rw).step(key, prefmh.init(jnp.zeros(2)))
+        prefmh.prefmh(floaty, rw).step(key, prefmh.init(jnp.zeros(2), floaty))
     # A log-density that is NaN somewhere: the runner stops with a clear error, never a silent
     # rejection.
     nan_judge = prefmh.bradley_terry_judge(lambda x: jnp.where(x[0] > 0.5, jnp.nan, -(x[0] ** 2)))

@@ -1,7 +1,7 @@
 """Judges: things that compare two candidates and say which one they prefer.
 
-A :class:`Judge` holds ``compare(key, first, second, num) -> [num] int32`` outcomes (1 where
-``second`` is preferred, 0 where ``first`` is), unbatched: vmap over chains. A judge that
+A :class:`Judge` answers ``judge.compare(key, first, second, num) -> [num] int32`` outcomes (1
+where ``second`` is preferred, 0 where ``first`` is), unbatched: vmap over chains. A judge that
 follows the Bradley-Terry model prefers ``y`` over ``x`` with probability
 ``exp(s(y)) / (exp(s(x)) + exp(s(y)))``; its preference odds are the density ratio of
 ``pi ∝ exp(s)``, which is what makes Pref-MH exact.
@@ -46,18 +46,39 @@ INVALID_OUTCOME = 2
 class Judge(NamedTuple):
     """A pairwise judge.
 
+    A judge looks at *features* of a candidate (for a Bradley-Terry judge built from a score,
+    the score itself; for an external judge, the candidate). Kernels cache the features of
+    the current position in the chain state, as BlackJAX caches a log-density, so each step
+    featurises only the proposal; the outcomes are the same as comparing the candidates.
+
     Attributes:
-      compare: ``compare(key, first, second, num) -> [num]`` int32 outcomes, 1 where
-        ``second`` wins; ``num`` is static. Unbatched; vmap over chains.
-      log_odds: ``log_odds(first, second) -> []`` the log-odds ``log P(second wins) /
-        P(first wins)``, or ``None`` for a judge that only samples (external judges).
-        Only the oracle rules (``"mh"``, ``"barker_oracle"``) use it.
+      compare_features: ``compare_features(key, f_first, f_second, num) -> [num]`` int32
+        outcomes, 1 where the second candidate wins; ``num`` is static. Unbatched.
+      features: ``features(x) -> f``, or ``None`` for the identity (the judge sees ``x``).
+      log_odds_features: ``(f_first, f_second) -> []`` the log-odds ``log P(second wins) /
+        P(first wins)``, or ``None`` for a judge that only samples (external judges). Only
+        the oracle rules (``"mh"``, ``"barker_oracle"``) use it.
       counter: host-side :class:`JudgeCounter` of an external judge, else ``None``.
     """
 
-    compare: Callable[..., jax.Array]
-    log_odds: Callable[..., jax.Array] | None = None
+    compare_features: Callable[..., jax.Array]
+    features: Callable[[Any], Any] | None = None
+    log_odds_features: Callable[..., jax.Array] | None = None
     counter: JudgeCounter | None = None
+
+    def featurize(self, x: Any) -> Any:
+        """Returns what the judge looks at for candidate ``x``."""
+        return x if self.features is None else self.features(x)
+
+    def compare(self, key: jax.Array, first: Any, second: Any, num: int) -> jax.Array:
+        """Returns ``[num]`` int32 outcomes of comparing ``first`` (shown first) and ``second``."""
+        return self.compare_features(key, self.featurize(first), self.featurize(second), num)
+
+    def log_odds(self, first: Any, second: Any) -> jax.Array:
+        """Returns the known log-odds that ``second`` beats ``first`` (oracle judges only)."""
+        if self.log_odds_features is None:
+            raise ValueError("judge: this judge only samples outcomes; its log-odds are unknown")
+        return self.log_odds_features(self.featurize(first), self.featurize(second))
 
 
 @dataclasses.dataclass
@@ -120,14 +141,14 @@ def bradley_terry_judge(score_fn: Callable[[Any], jax.Array], position_bias: flo
         # +inf is not a density value; turn it into NaN so the outcome is flagged invalid.
         return jnp.where(s == jnp.inf, jnp.nan, s)
 
-    def log_odds(first, second):
-        return _score(second) - _score(first)
+    def log_odds(s_first, s_second):
+        return s_second - s_first
 
-    def compare(key, first, second, num):
+    def compare(key, s_first, s_second, num):
         num = check_num_comparisons(num)
-        return _bt_outcomes(key, log_odds(first, second) + bias, num)
+        return _bt_outcomes(key, s_second - s_first + bias, num)
 
-    return Judge(compare=compare, log_odds=log_odds)
+    return Judge(compare_features=compare, features=_score, log_odds_features=log_odds)
 
 
 def classifier_judge(
@@ -186,13 +207,7 @@ def pullback_judge(judge: Judge, decode: Callable[[Any], Any]) -> Judge:
     if not callable(decode):
         raise TypeError(f"decode: expected a callable, got {type(decode).__name__}")
 
-    def compare(key, first, second, num):
-        return judge.compare(key, decode(first), decode(second), num)
-
-    log_odds = None
-    if judge.log_odds is not None:
-        log_odds = lambda first, second: judge.log_odds(decode(first), decode(second))
-    return Judge(compare=compare, log_odds=log_odds, counter=judge.counter)
+    return judge._replace(features=lambda z: judge.featurize(decode(z)))
 
 
 def external_judge(fn: Callable[..., Any]) -> Judge:
@@ -262,7 +277,7 @@ def external_judge(fn: Callable[..., Any]) -> Judge:
             vmap_method="broadcast_all",
         )
 
-    return Judge(compare=compare, log_odds=None, counter=counter)
+    return Judge(compare_features=compare, counter=counter)
 
 
 class BTConsistency(NamedTuple):

@@ -45,9 +45,12 @@ class PrefMHState(NamedTuple):
 
     Attributes:
       position: ``[...]`` the current candidate (an array; latent code for latent moves).
+      features: the judge's features of ``position`` (``Judge.features``), cached so that a
+        step featurises only the proposal; ``None`` for a judge that sees the candidate.
     """
 
     position: jax.Array
+    features: Any = None
 
 
 class PrefMHInfo(NamedTuple):
@@ -80,14 +83,22 @@ class SamplingAlgorithm(NamedTuple):
     step: Callable[..., tuple[PrefMHState, PrefMHInfo]]
 
 
-def init(position: jax.Array, rng_key: jax.Array | None = None) -> PrefMHState:
-    """Returns the initial state at ``position`` (``rng_key`` unused; BlackJAX signature).
+def init(position: jax.Array, judge: Judge) -> PrefMHState:
+    """Returns the initial state at ``position`` with the judge's features cached.
 
-    >>> init(jnp.zeros(2)).position.shape
-    (2,)
+    Args:
+      position: ``[...]`` the initial candidate.
+      judge: the chain's judge.
+
+    >>> judge = bradley_terry_judge(lambda x: -0.5 * jnp.sum(x**2))
+    >>> init(jnp.zeros(2), judge).features.shape
+    ()
     """
-    del rng_key
-    return PrefMHState(position=jnp.asarray(position))
+    if not isinstance(judge, Judge):
+        raise TypeError(f"judge: expected a hexad.prefmh.Judge, got {type(judge).__name__}")
+    position = jnp.asarray(position)
+    features = None if judge.features is None else judge.features(position)
+    return PrefMHState(position=position, features=features)
 
 
 def _check_outcomes(outcomes: jax.Array, num: int) -> jax.Array:
@@ -111,7 +122,7 @@ def _validate(judge, proposal, rule, num_comparisons, max_rounds):
     if rule not in RULES:
         raise ValueError(f"rule: expected one of {RULES}, got {rule!r}")
     num_comparisons = check_num_comparisons(num_comparisons)
-    if rule in ("mh", "barker_oracle") and judge.log_odds is None:
+    if rule in ("mh", "barker_oracle") and judge.log_odds_features is None:
         raise ValueError(f"rule={rule!r} needs a judge with known log_odds; this judge has none")
     if isinstance(max_rounds, bool) or not isinstance(max_rounds, (int, np.integer)):
         raise TypeError(f"max_rounds: expected an int >= 1, got {max_rounds!r}")
@@ -139,7 +150,7 @@ def build_kernel(
 
     >>> judge = bradley_terry_judge(lambda x: -0.5 * jnp.sum(x**2))
     >>> kernel = build_kernel(judge, random_walk(1.0), "kbudget", 3)
-    >>> state, info = kernel(jax.random.key(0), init(jnp.zeros(2)))
+    >>> state, info = kernel(jax.random.key(0), init(jnp.zeros(2), judge))
     >>> int(info.judge_calls)
     3
     """
@@ -152,6 +163,9 @@ def build_kernel(
         y = jnp.asarray(y)
         if y.shape != x.shape:
             raise ValueError(f"proposal: expected y of shape {x.shape}, got {y.shape}")
+        cached = judge.features is not None
+        fx = state.features if cached else x
+        fy = judge.features(y) if cached else y
         log_rho = jnp.asarray(log_rho)
         if log_rho.shape != ():
             raise ValueError(f"proposal: expected a scalar log_rho, got shape {log_rho.shape}")
@@ -159,7 +173,7 @@ def build_kernel(
         ftype = jnp.result_type(float)
         truncated = jnp.zeros((), jnp.bool_)
         if rule in ("mh", "barker_oracle"):
-            log_ratio = jnp.asarray(judge.log_odds(x, y)) + log_rho
+            log_ratio = jnp.asarray(judge.log_odds_features(fx, fy)) + log_rho
             valid = valid & ~jnp.isnan(log_ratio)
             fn = mh_acceptance if rule == "mh" else barker_acceptance
             a = fn(log_ratio).astype(ftype)
@@ -168,7 +182,7 @@ def build_kernel(
             accept = jax.random.uniform(k_acc, (), ftype) < a
         elif rule in ("kbudget", "majority"):
             outcomes = _check_outcomes(
-                judge.compare(k_judge, x, y, num_comparisons), num_comparisons
+                judge.compare_features(k_judge, fx, fy, num_comparisons), num_comparisons
             )
             valid = valid & jnp.all((outcomes == 0) | (outcomes == 1))
             wins = jnp.sum(outcomes).astype(jnp.int32)
@@ -191,7 +205,7 @@ def build_kernel(
             def body(carry):
                 k, _, _, rounds, wins, ok = carry
                 k, k_coin, k_cmp = jax.random.split(k, 3)
-                outcome = _check_outcomes(judge.compare(k_cmp, x, y, 1), 1)[0]
+                outcome = _check_outcomes(judge.compare_features(k_cmp, fx, fy, 1), 1)[0]
                 ok = ok & ((outcome == 0) | (outcome == 1))
                 coin1 = jax.random.uniform(k_coin, (), ftype) < p_coin1
                 done = jnp.where(coin1, outcome == 1, outcome == 0) | ~ok
@@ -211,6 +225,9 @@ def build_kernel(
             a = accept.astype(ftype)
         accept = accept & valid
         new_position = jnp.where(accept, y, x)
+        new_features = None
+        if cached:
+            new_features = jax.tree.map(lambda a, b: jnp.where(accept, a, b), fy, fx)
         info = PrefMHInfo(
             acceptance_rate=a,
             is_accepted=accept,
@@ -220,7 +237,7 @@ def build_kernel(
             truncated=truncated,
             proposal=y,
         )
-        return PrefMHState(new_position), info
+        return PrefMHState(new_position, new_features), info
 
     return kernel
 
@@ -248,7 +265,11 @@ def prefmh(
     """
     kernel = build_kernel(judge, proposal, rule, num_comparisons, max_rounds)
 
+    def init_fn(position, rng_key=None):
+        del rng_key  # BlackJAX's init signature; Pref-MH's init is deterministic
+        return init(position, judge)
+
     def step(rng_key, state):
         return kernel(rng_key, state)
 
-    return SamplingAlgorithm(init=init, step=step)
+    return SamplingAlgorithm(init=init_fn, step=step)
