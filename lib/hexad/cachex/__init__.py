@@ -9,58 +9,48 @@ by a separate drainer process. :class:`CacheXManager` runs them under
 and computes the contention threshold C*_p(n).
 """
 
-from hexad.cachex._format import CorruptCheckpointError, StagingPool
-from hexad.cachex._fsio import validate_file_name, validate_step_name
-from hexad.cachex._manager import (
-    CacheXHandler,
-    CacheXManager,
-    CacheXRestore,
-    CacheXSave,
-    Restored,
-    resume,
-)
-from hexad.cachex._model import (
-    DurabilityModel,
-    choose_path,
-    critical_contention,
-    fit_durability_model,
-    fit_gumbel,
-    fit_lognormal,
-    gumbel_of_max_lognormal,
-    pfs_time_quantile,
-)
-from hexad.cachex._pfs import DrainerConfig, PFSModel, spawn_drainer
-from hexad.cachex._replica import (
-    ReplicaClient,
-    ReplicaError,
-    ReplicaServer,
-    spawn_replica_server,
-)
+import importlib
 
-__all__ = [
-    "CacheXHandler",
-    "CacheXManager",
-    "CacheXRestore",
-    "CacheXSave",
-    "CorruptCheckpointError",
-    "DrainerConfig",
-    "DurabilityModel",
-    "PFSModel",
-    "ReplicaClient",
-    "ReplicaError",
-    "ReplicaServer",
-    "Restored",
-    "StagingPool",
-    "choose_path",
-    "critical_contention",
-    "fit_durability_model",
-    "fit_gumbel",
-    "fit_lognormal",
-    "gumbel_of_max_lognormal",
-    "pfs_time_quantile",
-    "resume",
-    "spawn_drainer",
-    "spawn_replica_server",
-    "validate_file_name",
-    "validate_step_name",
-]
+_EXPORTS = {
+    "_format": ("CorruptCheckpointError", "StagingPool"),
+    "_fsio": ("validate_file_name", "validate_step_name"),
+    "_manager": (
+        "CacheXHandler",
+        "CacheXManager",
+        "CacheXRestore",
+        "CacheXSave",
+        "PFSDelayHandler",
+        "PFSDelayRestore",
+        "PFSDelaySave",
+        "Restored",
+        "resume",
+    ),
+    "_model": (
+        "DurabilityModel",
+        "choose_path",
+        "critical_contention",
+        "fit_durability_model",
+        "fit_gumbel",
+        "fit_lognormal",
+        "gumbel_of_max_lognormal",
+        "pfs_time_quantile",
+    ),
+    "_pfs": ("DrainerConfig", "PFSModel", "spawn_drainer"),
+    "_replica": ("ReplicaClient", "ReplicaError", "ReplicaServer", "spawn_replica_server"),
+}
+_WHERE = {name: mod for mod, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    # Lazy (PEP 562): the drainer and replica-server processes import only the jax-free
+    # modules they need (_fsio, _format, _pfs, _replica), so they start in a fraction of a second.
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f"hexad.cachex.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hexad.cachex' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), *__all__])

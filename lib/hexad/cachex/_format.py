@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import jax
 import numpy as np
 
 from hexad.cachex import _fsio
@@ -40,6 +39,8 @@ __all__ = [
     "read_manifest",
     "read_rank_dir",
     "snapshot_nbytes",
+    "encode_rank",
+    "write_encoded",
     "write_rank_dir",
 ]
 
@@ -98,6 +99,8 @@ def _norm_index(index: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], 
 
 def _leaf_entries(leaf: Any) -> tuple[tuple[int, ...], np.dtype, list[tuple[tuple, Any]]]:
     """Returns (global shape, dtype, [(index, array-like source)]) for one leaf."""
+    import jax
+
     if isinstance(leaf, jax.Array):
         shape = tuple(int(d) for d in leaf.shape)
         seen: dict[tuple, Any] = {}
@@ -149,6 +152,8 @@ class StagingPool:
 
     def stage(self, tree: Any, timeout: float | None = None) -> tuple[int, Snapshot]:
         """Copies ``tree`` into a free slot; returns ``(slot, Snapshot)``. Blocks if none free."""
+        import jax
+
         flat, _ = jax.tree_util.tree_flatten_with_path(tree)
         entries = [(jax.tree_util.keystr(p), _leaf_entries(x)) for p, x in flat]
         try:
@@ -184,40 +189,34 @@ def _manifest_crc(body: Mapping[str, Any]) -> int:
     return _fsio.crc32_bytes(json.dumps(body, sort_keys=True).encode())
 
 
-def write_rank_dir(directory: Path, snap: Snapshot, meta: Mapping[str, Any]) -> int:
-    """T1 write of one rank's snapshot into the existing empty ``directory``; returns bytes.
+def _views(snap: Snapshot) -> list[memoryview]:
+    out = []
+    for s in snap.shards:
+        data = np.ascontiguousarray(s.data)
+        out.append(memoryview(data.reshape(-1).view(np.uint8)) if data.size else memoryview(b""))
+    return out
 
-    Writes every shard back to back into one ``data.bin`` (CRC-32 computed on the way) and
-    ``fsync``s it, then writes and ``fsync``s the manifest (with its own checksum), then
-    ``fsync``s the directory. The manifest is the last entry written, so a directory without a
-    valid manifest is, by construction, an interrupted write.
+
+def encode_rank(snap: Snapshot, meta: Mapping[str, Any]) -> tuple[list[memoryview], bytes]:
+    """Returns ``(data views, manifest bytes)`` of one rank's snapshot (CRC-32 computed here).
+
+    ``data.bin`` is the concatenation of the views; the manifest records each shard's offset
+    and the file's size and CRC-32, plus the CRC-32 of the manifest's own canonical JSON.
     """
-    directory = Path(directory)
-    shards = []
-    crc = 0
-    offset = 0
-    fd = os.open(directory / DATA, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        for s in snap.shards:
-            data = np.ascontiguousarray(s.data)
-            view = memoryview(data.reshape(-1).view(np.uint8)) if data.size else memoryview(b"")
-            done = 0
-            while done < len(view):
-                done += os.write(fd, view[done:])
-            crc = zlib.crc32(view, crc)
-            shards.append(
-                {
-                    "leaf": s.leaf,
-                    "index": [list(ab) for ab in s.index],
-                    "file": DATA,
-                    "offset": offset,
-                    "nbytes": len(view),
-                }
-            )
-            offset += len(view)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    views = _views(snap)
+    shards, crc, offset = [], 0, 0
+    for s, view in zip(snap.shards, views, strict=True):
+        crc = zlib.crc32(view, crc)
+        shards.append(
+            {
+                "leaf": s.leaf,
+                "index": [list(ab) for ab in s.index],
+                "file": DATA,
+                "offset": offset,
+                "nbytes": len(view),
+            }
+        )
+        offset += len(view)
     body = {
         "format": FORMAT_VERSION,
         "meta": dict(meta),
@@ -226,9 +225,37 @@ def write_rank_dir(directory: Path, snap: Snapshot, meta: Mapping[str, Any]) -> 
         "shards": shards,
     }
     manifest = dict(body, manifest_crc32=_manifest_crc(body))
-    _fsio.write_file_durable(directory / MANIFEST, json.dumps(manifest, sort_keys=True).encode())
+    return views, json.dumps(manifest, sort_keys=True).encode()
+
+
+def write_encoded(directory: Path, views: list[memoryview], manifest: bytes) -> int:
+    """T1: writes ``data.bin`` and ``fsync``s it, then the manifest, then the directory."""
+    directory = Path(directory)
+    total = 0
+    fd = os.open(directory / DATA, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        for view in views:
+            done = 0
+            while done < len(view):
+                done += os.write(fd, view[done:])
+            total += len(view)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _fsio.write_file_durable(directory / MANIFEST, manifest)
     _fsio.fsync_dir(directory)
-    return offset
+    return total
+
+
+def write_rank_dir(directory: Path, snap: Snapshot, meta: Mapping[str, Any]) -> int:
+    """T1 write of one rank's snapshot into the existing empty ``directory``; returns bytes.
+
+    ``data.bin`` (every shard back to back) is written and ``fsync``ed before the manifest, and
+    the directory is ``fsync``ed last: a directory without a valid manifest is, by
+    construction, an interrupted write.
+    """
+    views, manifest = encode_rank(snap, meta)
+    return write_encoded(directory, views, manifest)
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -290,7 +317,7 @@ def read_rank_dir(directory: Path) -> tuple[dict[str, Any], list[tuple[int, tupl
     for sh in manifest["shards"]:
         leaf = manifest["leaves"][sh["leaf"]]
         idx = tuple((int(a), int(b)) for a, b in sh["index"])
-        dtype = np.dtype(jax.numpy.dtype(leaf["dtype"]))
+        dtype = _np_dtype(leaf["dtype"])
         shape = tuple(b - a for a, b in idx)
         if sh["nbytes"] != int(np.prod(shape)) * dtype.itemsize:
             raise CorruptCheckpointError(f"{directory}: shard size disagrees with its index")
@@ -302,7 +329,18 @@ def read_rank_dir(directory: Path) -> tuple[dict[str, Any], list[tuple[int, tupl
     return manifest, out
 
 
+def _np_dtype(name: str) -> np.dtype:
+    import ml_dtypes  # noqa: F401  (registers bfloat16, float8_* names with numpy)
+
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return np.dtype(getattr(ml_dtypes, name))
+
+
 def _target_spec(x: Any) -> tuple[tuple[int, ...], np.dtype]:
+    import jax
+
     if isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic)):
         return tuple(int(d) for d in x.shape), np.dtype(x.dtype)
     if isinstance(x, (int, float, bool, complex)):
@@ -328,6 +366,8 @@ def assemble_tree(target: Any, manifest: Mapping[str, Any], pieces: list) -> Any
       ValueError: the tree structure, a shape or a dtype differs from the saved one, or the
         pieces do not cover a shard that the target needs.
     """
+    import jax
+
     flat, treedef = jax.tree_util.tree_flatten_with_path(target)
     saved = manifest["leaves"]
     paths = [jax.tree_util.keystr(p) for p, _ in flat]
@@ -350,7 +390,7 @@ def assemble_tree(target: Any, manifest: Mapping[str, Any], pieces: list) -> Any
     for li, (path, x) in enumerate(zip(paths, (v for _, v in flat), strict=True)):
         shape, dtype = _target_spec(x)
         sshape = tuple(saved[li]["shape"])
-        sdtype = np.dtype(jax.numpy.dtype(saved[li]["dtype"]))
+        sdtype = _np_dtype(saved[li]["dtype"])
         if shape != sshape or dtype != sdtype:
             raise ValueError(
                 f"target{path}: expected shape {sshape} dtype {sdtype.name} as saved, "

@@ -16,8 +16,10 @@ replica -> PFS, with all processes agreeing on the newest step every one of them
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +40,9 @@ __all__ = [
     "CacheXManager",
     "CacheXRestore",
     "CacheXSave",
+    "PFSDelayHandler",
+    "PFSDelayRestore",
+    "PFSDelaySave",
     "Restored",
     "resume",
 ]
@@ -86,27 +91,49 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
         ]
 
     async def _commit(self, directory, slot, snap, step, t0):
+        # T1 (local write + fsyncs) and T2 (push of the same staged bytes to the neighbour)
+        # run concurrently; the step is committed when both are done.
         node = self._node
         try:
             d = Path(directory)
             d.mkdir(parents=True, exist_ok=True)
-            meta = {"step": int(step), "rank": node.rank}
-            nbytes = _format.write_rank_dir(d, snap, meta)
+            views, manifest = _format.encode_rank(snap, {"step": int(step), "rank": node.rank})
+            replica_err: list[BaseException] = []
+            t_replica: list[float] = []
+
+            def push():
+                try:
+                    crc = json.loads(manifest)["files"][0]["crc32"]
+                    node.neighbour.push_files(
+                        node.rank,
+                        step,
+                        [
+                            (_format.DATA, views, crc),
+                            (_format.MANIFEST, [manifest], _fsio.crc32_bytes(manifest)),
+                        ],
+                    )
+                    t_replica.append(time.perf_counter() - t0)
+                except BaseException as e:  # noqa: BLE001 - re-raised below, on this thread
+                    replica_err.append(e)
+
+            pusher = None
+            if node.neighbour is not None:
+                pusher = threading.Thread(target=push, name="cachex-replica-push", daemon=True)
+                pusher.start()
+            nbytes = _format.write_encoded(d, views, manifest)
             t_local = time.perf_counter() - t0
             _pfs.record_tier(node.records_dir, step, "staged", seconds=node.stalls.get(step))
             _pfs.record_tier(node.records_dir, step, "local", seconds=t_local, nbytes=nbytes)
-            if node.neighbour is not None:
-                try:
-                    node.neighbour.push_dir(node.rank, step, d)
-                except _replica.ReplicaError as e:
+            if pusher is not None:
+                pusher.join()
+                if replica_err:
+                    e = replica_err[0]
                     node.errors[step] = str(e)
                     _pfs.record_tier(node.records_dir, step, "replica_error", error=str(e))
-                    if node.require_replica:
-                        raise
+                    if node.require_replica or not isinstance(e, _replica.ReplicaError):
+                        raise e
                 else:
-                    _pfs.record_tier(
-                        node.records_dir, step, "replica", seconds=time.perf_counter() - t0
-                    )
+                    _pfs.record_tier(node.records_dir, step, "replica", seconds=t_replica[0])
                     # Replica GC follows local GC (off the training loop's path).
                     keep = [int(p.name) for p in node.steps_dir.iterdir() if p.name.isdigit()]
                     try:
@@ -154,6 +181,65 @@ class CacheXRestore(checkpoint_args.CheckpointArgs):
     """Restore args: ``target``, the pytree to restore into (arrays or ShapeDtypeStructs)."""
 
     target: Any = None
+
+
+class PFSDelayHandler(async_checkpoint_handler.AsyncCheckpointHandler):
+    """An orbax item that holds a save's commit until a modelled PFS write time has passed.
+
+    For baselines: composed with ``StandardCheckpointHandler`` in one orbax
+    ``CheckpointManager`` writing to the PFS directory, it makes orbax's commit (and hence its
+    next blocking ``save``) wait ``max(real write, PFSDelaySave.seconds)`` after the save
+    started, the same semantics as the CacheX drainer's :class:`PFSModel` delay.
+    """
+
+    async def async_save(self, directory, args: PFSDelaySave | None = None, **kwargs):
+        if args is None:
+            raise ValueError("PFSDelayHandler.async_save: expected args=PFSDelaySave(...)")
+        t0 = args.t0 if args.t0 is not None else time.monotonic()
+
+        async def commit():
+            left = float(args.seconds) - (time.monotonic() - t0)
+            if left > 0:
+                time.sleep(left)  # the commit runs in its own thread: blocking is intended
+            d = Path(directory)
+            d.mkdir(parents=True, exist_ok=True)
+            _fsio.write_file_durable(d / "pfs_delay.json", b'{"seconds": %f}' % args.seconds)
+
+        return [ocp_future.CommitFutureAwaitingContractedSignals(commit(), name="pfs_delay")]
+
+    def save(self, directory, args: PFSDelaySave | None = None, **kwargs):
+        async def run():
+            for f in await self.async_save(directory, args=args) or []:
+                f.result()
+
+        asyncio_utils.run_sync(run())
+
+    def restore(self, directory, args: PFSDelayRestore | None = None, **kwargs):
+        return _fsio.read_json(Path(directory) / "pfs_delay.json")
+
+    def metadata(self, directory):
+        return None
+
+    def finalize(self, directory):
+        pass
+
+    def close(self):
+        pass
+
+
+@checkpoint_args.register_with_handler(PFSDelayHandler, for_save=True)
+@dataclasses.dataclass
+class PFSDelaySave(checkpoint_args.CheckpointArgs):
+    """Save args: hold the commit until ``seconds`` after ``t0`` (``time.monotonic``)."""
+
+    seconds: float
+    t0: float | None = None
+
+
+@checkpoint_args.register_with_handler(PFSDelayHandler, for_restore=True)
+@dataclasses.dataclass
+class PFSDelayRestore(checkpoint_args.CheckpointArgs):
+    """Restore args of :class:`PFSDelayHandler` (reads back the modelled seconds)."""
 
 
 @dataclasses.dataclass

@@ -208,9 +208,23 @@ def drain_once(cfg: DrainerConfig) -> list[int]:
     todo = [
         s for s in steps if s > newest_done and not (records / str(s) / "pfs_error.json").exists()
     ]
-    if not todo:
+    # Finish first any step another rank has started on the PFS (so ranks that skip ahead
+    # independently cannot strand a step with only some done markers), newest first.
+    pfs = Path(cfg.pfs_dir)
+    mine = f"done_{cfg.rank}"
+    pending = [
+        s
+        for s in steps
+        if (pfs / f".tmp-{s}").is_dir()
+        and not (pfs / f".tmp-{s}" / mine).exists()
+        and not (records / str(s) / "pfs_error.json").exists()
+    ]
+    if pending:
+        step = pending[-1]
+    elif todo:
+        step = todo[-1]
+    else:
         return []
-    step = todo[-1]
     try:
         seconds = _drain_step(cfg, step)
     except (FileNotFoundError, _format.CorruptCheckpointError) as e:
@@ -243,6 +257,9 @@ def _loop(cfg: DrainerConfig) -> int:
     return 0
 
 
+_ENTRY = "import sys; from hexad.cachex._pfs import main; sys.exit(main(sys.argv[1:]))"
+
+
 def spawn_drainer(cfg: DrainerConfig, log_path: Path | None = None) -> subprocess.Popen:
     """Starts the drainer for ``cfg`` as a separate process in its own session.
 
@@ -254,7 +271,7 @@ def spawn_drainer(cfg: DrainerConfig, log_path: Path | None = None) -> subproces
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     return subprocess.Popen(
-        [sys.executable, "-m", "hexad.cachex._pfs", str(cfg_path)],
+        [sys.executable, "-c", _ENTRY, str(cfg_path)],
         stdout=out,
         stderr=out,
         start_new_session=True,

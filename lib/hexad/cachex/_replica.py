@@ -367,35 +367,53 @@ class ReplicaClient:
             raise ReplicaError(f"replica server {self.address}: {h.get('error')}")
         return h, data
 
-    def push_dir(self, owner: int, step: int, directory: Path) -> None:
-        """Pushes one verified rank directory (manifest last) and waits for the commit ack."""
-        manifest = _format.read_manifest(directory)
+    def push_files(self, owner: int, step: int, files: list[tuple[str, list, int]]) -> None:
+        """Pushes files ``[(name, [bytes-like pieces], crc32)]`` (manifest last) and commits.
+
+        Waits for the server's acknowledgement, sent only after it has ``fsync``ed every file,
+        checked every checksum, renamed the step into place and ``fsync``ed the parent.
+        """
         step_name = _fsio.validate_step_name(step)
         sock = self._connect()
         try:
-            crcs = {f["file"]: f["crc32"] for f in manifest["files"]}
-            for name in [*crcs, _format.MANIFEST]:
-                data = (Path(directory) / name).read_bytes()
-                crc = crcs.get(name, _fsio.crc32_bytes(data))
-                view = memoryview(data)
-                offsets = range(0, max(len(view), 1), self.chunk_bytes)
-                for off in offsets:
-                    chunk = view[off : off + self.chunk_bytes]
-                    last = off + self.chunk_bytes >= len(view)
+            for name, pieces, crc in files:
+                _fsio.validate_file_name(name)
+                size = sum(len(memoryview(p).cast("B")) for p in pieces)
+                chunks = []
+                for piece in pieces:
+                    view = memoryview(piece).cast("B")
+                    chunks += [
+                        view[i : i + self.chunk_bytes]
+                        for i in range(0, len(view), self.chunk_bytes)
+                    ]
+                chunks = chunks or [memoryview(b"")]
+                off = 0
+                for i, chunk in enumerate(chunks):
                     hdr = {
                         "op": "put",
                         "owner": owner,
                         "step": step_name,
                         "file": name,
                         "offset": off,
-                        "last": last,
+                        "last": i == len(chunks) - 1,
                         "crc32": crc,
-                        "size": len(view),
+                        "size": size,
                     }
                     self._call(sock, hdr, chunk)
+                    off += len(chunk)
             self._call(sock, {"op": "commit", "owner": owner, "step": step_name})
         finally:
             sock.close()
+
+    def push_dir(self, owner: int, step: int, directory: Path) -> None:
+        """Pushes one rank directory from disk (see :meth:`push_files`)."""
+        manifest = _format.read_manifest(directory)
+        files = []
+        for f in manifest["files"]:
+            files.append((f["file"], [(Path(directory) / f["file"]).read_bytes()], f["crc32"]))
+        raw = (Path(directory) / _format.MANIFEST).read_bytes()
+        files.append((_format.MANIFEST, [raw], _fsio.crc32_bytes(raw)))
+        self.push_files(owner, step, files)
 
     def list_steps(self, owner: int) -> list[int]:
         """Returns the committed replica steps the server holds for ``owner``."""
@@ -473,8 +491,8 @@ def spawn_replica_server(
     env = dict(os.environ, HEXAD_CACHEX_TOKEN=token, JAX_PLATFORMS="cpu")
     cmd = [
         sys.executable,
-        "-m",
-        "hexad.cachex._replica",
+        "-c",
+        "import sys; from hexad.cachex._replica import main; sys.exit(main(sys.argv[1:]))",
         str(root),
         "--port",
         str(port),
