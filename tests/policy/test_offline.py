@@ -22,19 +22,23 @@ def linear_data():
     return w, data
 
 
-def test_bc_recovers_linear_expert(linear_data):
+def test_bc_recovers_linear_expert_for_every_seed(linear_data):
     w, data = linear_data
     actor = P.GaussianActor(ACT, hidden=(), squash=False, state_dependent_std=False)
     algo = P.bc(actor, optax.adam(3e-2))
-    train = jax.jit(P.make_train(algo, n_steps=600, batch_size=64))
-    state = algo.init(jax.random.key(0), data)
-    state, infos = train(jax.random.key(1), state, data)
-    kernel = state.params["params"]["mean"]["kernel"]
-    bias = state.params["params"]["mean"]["bias"]
+    # Many seeds for the price of one: vmap init and the scanned trainer over keys.
+    seeds = jax.random.split(jax.random.key(0), 3)
+    states = jax.vmap(algo.init, in_axes=(0, None))(seeds, data)
+    train = jax.vmap(P.make_train(algo, n_steps=600, batch_size=64), in_axes=(0, 0, None))
+    states, infos = jax.jit(train)(jax.random.split(jax.random.key(1), 3), states, data)
+    kernel = states.params["params"]["mean"]["kernel"]
+    bias = states.params["params"]["mean"]["bias"]
+    assert kernel.shape == (3, OBS, ACT)
     # Noise-free linear expert: the maximum-likelihood mean is exactly W; Adam gets within 2e-2.
-    np.testing.assert_allclose(kernel, w, atol=2e-2)
-    np.testing.assert_allclose(bias, 0.0, atol=2e-2)
-    assert float(infos.loss[-1]) < float(infos.loss[0])
+    for s in range(3):
+        np.testing.assert_allclose(kernel[s], w, atol=2e-2)
+        np.testing.assert_allclose(bias[s], 0.0, atol=2e-2)
+    assert np.all(np.asarray(infos.loss[:, -1]) < np.asarray(infos.loss[:, 0]))
 
 
 def test_bc_squashed_recovers_bounded_expert(linear_data):
@@ -72,9 +76,8 @@ def test_expectile_minimiser_is_the_expectile(float64):
     m_star = 0.5 * (lo + hi)
     # Gradient descent on the mean expectile loss reaches the same point.
     loss = lambda m: jnp.mean(P.expectile_loss(x - m, tau))  # noqa: E731
-    m = jnp.float64(0.0)
-    for _ in range(2000):
-        m = m - 1.0 * jax.grad(loss)(m)
+    descend = jax.jit(lambda m: jax.lax.fori_loop(0, 2000, lambda _, m: m - jax.grad(loss)(m), m))
+    m = descend(jnp.float64(0.0))
     assert float(m) == pytest.approx(m_star, abs=1e-8)
 
 
