@@ -390,10 +390,10 @@ def test_manager_validates_arguments(tmp_path):
 
 def test_pfs_model_median_and_lognormal_spread():
     model = cachex.PFSModel(bandwidth=1e8, n_writers=4, contention=0.5, latency_s=0.01, sigma=0.2)
-    assert model.median_time(1e8) == pytest.approx(0.01 + 2.5)
+    assert model.median_time(1e8) == pytest.approx((0.01 + 1.0) * 2.5)
     t = model.sample(np.random.default_rng(0), 1e8, size=20000)
     # log T ~ N(log m, 0.2^2): the sample median is within 3 SE (~0.5%) of m.
-    assert np.median(t) == pytest.approx(2.51, rel=0.01)
+    assert np.median(t) == pytest.approx(2.525, rel=0.01)
     assert np.std(np.log(t)) == pytest.approx(0.2, rel=0.03)
 
 

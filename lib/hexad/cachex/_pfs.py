@@ -42,8 +42,9 @@ class PFSModel:
 
     One rank's write of ``nbytes`` takes ``T = m * exp(sigma * z)`` seconds, ``z ~ N(0, 1)``
     (a lognormal body, as the CacheX paper measures for rank-local completion times), with
-    median ``m = latency_s + nbytes * (1 + contention * (n_writers - 1)) / bandwidth``: each
-    extra concurrent writer slows the shared PFS by the factor ``contention``.
+    median ``m = (latency_s + nbytes / bandwidth) * (1 + contention * (n_writers - 1))``: each
+    extra concurrent writer slows the whole shared-PFS write (data and metadata) by the factor
+    ``contention``. This is exactly the contention model of :mod:`hexad.cachex._model`.
 
     Attributes:
       bandwidth: per-node bandwidth in bytes/s without contention.
@@ -53,7 +54,7 @@ class PFSModel:
       sigma: lognormal shape of the per-rank time.
 
     >>> PFSModel(bandwidth=1e9, n_writers=4, contention=0.5).median_time(1e9)
-    2.502
+    2.505
     """
 
     bandwidth: float = 1e9
@@ -75,7 +76,7 @@ class PFSModel:
     def median_time(self, nbytes: float) -> float:
         """Median seconds for one rank to write ``nbytes`` under this model."""
         slow = 1.0 + self.contention * (self.n_writers - 1)
-        return self.latency_s + float(nbytes) * slow / self.bandwidth
+        return (self.latency_s + float(nbytes) / self.bandwidth) * slow
 
     def sample(self, rng: np.random.Generator, nbytes: float, size: Any = None) -> np.ndarray:
         """Samples per-rank write seconds (``size`` draws) for ``nbytes`` each."""

@@ -160,6 +160,11 @@ class ReplicaServer:
         host, port = self._server.server_address[:2]
         return str(host), int(port)
 
+    @property
+    def running(self) -> bool:
+        """Whether the server is serving (False after :meth:`stop` or its lifetime)."""
+        return self._thread is not None
+
     def start(self) -> ReplicaServer:
         """Starts serving in a daemon thread; returns ``self``."""
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -527,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     ).start()
     print(f"PORT {srv.address[1]}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: srv.stop())
-    while srv._thread is not None:
+    while srv.running:
         time.sleep(0.2)
     return 0
 
