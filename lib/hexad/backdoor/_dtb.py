@@ -222,8 +222,8 @@ def sanitise_surrogate(model, config: DTBConfig, params, key, problem: DTBProble
             _, feats = model.apply(jax.lax.stop_gradient(q), x_c, features=True)
             act = jnp.mean(feats[last], axis=(0, 1, 2))
             n_prune = int(config.prune_frac * act.shape[0])
-            thresh = jnp.sort(act)[n_prune]
-            mask = (act >= thresh).astype(act.dtype)
+            # rank, not threshold: dead channels tie at zero activation
+            mask = jnp.ones_like(act).at[jnp.argsort(act)[:n_prune]].set(0.0)
             q = apply_channel_mask(q, {last: jax.lax.stop_gradient(mask)})
         if config.noise_std > 0:
             leaves, tdef = jax.tree.flatten(q)

@@ -13,8 +13,14 @@ from collections.abc import Mapping, Sequence
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 __all__ = ["SmallCNN", "apply_channel_mask", "conv_layers"]
+
+
+def _chan(v):
+    """Reshapes a per-channel vector to ``[1, 1, 1, c]`` (no implicit rank promotion)."""
+    return jnp.reshape(v, (1, 1, 1, -1)) if jnp.ndim(v) else v
 
 
 class SmallCNN(nn.Module):
@@ -57,7 +63,7 @@ class SmallCNN(nn.Module):
             b = self.param(f"{name}_bias", nn.initializers.zeros, (w,), z.dtype)
             s = scales[name] if scales is not None and name in scales else 1.0
             bs = bias_scales[name] if bias_scales is not None and name in bias_scales else 1.0
-            h = nn.relu(z * s + b * bs)
+            h = nn.relu(z * _chan(s) + _chan(b * bs))
             feats[name] = h
             if i < len(self.widths) - 1:
                 h = nn.avg_pool(h, (2, 2), (2, 2))
@@ -100,6 +106,6 @@ def apply_channel_mask(params, masks: Mapping[str, jax.Array]):
         k = inner[name]["kernel"]
         if m.shape != (k.shape[-1],):
             raise ValueError(f"masks[{name!r}]: expected shape [{k.shape[-1]}], got {m.shape}")
-        inner[name] = {**inner[name], "kernel": k * m.astype(k.dtype)}
+        inner[name] = {**inner[name], "kernel": k * _chan(m.astype(k.dtype))}
         inner[f"{name}_bias"] = inner[f"{name}_bias"] * m.astype(k.dtype)
     return {**params, "params": inner}
