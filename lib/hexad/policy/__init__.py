@@ -39,6 +39,7 @@ from hexad.policy._offline import (
     make_train,
 )
 from hexad.policy._priors import degrade_params, future_goal_indices, trajectory_ends
+from hexad.policy._steering import q_steer
 
 __all__ = [
     "MLP",
@@ -61,6 +62,7 @@ __all__ = [
     "degrade_params",
     "future_goal_indices",
     "trajectory_ends",
+    "q_steer",
     "DiagGaussian",
     "additive",
     "kl_budget_alpha",
