@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["q_steer"]
 
@@ -32,7 +33,8 @@ def q_steer(
       pre_tanh_action: ``[B, d]`` the actor's pre-tanh means ``u0``.
       step_size: ascent step on ``u`` (static), ``> 0``.
       n_steps: ascent steps (static), ``>= 0``.
-      max_shift: trust-region half-width in pre-tanh units (static), ``> 0``.
+      max_shift: trust-region half-width in pre-tanh units, ``> 0``: a scalar or ``[B]`` (one
+        per state, so one batched call can sweep it).
 
     Returns:
       ``[B, d]`` actions in ``(-1, 1)``.
@@ -42,9 +44,10 @@ def q_steer(
     >>> a.round(3)
     Array([[0.5]], dtype=float32)
     """
-    for name, v in (("step_size", step_size), ("max_shift", max_shift)):
-        if not v > 0:
-            raise ValueError(f"{name}: expected a value > 0, got {v!r}")
+    if not step_size > 0:
+        raise ValueError(f"step_size: expected a value > 0, got {step_size!r}")
+    if not isinstance(max_shift, jax.core.Tracer) and not np.all(np.asarray(max_shift) > 0):
+        raise ValueError(f"max_shift: expected values > 0, got {max_shift!r}")
     if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 0:
         raise ValueError(f"n_steps: expected an int >= 0, got {n_steps!r}")
     if jnp.shape(obs)[0] != jnp.shape(pre_tanh_action)[0]:
@@ -53,10 +56,12 @@ def q_steer(
             f"got shape {jnp.shape(pre_tanh_action)}"
         )
     u0 = pre_tanh_action
+    shift = jnp.asarray(max_shift)
+    shift = shift[:, None] if shift.ndim == 1 else shift
     grad = jax.grad(lambda u: jnp.sum(q_fn(obs, jnp.tanh(u))))
 
     def body(_, u):
         u = u + step_size * grad(u)
-        return jnp.clip(u, u0 - max_shift, u0 + max_shift)
+        return jnp.clip(u, u0 - shift, u0 + shift)
 
     return jnp.tanh(jax.lax.fori_loop(0, n_steps, body, u0))
