@@ -216,6 +216,17 @@ def test_replica_rejects_wrong_token_oversize_and_traversal(server, tmp_path):
     assert not any(p.name == "evil" for p in tmp_path.rglob("*"))
 
 
+def test_replica_server_stops_itself_after_its_lifetime(tmp_path):
+    srv = cachex.ReplicaServer(tmp_path, token=TOKEN, max_lifetime_s=0.2).start()
+    assert srv.running
+    t_end = time.monotonic() + 10
+    while srv.running and time.monotonic() < t_end:
+        time.sleep(0.05)
+    assert not srv.running
+    with pytest.raises(cachex.ReplicaError, match="cannot connect"):
+        cachex.ReplicaClient(srv.address, TOKEN, timeout_s=2).list_steps(0)
+
+
 def test_replica_push_fetch_and_commit_on_neighbour(server, tmp_path):
     m = _manager(tmp_path, server)
     x = {"x": np.arange(10, dtype=np.int16)}
@@ -255,7 +266,7 @@ def test_restore_falls_back_local_then_replica_then_pfs(tmp_path, server):
     r = m.restore(x0)
     assert (r.step, r.tier) == (0, "pfs") and np.array_equal(r.state["x"], x0["x"])
     _flip_bit(tmp_path / "pfs" / "0" / "rank_0" / "data.bin")
-    with pytest.raises(FileNotFoundError, match="no checkpoint step"):
+    with pytest.raises(FileNotFoundError, match="no checkpoint step.*checksum mismatch"):
         m.restore(x0)
     m.close()
 

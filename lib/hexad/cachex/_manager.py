@@ -485,11 +485,14 @@ class CacheXManager:
         mine = sorted(set().union(*tiers.values()))
         if step is not None:
             mine = [s for s in mine if s == int(step)]
+        skipped: list[str] = []
         while True:
             common = _agree_newest(mine)
             if common is None:
+                why = f"; skipped unreadable: {'; '.join(skipped[-4:])}" if skipped else ""
                 raise FileNotFoundError(
                     f"restore: no checkpoint step readable by all ranks under {self.directory}"
+                    + why
                 )
             result, errors = None, []
             for tier in TIERS:
@@ -502,6 +505,7 @@ class CacheXManager:
                     errors.append(f"{tier}: {e}")
             if _all_ok(result is not None):
                 return result
+            skipped.append(f"step {common}: " + (" | ".join(errors) or "failed on another rank"))
             mine = [s for s in mine if s != common]
 
     def close(self, wait_for_drain: bool = False, timeout_s: float = 60.0) -> None:

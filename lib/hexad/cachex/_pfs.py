@@ -287,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     raw = json.loads(args.config.read_text())
     cfg = DrainerConfig(**raw)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # T3 is background work: it yields the CPU to the trainer and the T1/T2 critical path.
+    os.nice(10)
     return _loop(cfg)
 
 
