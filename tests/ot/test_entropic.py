@@ -123,6 +123,7 @@ def test_mccann_endpoints_and_velocity(key):
     np.testing.assert_allclose(vt, [[2 * math.pi - 6.0, 0.0]], atol=1e-5)
 
 
+@pytest.mark.slow  # ~45 s of CPU: dense, blocked and vmapped solvers each compile
 def test_padding_batching_and_memory_bounded_path(key):
     kx, ky = jax.random.split(key)
     x = S2.random_uniform(kx, (20,))
@@ -159,6 +160,7 @@ def test_one_trace_per_solve(key):
         solve(x, x[::-1]).block_until_ready()
 
 
+@pytest.mark.slow  # ~60 s of CPU: eager ott-jax divergences compile nine Sinkhorn loops
 def test_sinkhorn_divergence(key):
     kx, ky = jax.random.split(key)
     x = jax.random.normal(kx, (24, 2))

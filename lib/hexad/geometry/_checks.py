@@ -32,7 +32,7 @@ def check_points(manifold: Any, x: Any, name: str, *, ndim: int | None = None, a
     >>> from hexad.geometry import Sphere
     >>> check_points(Sphere(3), np.array([[1.0, 0.0, 0.0]]), "x")
     """
-    shape = np.shape(x)
+    shape = tuple(getattr(x, "shape", np.shape(x)))
     if len(shape) < 1 or shape[-1] != manifold.dim:
         raise ValueError(
             f"{name}: expected points of shape [..., {manifold.dim}] for {manifold}, got shape "
@@ -61,7 +61,7 @@ def check_weights(w: Any, name: str, shape: tuple[int, ...]) -> None:
     """Raises a ValueError naming ``name`` unless ``w`` is non-negative weights of ``shape``
     with a positive sum along the last axis.
     """
-    if tuple(np.shape(w)) != tuple(shape):
+    if tuple(getattr(w, "shape", np.shape(w))) != tuple(shape):
         raise ValueError(f"{name}: expected weights of shape {tuple(shape)}, got {np.shape(w)}")
     if is_traced(w):
         return

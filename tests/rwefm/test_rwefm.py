@@ -1,0 +1,179 @@
+"""RWEFM: exact loss for the true field, training lowers the loss, 8-device agreement,
+samplers on the manifold, metrics, bad input."""
+
+import math
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import Mesh
+
+from hexad.geometry import Sphere, Torus
+from hexad.rwefm import (
+    CloudBatch,
+    NoiseModel,
+    VectorField,
+    fit_noise,
+    make_sampler,
+    make_trainer,
+    mmd,
+    one_nn_accuracy,
+    set_w2,
+    shard_batch,
+    validate_batch,
+    wrapped_normal_mixture_clouds,
+)
+
+S2, T2 = Sphere(3), Torus(2)
+
+
+class DiracField(nn.Module):
+    """The exact RWEFM field when cloud ``b`` is a Dirac mass at ``centers[label_b]``:
+    every noise point travels the geodesic to the centre, ``v = log_x(c) / (1 - t)``."""
+
+    manifold: object
+    centers: tuple
+
+    @nn.compact
+    def __call__(self, x, mask, t, labels):
+        c = jnp.asarray(self.centers)[labels][:, None, :]
+        c = jnp.broadcast_to(c, x.shape)
+        return self.manifold.log(x, c) / (1.0 - t)[:, None, None]
+
+
+class ConstantField(nn.Module):
+    v: tuple
+
+    @nn.compact
+    def __call__(self, x, mask, t, labels=None):
+        return jnp.broadcast_to(jnp.asarray(self.v), x.shape)
+
+
+def test_loss_is_zero_for_the_true_field(key):
+    kc, kl = jax.random.split(key)
+    centers = S2.random_uniform(kc, (4,))
+    b, n = 4, 6
+    pts = jnp.broadcast_to(centers[:, None, :], (b, n, 3))
+    w = jnp.ones((b, n)).at[0, 4:].set(0.0)  # one padded cloud
+    batch = CloudBatch(pts, w, jnp.arange(b, dtype=jnp.int32))
+    model = DiracField(S2, tuple(map(tuple, np.asarray(centers).tolist())))
+    zero = ConstantField((0.0, 0.0, 0.0))
+    tr = make_trainer(S2, model, optax.sgd(0.1), NoiseModel(S2), ot_pairing=True)
+    tr0 = make_trainer(S2, zero, optax.sgd(0.1), NoiseModel(S2), ot_pairing=True)
+    params = tr.init(kl, batch).params
+    loss = float(tr.loss(params, kl, batch))
+    ref = float(tr0.loss(tr0.init(kl, batch).params, kl, batch))
+    assert ref > 0.5  # the zero field is far off: noise points are ~pi/2 from a centre
+    assert loss < 1e-8 * max(ref, 1.0), (loss, ref)
+
+
+@pytest.fixture(scope="module")
+def torus_setup():
+    x = wrapped_normal_mixture_clouds(jax.random.key(3), 8, 12, n_modes=2)
+    w = jnp.ones((8, 12)).at[:4, 10:].set(0.0)
+    batch = CloudBatch(x, w)
+    model = VectorField(T2, width=16, depth=1, heads=2)
+    noise = fit_noise(T2, batch, "uniform")
+    return batch, model, noise
+
+
+@pytest.mark.slow  # ~90 s of CPU on 2 cores (two compilations of a training step)
+def test_short_training_lowers_the_loss_one_trace(torus_setup, key):
+    batch, model, noise = torus_setup
+    tr = make_trainer(T2, model, optax.adam(1e-2), noise, ot_pairing=True)
+    state = tr.init(key, batch)
+    step = jax.jit(chex.assert_max_traces(tr.step, n=1))
+    loss = jax.jit(tr.loss)
+    # average over 8 fixed keys: the stochastic loss has a few percent noise per key
+    keys = jax.random.split(jax.random.key(7), 8)
+    before = float(jnp.mean(jnp.stack([loss(state.params, k, batch) for k in keys])))
+    for i in range(60):
+        state, info = step(jax.random.fold_in(key, i), state, batch)
+    after = float(jnp.mean(jnp.stack([loss(state.params, k, batch) for k in keys])))
+    assert int(state.step) == 60
+    assert float(info.map_converged) >= 0.5  # Sinkhorn's 1e-3 threshold within 300 iterations
+    assert after < 0.85 * before, (before, after)
+
+
+def test_eight_devices_match_one(torus_setup, key):
+    batch, model, noise = torus_setup
+    assert len(jax.devices()) == 8
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    tr1 = make_trainer(T2, model, optax.adam(1e-2), noise, ot_pairing=False)
+    tr8 = make_trainer(T2, model, optax.adam(1e-2), noise, ot_pairing=False, mesh=mesh)
+    params = tr1.init(key, batch).params
+    l1 = jax.jit(tr1.loss)(params, key, batch)
+    sharded = shard_batch(batch, mesh)
+    assert len(sharded.points.sharding.device_set) == 8
+    l8 = jax.jit(tr8.loss)(params, key, sharded)
+    np.testing.assert_allclose(l8, l1, rtol=1e-5)
+
+
+def test_samplers_are_exact_for_constant_fields_and_stay_on_the_manifold(key):
+    x0 = T2.random_uniform(key, (2, 5))
+    mask = jnp.ones((2, 5), bool)
+    v = (1.3, -2.9)
+    for method in ("euler", "midpoint"):
+        out = make_sampler(T2, ConstantField(v), n_steps=7, method=method).sample({}, x0, mask)
+        target = T2.exp(x0, jnp.broadcast_to(jnp.asarray(v), x0.shape))
+        np.testing.assert_allclose(T2.dist(out, target), 0.0, atol=1e-5)
+    # 1000 float32 steps of a random network on S^2 stay on the sphere to 1e-5
+    model = VectorField(S2, width=8, depth=1, heads=1)
+    s0 = S2.random_uniform(key, (2, 5))
+    params = model.init(key, s0, mask, jnp.zeros(2))
+    params = jax.tree.map(lambda p: p + 0.5, params)  # a non-trivial field (zero-init head)
+    out = jax.jit(make_sampler(S2, model, n_steps=1000).sample)(params, s0, mask)
+    assert float(jnp.max(S2.manifold_error(out))) < 1e-5
+    assert float(jnp.max(S2.dist(out, s0))) > 0.1
+
+
+@pytest.mark.slow  # ~45 s of CPU: three sampler compilations
+def test_guidance_weight_one_is_the_conditional_field(key):
+    model = VectorField(S2, width=8, depth=1, heads=1, num_classes=3)
+    x0 = S2.random_uniform(key, (2, 4))
+    mask = jnp.ones((2, 4), bool)
+    labels = jnp.array([0, 2], jnp.int32)
+    params = model.init(key, x0, mask, jnp.zeros(2), labels)
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(key, len(leaves))
+    leaves = [p + 0.5 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys, strict=True)]
+    params = jax.tree.unflatten(tree, leaves)
+    cond = make_sampler(S2, model, n_steps=3).sample(params, x0, mask, labels)
+    cfg1 = make_sampler(S2, model, n_steps=3, guidance=1.0).sample(params, x0, mask, labels)
+    cfg3 = make_sampler(S2, model, n_steps=3, guidance=3.0).sample(params, x0, mask, labels)
+    np.testing.assert_allclose(cfg1, cond, atol=1e-5)
+    assert float(jnp.max(jnp.abs(cfg3 - cond))) > 1e-3
+
+
+def test_metrics_closed_forms():
+    d = jnp.array([[0.0, 1.0], [1.0, 0.0]])
+    far = jnp.full((2, 2), 5.0)
+    assert float(one_nn_accuracy(d, d, far)) == 1.0  # separable sets
+    assert float(one_nn_accuracy(far, far, d)) == 0.0  # each cloud's neighbour is in the other set
+    assert abs(float(mmd(d, d, d))) < 1e-7  # identical distance structure
+    h = 1.0
+    expect = 2 * (0.5 + 0.5 * math.exp(-0.5)) - 2 * math.exp(-12.5)
+    np.testing.assert_allclose(mmd(d, d, far, h), expect, rtol=1e-5)
+    assert float(set_w2(jnp.array([[0.2, 3.0], [2.0, 0.4]]))) == pytest.approx(0.3)
+
+
+def test_bad_input_is_named():
+    x = S2.random_uniform(jax.random.key(0), (2, 3))
+    with pytest.raises(ValueError, match="batch.points: expected points on"):
+        validate_batch(S2, CloudBatch(2.0 * x, jnp.ones((2, 3))))
+    with pytest.raises(ValueError, match=r"batch.weights: expected shape \(2, 3\)"):
+        validate_batch(S2, CloudBatch(x, jnp.ones((2, 4))))
+    with pytest.raises(ValueError, match="all-zero"):
+        validate_batch(S2, CloudBatch(x, jnp.zeros((2, 3))))
+    with pytest.raises(ValueError, match="batch.points: expected finite"):
+        validate_batch(S2, CloudBatch(x.at[0, 0, 0].set(jnp.nan), jnp.ones((2, 3))))
+    with pytest.raises(ValueError, match=r"batch.points: expected shape \[B, n, d\]"):
+        validate_batch(S2, CloudBatch(x[0], jnp.ones((2, 3))))
+    with pytest.raises(ValueError, match="method"):
+        make_sampler(S2, ConstantField((0.0, 0.0, 0.0)), method="rk4")
+    # padded points may hold anything; they are not checked
+    validate_batch(S2, CloudBatch(x.at[0, 2].set(7.0), jnp.ones((2, 3)).at[0, 2].set(0.0)))
