@@ -1,0 +1,131 @@
+"""RWEFM kernels: the Riemannian entropic map, batched maps, and one training step.
+
+Rows (issue 3):
+
+- ``rwefm/map s2 n=N`` and ``rwefm/map t2 n=N``: :class:`hexad.ot.EntropicMap` on ``S^2`` /
+  ``T^2`` (Sinkhorn for ``d^2`` + the map of every source point) against ott-jax's Euclidean
+  entropic map (``linear.solve`` on a ``PointCloud`` + ``DualPotentials.transport``) on the
+  same points, the same epsilon and the same number of Sinkhorn iterations (the threshold is
+  set unreachably low so both run exactly ``ITERS`` iterations). N = 1024 (``--quick``) or
+  1024 and 4096. Goal: ratio <= 1.2.
+- ``rwefm/batched maps s2 64x256``: ``jax.vmap`` of the map over 64 cloud pairs of 256 points,
+  against ``jax.vmap`` of ott-jax's Euclidean map.
+- ``rwefm/train step s2``: one jitted RWEFM training step (noise, cloud pairing, maps, loss,
+  Adam) against the Euclidean flow-matching step (same network, same batch, ambient ``R^3``).
+  Goal: ratio <= 1.3.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from ott.geometry import pointcloud
+from ott.solvers import linear
+
+from hexad.geometry import Euclidean, Sphere, Torus
+from hexad.ot import EntropicMap
+from hexad.rwefm import (
+    CloudBatch,
+    NoiseModel,
+    VectorField,
+    fit_noise,
+    make_trainer,
+    vmf_mixture_clouds,
+)
+from kernels._harness import Case
+
+EPS = 0.05
+ITERS = 100
+THRESH = 1e-12  # unreachable: both sides run exactly ITERS iterations
+
+
+def _ott_euclid_map(x, y):
+    out = linear.solve(
+        pointcloud.PointCloud(x, y, epsilon=EPS),
+        threshold=THRESH,
+        max_iterations=ITERS,
+        inner_iterations=10,
+    )
+    return out.to_dual_potentials().transport(x)
+
+
+def _ours(manifold):
+    solver = EntropicMap(manifold, epsilon=EPS, threshold=THRESH, max_iterations=ITERS)
+
+    def fn(x, y):
+        return solver(x, y).mapped
+
+    return fn
+
+
+def cases(quick: bool) -> list[Case]:
+    out = []
+    sizes = (1024,) if quick else (1024, 4096)
+    s2, t2 = Sphere(3), Torus(2)
+    for n in sizes:
+        kx, ky = jax.random.split(jax.random.key(n))
+        for name, m in (("s2", s2), ("t2", t2)):
+            x = m.random_uniform(kx, (n,))
+            y = m.random_normal(ky, m.proj(jnp.ones(m.dim)), 0.5, (n,))
+            out.append(
+                Case(
+                    name=f"rwefm/map {name} n={n}",
+                    fn=_ours(m),
+                    args=(x, y),
+                    shapes=f"x[{n},{m.dim}] y[{n},{m.dim}] eps={EPS} iters={ITERS}",
+                    items=float(n),
+                    unit="points",
+                    peer=_ott_euclid_map,
+                    peer_name="ott-jax Euclidean entropic map",
+                    goal="ratio <= 1.2",
+                    repeats=5,
+                    warmup=1,
+                )
+            )
+    nb, npts = (16, 256) if quick else (64, 256)
+    kx, ky = jax.random.split(jax.random.key(1))
+    xs = s2.random_uniform(kx, (nb, npts))
+    ys = vmf_mixture_clouds(ky, nb, npts)
+    out.append(
+        Case(
+            name=f"rwefm/batched maps s2 {nb}x{npts}",
+            fn=jax.vmap(_ours(s2)),
+            args=(xs, ys),
+            shapes=f"x[{nb},{npts},3] y[{nb},{npts},3]",
+            items=float(nb * npts),
+            unit="points",
+            peer=jax.vmap(_ott_euclid_map),
+            peer_name="vmap of ott-jax Euclidean entropic map",
+            goal="ratio <= 1.2",
+            repeats=5,
+            warmup=1,
+        )
+    )
+    bsz, npts = (8, 64) if quick else (32, 128)
+    clouds = vmf_mixture_clouds(jax.random.key(2), bsz, npts)
+    batch = CloudBatch(clouds, jnp.ones((bsz, npts)))
+    opt = optax.adam(1e-3)
+    e3 = Euclidean(3)
+    tr = make_trainer(s2, VectorField(s2, width=64, depth=2, heads=4), opt, NoiseModel(s2))
+    tr_e = make_trainer(e3, VectorField(e3, width=64, depth=2, heads=4), opt, fit_noise(e3, batch))
+    state = tr.init(jax.random.key(3), batch)
+    state_e = tr_e.init(jax.random.key(3), batch)
+    key = jax.random.key(4)
+    out.append(
+        Case(
+            name=f"rwefm/train step s2 B={bsz} n={npts}",
+            fn=tr.step,
+            args=(key, state, batch),
+            shapes=f"clouds[{bsz},{npts},3] width=64 depth=2",
+            items=float(bsz),
+            unit="clouds",
+            peer=tr_e.step,
+            peer_args=(key, state_e, batch),
+            peer_name="Euclidean flow-matching step (same net, R^3)",
+            goal="ratio <= 1.3",
+            repeats=5,
+            warmup=1,
+        )
+    )
+    return out
