@@ -18,7 +18,11 @@ space only). All methods act deterministically (tanh of the composed pre-tanh me
 - oracle alpha: the sweep's alpha with the best mean return (chosen on the evaluation
   episodes themselves, so an upper reference, not a method);
 - additive: ``(1 - alpha) mu_actor + alpha mu_prior`` at the KL-budget alpha and at its own
-  best sweep alpha.
+  best sweep alpha;
+- IQL-guided steering (no prior): the frozen actor's action moved by ``guide_steps`` steps of
+  gradient ascent on a goal-conditioned IQL critic (trained offline on the same data, reward 1
+  on reaching the commanded goal), within a trust region swept over ``guide_shifts``; the best
+  shift is reported (swept like the oracle alpha, so also an upper reference).
 
 Success: final distance to the goal <= 0.45; return: sum over steps of exp(-distance)
 (gymnasium-robotics' dense reward). Every method sees the same goals and start seeds.
@@ -30,8 +34,10 @@ Runtime:  --quick about 2 min on 2 CPU cores (20k transitions, 64-wide networks,
 
 summary.json keys (Q in good / degraded / random; every key also exists with the prefix
 ``incompetent_`` for the incompetent actor):
-``actor_success``, ``actor_return``; ``poe_kl_budget_success_Q``, ``poe_kl_budget_return_Q``,
-``poe_kl_budget_alpha_Q``; ``poe_kl_state_success_Q``, ``poe_kl_state_return_Q``;
+``actor_success``, ``actor_return``; ``iql_guided_success``, ``iql_guided_return``,
+``iql_guided_shift``, ``iql_guided_return_curve`` (over ``guide_shifts``);
+``poe_kl_budget_success_Q``, ``poe_kl_budget_return_Q``, ``poe_kl_budget_alpha_Q``;
+``poe_kl_state_success_Q``, ``poe_kl_state_return_Q``;
 ``oracle_success_Q``, ``oracle_return_Q``, ``oracle_alpha_Q``; ``additive_success_Q``,
 ``additive_return_Q`` (at the KL-budget alpha); ``additive_oracle_success_Q``,
 ``additive_oracle_return_Q``, ``additive_oracle_alpha_Q``; ``prior_only_success_Q``,
@@ -57,7 +63,7 @@ from hexad.data import offline_rl as D
 
 PRIORS = ("good", "degraded", "random")
 ACTORS = ("", "incompetent_")
-POE, ADDITIVE, KL_STATE = 0, 1, 2
+POE, ADDITIVE, KL_STATE, GUIDED = 0, 1, 2, 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +86,10 @@ class Config:
     n_episodes: int = 10
     episode_steps: int = 300
     n_envs: int = 48
+    guide_iql_steps: int = 10_000
+    guide_steps: int = 10
+    guide_step_size: float = 1.0
+    guide_shifts: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
 
 
 def _train(ctx, algo, data, n_steps, key, desc, batch_size, chunk=500):
@@ -116,8 +126,22 @@ def _train_all(ctx, cfg, data, gdata, actor_net, prior_net, hid, keys):
         P.degrade_params(keys[2], prior_state.params, cfg.degrade_scale),
         prior_net.init(keys[3], gdata.observations[:1]),
     )
+    # The guide: a goal-conditioned IQL critic, reward 1 (and terminal) on reaching the goal.
+    dist = jnp.linalg.norm(gdata.next_observations[:, :2] - gdata.observations[:, 4:6], axis=-1)
+    reached = (dist <= 0.5).astype(jnp.float32)
+    gc_data = gdata._replace(
+        next_observations=jnp.concatenate([gdata.next_observations, gdata.observations[:, 4:]], -1),
+        rewards=reached,
+        terminals=reached,
+    )
+    guide, _ = _train(ctx, iql, gc_data, cfg.guide_iql_steps, keys[4], "gc_iql", bs)
     diag = jnp.stack([iql_info.critic_loss[-1], prior_info.loss[-1]])
-    return {"actors": (iql_state.actor_params, weak.actor_params), "priors": priors, "diag": diag}
+    return {
+        "actors": (iql_state.actor_params, weak.actor_params),
+        "priors": priors,
+        "guide": guide.critic_params,
+        "diag": diag,
+    }
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
@@ -127,12 +151,14 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     keys = jax.random.split(ctx.key(), 8)
     hid = (cfg.hidden, cfg.hidden)
     actor_net, prior_net = P.GaussianActor(2, hid), P.GaussianActor(2, hid)
+    critic_net = P.TwinCritic(hid)
 
     gdata = data._replace(observations=jnp.concatenate([data.observations, goals_data], -1))
     # Frozen actors and priors checkpoint through hexad.cachex; --resume skips the training.
     init = {
         "actors": (actor_net.init(keys[0], data.observations[:1]),) * 2,
         "priors": (prior_net.init(keys[1], gdata.observations[:1]),) * 3,
+        "guide": critic_net.init(keys[4], gdata.observations[:1], data.actions[:1]),
         "diag": jnp.zeros(2),
     }
     mngr = cachex.CacheXManager(ctx.checkpoint_dir)
@@ -144,7 +170,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
             mngr.wait_until_finished()
     finally:
         mngr.close()
-    actor_params, prior_params = frozen["actors"], frozen["priors"]
+    actor_params, prior_params, guide = frozen["actors"], frozen["priors"], frozen["guide"]
 
     rng = np.random.default_rng(ctx.seed)
     task_goal = raw["task_goal"]
@@ -179,10 +205,15 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         mean = jnp.where(
             (mode == ADDITIVE)[:, None], P.additive(a, p, alpha).mean, P.poe(a, p, alpha).mean
         )
-        return jnp.tanh(mean)
+        gobs = jnp.concatenate([obs, goal], -1)
+        q_fn = lambda s_, a_: jnp.minimum(*critic_net.apply(guide, s_, a_))  # noqa: E731
+        shift = jnp.where(mode == GUIDED, alpha, 1.0)
+        steered = P.q_steer(q_fn, gobs, a.mean, cfg.guide_step_size, cfg.guide_steps, shift)
+        return jnp.where((mode == GUIDED)[:, None], steered, jnp.tanh(mean))
 
     methods = []  # (actor id, prior id, mode, alpha)
     for ai in range(len(ACTORS)):
+        methods += [(ai, 0, GUIDED, sh) for sh in cfg.guide_shifts]
         for pi in range(len(PRIORS)):
             methods += [(ai, pi, POE, a) for a in cfg.alphas]
             methods += [(ai, pi, ADDITIVE, a) for a in cfg.alphas]
@@ -231,6 +262,12 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     for ai, pre in enumerate(ACTORS):
         out[pre + "actor_success"] = stat("success", (ai, 0, POE, 0.0))
         out[pre + "actor_return"] = stat("return", (ai, 0, POE, 0.0))
+        g_ret = [stat("return", (ai, 0, GUIDED, sh)) for sh in cfg.guide_shifts]
+        g_best = int(np.argmax(g_ret))
+        out[pre + "iql_guided_return_curve"] = g_ret
+        out[pre + "iql_guided_shift"] = cfg.guide_shifts[g_best]
+        out[pre + "iql_guided_return"] = g_ret[g_best]
+        out[pre + "iql_guided_success"] = stat("success", (ai, 0, GUIDED, cfg.guide_shifts[g_best]))
         for pi, q in enumerate(PRIORS):
             ka = kl_alpha[ai, pi]
             curves = {}
@@ -310,6 +347,7 @@ STUDY = _runner.Study(
         "n_transitions": 20_000,
         "hidden": 64,
         "iql_steps": 2000,
+        "guide_iql_steps": 2000,
         "bc_steps": 2000,
         "alphas": (0.0, 0.25, 0.5, 0.75, 1.0),
         "n_kl_states": 512,

@@ -21,6 +21,8 @@ def test_pointmaze_study_smoke(tmp_path, monkeypatch):
             "n_episodes": 1,
             "episode_steps": 10,
             "n_envs": 4,
+            "guide_iql_steps": 10,
+            "guide_shifts": (0.5,),
         },
     )
     ckpt = tmp_path / "ckpt"
@@ -31,6 +33,7 @@ def test_pointmaze_study_smoke(tmp_path, monkeypatch):
     assert saved == summary
     for pre in ("", "incompetent_"):
         assert 0.0 <= summary[pre + "actor_success"] <= 1.0
+        assert 0.0 <= summary[pre + "iql_guided_success"] <= 1.0
         for q in study.PRIORS:
             for k in (
                 "poe_kl_budget_success",
