@@ -25,3 +25,18 @@ def test_mixture_study_smoke(tmp_path):
     assert 0.0 <= summary["tv_prefmh_k1"] <= 1.0 and summary["calls_per_step_prefmh_k1"] == 1.0
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
     assert (tmp_path / "mixture.png").exists()
+
+
+def test_text_study_smoke(tmp_path):
+    from experiments import prefmh_text
+
+    study = prefmh_text.STUDY
+    overrides = {"num_chains": 8, "num_steps": 20, "burn_in": 10, "chunk_size": 10}
+    overrides.update({"pool": 2000, "methods": ("prefmh_k1",)})
+    summary = study.execute(
+        study.make_config(True, overrides), out_dir=tmp_path, show_progress=False
+    )
+    for k in ("base_rate", "exact_rate", "rate_prefmh_k1", "tv_count_prefmh_k1", "examples"):
+        assert k in summary
+    assert 0.0 <= summary["rate_prefmh_k1"] <= 1.0 and len(summary["examples"]) == 3
+    assert all(len(s) == 40 for s in summary["examples"])
