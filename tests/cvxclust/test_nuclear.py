@@ -132,6 +132,10 @@ def test_low_rank_path_matches_full_eigh(solve):
     assert bool(low.converged) and not bool(low.rank_saturated)
     np.testing.assert_allclose(float(low.objective), float(full.objective), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(low.l), np.asarray(full.l), atol=1e-4)
+    # Small mu: the optimum is (nearly) A itself, of high rank; rank 6 cannot be the exact prox
+    # and the output must say so instead of returning a silently different answer.
+    low = jax.jit(cc.NuclearSolver(tol=1e-7, max_iters=5000, rank=6))(cc.graph_problem(a, 0.5))
+    assert bool(low.rank_saturated)
 
 
 def test_any_warm_start_converges(solve, small):

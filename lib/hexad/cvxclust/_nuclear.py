@@ -296,8 +296,11 @@ class NuclearOutput(NamedTuple):
       rho: final ADMM penalty.
       objective: ``nuclear_objective(problem, l)`` (NaN-free; 0 when not computed).
       rank: number of nonzero eigenvalues kept in the last ``L`` step.
-      rank_saturated: with a rank-``k`` eigen step, True if all ``k`` eigenvalues exceeded the
-        threshold at the end (``k`` may have been too small; the answer is then suspect).
+      rank_saturated: with a rank-``k`` eigen step, True if the last step was not the exact
+        prox: all ``k`` eigenvalues exceeded the threshold, or the spectral norm of the part of
+        ``Z - W`` outside the subspace (30 block power iterations) does. Then ``k`` was too
+        small and the answer may not be the optimum: re-solve with a larger ``rank`` or the
+        full ``eigh``.
       primal_residuals: ``[max_iters]`` ``||L - Z|| / max(1, ||L||, ||Z||)``, -1 padded.
       dual_residuals: ``[max_iters]`` ``rho ||Z - Z_prev|| / max(1, rho ||W||)``, -1 padded.
       n_iters: iterations run.
@@ -366,6 +369,25 @@ class NuclearSolver:
     power_iters: int = flax.struct.field(pytree_node=False, default=2)
     compute_objective: bool = flax.struct.field(pytree_node=False, default=True)
 
+    def _outside_norm(self, m, q):
+        """Spectral norm of ``P m P``, ``P = I - q q^T``, by 30 block power iterations.
+
+        The rank-``k`` step is the exact prox iff this is below the threshold: it certifies
+        that no eigenvalue outside the subspace should have been kept.
+        """
+
+        def proj(v):
+            return v - q @ (q.T @ v)
+
+        v0 = proj(jax.random.normal(jax.random.key(1), (m.shape[0], 4), m.dtype))
+
+        def body(_, v):
+            return jnp.linalg.qr(proj(m @ proj(v)))[0]
+
+        v = jax.lax.fori_loop(0, 30, body, jnp.linalg.qr(v0)[0])
+        b = v.T @ proj(m @ proj(v))
+        return jnp.max(jnp.abs(jnp.linalg.eigvalsh(0.5 * (b + b.T))))
+
     def __call__(self, problem: NuclearProblem, init=None) -> NuclearOutput:
         """Solves ``problem``; ``init`` is ``None``, an ``[n, n]`` start for ``Z``, or
         ``(z, dual, rho)`` from an earlier output. Any start is valid (``Z`` is projected
@@ -385,10 +407,13 @@ class NuclearSolver:
         eye = jnp.eye(n, dtype=bool)
 
         def project_b(v):
-            v = 0.5 * (v + v.T)
+            # Iterates stay symmetric by construction (symmetric data, V diag V^T steps), so
+            # the loop never transposes an n x n matrix (slow on CPU); only the start is
+            # symmetrised.
             return jnp.where(eye, 1.0, jnp.clip(v, 0.0, 1.0))
 
-        z0 = project_b(z0)
+        z0 = project_b(0.5 * (z0 + z0.T))
+        w0 = 0.5 * (w0 + w0.T)
         k = self.rank if self.rank is not None else n
         q0 = jnp.linalg.qr(jax.random.normal(jax.random.key(0), (n, k), dt))[0]
 
@@ -398,7 +423,8 @@ class NuclearSolver:
             else:
                 for _ in range(self.power_iters):
                     q = jnp.linalg.qr(m @ q)[0]
-                lam_b, e = jnp.linalg.eigh(q.T @ m @ q)
+                b = q.T @ m @ q
+                lam_b, e = jnp.linalg.eigh(0.5 * (b + b.T))
                 lam, vec = lam_b, q @ e
             s = _soft(lam, t)
             l = (vec * s[None, :]) @ vec.T
@@ -416,7 +442,7 @@ class NuclearSolver:
 
         def body(s: _NState):
             m = s.z - s.w
-            l, q, rank, sat = eig_step(0.5 * (m + m.T), s.q, problem.mu / s.rho)
+            l, q, rank, sat = eig_step(m, s.q, problem.mu / s.rho)
             z = z_step(l + s.w, s.rho)
             w = s.w + l - z
             pres = jnp.linalg.norm(l - z) / jnp.maximum(
@@ -463,6 +489,9 @@ class NuclearSolver:
             hist,
         )
         s = jax.lax.while_loop(cond, body, s)
+        sat = s.sat
+        if self.rank is not None:
+            sat = sat | (self._outside_norm(s.z - s.w, s.q) > problem.mu / s.rho)
         obj = nuclear_objective(problem, s.z) if self.compute_objective else jnp.zeros((), dt)
         return NuclearOutput(
             l=s.z,
@@ -471,7 +500,7 @@ class NuclearSolver:
             rho=s.rho,
             objective=obj,
             rank=s.rank,
-            rank_saturated=s.sat,
+            rank_saturated=sat,
             primal_residuals=s.hist_p,
             dual_residuals=s.hist_d,
             n_iters=s.it,

@@ -1,0 +1,174 @@
+"""Phase diagram of exact recovery: graph-only, node-information-only and joint programs.
+
+Two balanced communities of ``n`` nodes; the graph is an SBM with ``p = 1/2 + dpq/2`` and
+``q = 1/2 - dpq/2`` (graph strength ``dpq = p - q``); node features are
+``x_v = +-(sep/2) e_1 + N(0, I_d)`` (feature separation ``sep``); ``n_labeled`` nodes (half per
+community) carry labels, each flipped with probability ``label_noise``. One feature dimension
+(``d = 1``) by default: the entrywise signal-to-noise of ``K_x`` falls like ``1/sqrt(d)``.
+For every grid cell and each of ``trials`` draws, three programs of ``hexad.cvxclust``
+(arXiv:2508.20231) are solved with the same ``mu = mu_scale * sqrt(n)``:
+
+- graph-only: ``min_{L in B} ||L - A||_1 + mu ||L||_*``;
+- node-information-only: ``min_{L in B} -<alpha K_x + beta S_y, L> + mu ||L||_*``;
+- joint: both terms together (``cvxclust.joint_problem``).
+
+``alpha = feature_scale / std(K_x off-diagonal)`` puts the feature term's entrywise noise on
+the scale of a graph entry (our choice, fixed before looking at the grid). A program
+*recovers* a draw when ``max_uv |L_uv - 1[y_u = y_v]| <= recovery_tol`` (exact recovery up to
+the solver tolerance). The trials of a cell are solved together with ``jax.vmap``.
+
+Command:  python -m experiments.cvxclust_phase [--quick] [--out DIR] [--seed N] [--set k=v]
+Runtime:  --quick (n=40, 4x4 grid, 3 trials) about 20-40 s on 2 busy CPU cores; full (n=80,
+          7x7 grid, 10 trials) estimated 20-30 min (not yet run).
+
+summary.json keys:
+  ``dpq_grid``, ``sep_grid``: the grid axes (rows: dpq, columns: sep).
+  ``graph_recovery``, ``features_recovery``, ``joint_recovery``: [len(dpq), len(sep)] exact
+    recovery rates (fractions of trials).
+  ``synergy_cells``: number of cells where the joint rate is >= 0.5 while both single-source
+    rates are < 0.5; ``synergy_cell_list``: those cells as ``[dpq, sep]`` pairs.
+  ``joint_ge_both_frac``: fraction of cells where the joint rate is >= both others.
+  ``not_converged``: number of solves that hit ``max_iters``.
+  ``n``, ``trials``, ``mu``: the settings used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from experiments import _runner
+from hexad import cvxclust as cc
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    n: int = 80
+    d: int = 1
+    dpq: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+    sep: tuple[float, ...] = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
+    trials: int = 10
+    n_labeled: int = 6
+    label_noise: float = 0.1
+    mu_scale: float = 1.0
+    feature_scale: float = 0.5
+    beta: float = 0.5
+    recovery_tol: float = 0.05
+    tol: float = 1e-4
+    max_iters: int = 1500
+
+
+def _draw(rng, cfg: Config, dpq: float, sep: float):
+    n = cfg.n
+    y = np.repeat([0, 1], n // 2)
+    prob = np.where(y[:, None] == y[None, :], 0.5 + dpq / 2, 0.5 - dpq / 2)
+    a = np.triu(rng.random((n, n)) < prob, 1).astype(np.float64)
+    mean = np.zeros(cfg.d)
+    mean[0] = sep / 2
+    x = (2 * y[:, None] - 1) * mean + rng.normal(size=(n, cfg.d))
+    half = cfg.n_labeled // 2
+    labeled = np.zeros(n, bool)
+    labeled[rng.choice(n // 2, half, replace=False)] = True
+    labeled[n // 2 + rng.choice(n // 2, cfg.n_labeled - half, replace=False)] = True
+    noisy = np.where(rng.random(n) < cfg.label_noise, 1 - y, y)
+    if len(set(noisy[labeled])) < 2:  # both classes must stay labelled (documented redraw)
+        noisy[np.flatnonzero(labeled)[0]] = 0
+        noisy[np.flatnonzero(labeled)[-1]] = 1
+    return a + a.T, x, noisy, labeled, y
+
+
+def _problems(cfg: Config, mu: float, a, x, noisy, labeled):
+    k = cc.feature_similarity(x)
+    alpha = cfg.feature_scale / np.std(k[~np.eye(cfg.n, dtype=bool)])
+    node = dict(
+        features=x, labels=noisy, labeled=labeled, num_classes=2, alpha=alpha, beta=cfg.beta
+    )
+    return (
+        cc.graph_problem(a, mu),
+        cc.joint_problem(mu, **node),
+        cc.joint_problem(mu, adjacency=a, **node),
+    )
+
+
+def run(cfg: Config, ctx: _runner.Context) -> dict:
+    rng = np.random.default_rng(ctx.seed)
+    mu = cfg.mu_scale * float(np.sqrt(cfg.n))
+    solver = cc.NuclearSolver(tol=cfg.tol, max_iters=cfg.max_iters)
+    y = jnp.asarray(np.repeat([0, 1], cfg.n // 2))
+
+    @jax.jit
+    def solve_batch(problems):
+        out = jax.vmap(solver)(problems)
+        err = jax.vmap(cc.recovery_error, in_axes=(0, None))(out.l, y)
+        return err, out.converged
+
+    shape = (len(cfg.dpq), len(cfg.sep))
+    rates = {k: np.zeros(shape) for k in ("graph", "features", "joint")}
+    not_conv = 0
+    cells = [(i, j) for i in range(shape[0]) for j in range(shape[1])]
+    with threadpool_limits(1):  # one BLAS thread: LAPACK's eigh thrashes on busy cores
+        for i, j in ctx.progress(cells, desc="grid"):
+            draws = [
+                _problems(cfg, mu, *_draw(rng, cfg, cfg.dpq[i], cfg.sep[j])[:4])
+                for _ in range(cfg.trials)
+            ]
+            for name, col in zip(
+                ("graph", "features", "joint"), zip(*draws, strict=True), strict=True
+            ):
+                stacked = jax.tree.map(lambda *v: jnp.stack(v), *col)
+                err, conv = solve_batch(stacked)
+                rates[name][i, j] = float(jnp.mean(err <= cfg.recovery_tol))
+                not_conv += int(jnp.sum(~conv))
+            ctx.log(dpq=cfg.dpq[i], sep=cfg.sep[j], **{k: v[i, j] for k, v in rates.items()})
+    g, f, jt = rates["graph"], rates["features"], rates["joint"]
+    syn = (jt >= 0.5) & (g < 0.5) & (f < 0.5)
+    syn_list = [[cfg.dpq[i], cfg.sep[j]] for i, j in zip(*np.nonzero(syn), strict=True)]
+    _plot(ctx, cfg, rates, syn)
+    return {
+        "dpq_grid": list(cfg.dpq),
+        "sep_grid": list(cfg.sep),
+        "graph_recovery": g.tolist(),
+        "features_recovery": f.tolist(),
+        "joint_recovery": jt.tolist(),
+        "synergy_cells": int(syn.sum()),
+        "synergy_cell_list": syn_list,
+        "joint_ge_both_frac": float(np.mean((jt >= g) & (jt >= f))),
+        "not_converged": not_conv,
+        "n": cfg.n,
+        "trials": cfg.trials,
+        "mu": mu,
+    }
+
+
+def _plot(ctx, cfg: Config, rates, syn) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8), sharey=True)
+    for ax, name in zip(axes, ("graph", "features", "joint"), strict=True):
+        im = ax.imshow(rates[name], origin="lower", vmin=0, vmax=1, cmap="viridis", aspect="auto")
+        ax.set_xticks(range(len(cfg.sep)), [f"{s:g}" for s in cfg.sep])
+        ax.set_yticks(range(len(cfg.dpq)), [f"{s:g}" for s in cfg.dpq])
+        ax.set_xlabel("feature separation")
+        ax.set_title(f"{name}: exact recovery rate")
+        if name == "joint":
+            for i, j in zip(*np.nonzero(syn), strict=True):
+                ax.text(j, i, "S", ha="center", va="center", color="red", fontweight="bold")
+    axes[0].set_ylabel("graph strength p - q")
+    fig.colorbar(im, ax=axes, shrink=0.8)
+    ctx.save_plot(fig, "phase")
+
+
+STUDY = _runner.Study(
+    "cvxclust_phase",
+    Config,
+    run,
+    quick={"n": 40, "dpq": (0.0, 0.2, 0.4, 0.6), "sep": (0.0, 1.5, 3.0, 4.5), "trials": 3},
+    doc=__doc__,
+)
+
+if __name__ == "__main__":
+    STUDY.main()
