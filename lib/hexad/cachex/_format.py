@@ -144,8 +144,10 @@ class StagingPool:
             raise ValueError(f"n_slots: expected an int >= 1, got {n_slots!r}")
         self.n_slots = n_slots
         self._buffers: list[dict[tuple[int, int], np.ndarray]] = [{} for _ in range(n_slots)]
-        self._free: queue.Queue[int] = queue.Queue()
-        for i in range(n_slots):
+        # LIFO: the most recently released slot has warm (already faulted-in) pages; a cold
+        # slot's first use pays page faults that can cost 10x the copy itself.
+        self._free: queue.LifoQueue[int] = queue.LifoQueue()
+        for i in reversed(range(n_slots)):
             self._free.put(i)
         self._lock = threading.Lock()
         self.allocations = 0
