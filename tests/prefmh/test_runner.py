@@ -31,13 +31,21 @@ def test_runner_sharded_matches_unsharded_and_calls_back(key):
     assert seen == [(40, 120), (80, 120), (120, 120)]
     assert out.trace.shape == (16, 40, 2)
     assert len(out.state.position.sharding.device_set) == 8
-    ref = prefmh.run_chains(key, algo, x0, 120, burn_in=40, thin=2, chunk_size=40)
-    np.testing.assert_allclose(out.trace, ref.trace, atol=1e-6)
     np.testing.assert_array_equal(out.judge_calls, np.full(16, 360))
     assert out.ess.shape == (2,) and out.rhat.shape == (2,)
     assert bool(jnp.all((out.acceptance > 0) & (out.acceptance < 1)))
     with pytest.raises(ValueError, match="divisible"):
         prefmh.run_chains(key, algo, jnp.zeros((12, 2)), 40, chunk_size=40, mesh=mesh)
+
+
+@pytest.mark.slow
+def test_runner_sharded_equals_unsharded(key):
+    algo = prefmh.prefmh(prefmh.bradley_terry_judge(_score), prefmh.random_walk(1.0), "kbudget", 3)
+    x0 = jnp.zeros((16, 2))
+    mesh = jax.make_mesh((8,), ("data",))
+    out = prefmh.run_chains(key, algo, x0, 80, chunk_size=40, mesh=mesh)
+    ref = prefmh.run_chains(key, algo, x0, 80, chunk_size=40)
+    np.testing.assert_allclose(out.trace, ref.trace, atol=1e-6)
 
 
 def test_ess_and_rhat_on_ar1(key):
