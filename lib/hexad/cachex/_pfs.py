@@ -242,6 +242,8 @@ def _loop(cfg: DrainerConfig) -> int:
     idle_since = time.monotonic()
     stop_file = Path(cfg.records_dir) / "drainer.stop"
     while time.monotonic() - t_start < cfg.max_lifetime_s:
+        if not Path(cfg.records_dir).exists():  # the node's directory was removed: nothing left
+            return 0
         try:
             drained = drain_once(cfg)
         except OSError:
