@@ -10,8 +10,8 @@ and per 1000 judge comparisons. Reference floors: the same metrics for exact i.i
 the same size (``tv_iid``, ``sw1_iid``) show the Monte-Carlo noise level.
 
 Command:  python -m experiments.prefmh_mixture [--quick] [--out DIR] [--seed N] [--set k=v ...]
-Runtime:  --quick (256 chains, 300 steps) about 1-2 min on 2 CPU cores; full (4096 chains,
-          2000 steps) about 15-25 min on 2 CPU cores.
+Runtime:  --quick (256 chains, 300 steps) about 1.5 min on 2 shared CPU cores; full (4096
+          chains, 2000 steps) measured 11 min on 2 shared CPU cores.
 
 summary.json keys, for each method ``m`` in ``mh``, ``prefmh_k1``, ``prefmh_k3``,
 ``prefmh_k5``, ``prefmh_k9`` (one per K in ``ks``), ``two_coin``, ``majority_k3``:

@@ -40,3 +40,23 @@ def test_text_study_smoke(tmp_path):
         assert k in summary
     assert 0.0 <= summary["rate_prefmh_k1"] <= 1.0 and len(summary["examples"]) == 3
     assert all(len(s) == 40 for s in summary["examples"])
+
+
+def test_digits_study_smoke(tmp_path):
+    from experiments import prefmh_digits
+
+    study = prefmh_digits.STUDY
+    overrides = {"num_chains": 8, "num_steps": 20, "burn_in": 10, "chunk_size": 10}
+    overrides.update({"train_steps": 20, "methods": ("prefmh_k1_latent",)})
+    summary = study.execute(
+        study.make_config(True, overrides), out_dir=tmp_path, show_progress=False
+    )
+    for k in (
+        "classifier_test_acc",
+        "base_rate",
+        "rate_prefmh_k1_latent",
+        "diversity_prefmh_k1_latent",
+    ):
+        assert k in summary
+    assert 0.0 <= summary["rate_prefmh_k1_latent"] <= 1.0
+    assert (tmp_path / "samples.png").exists()
