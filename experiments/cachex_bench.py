@@ -290,6 +290,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
             xs = np.sort(np.asarray(data))
             ax.plot(xs, np.linspace(0, 1, len(xs)), label=name)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
         ax.set_xlabel("write time per rank and save (s)")
         ax.set_title("no contention" if label else f"contention {cfg.contention}")
         ax.legend()

@@ -282,6 +282,7 @@ def _model_part(cfg: Config, seed: int, t_stage_p99: float, ctx) -> dict:
     ax.axhline(cfg.contention, color="k", ls=":", label=f"contention {cfg.contention}")
     ax.set_xscale("log")
     ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set_ylim(bottom=0.0)
     ax.set_xlabel("writers n")
     ax.set_ylabel("C*_p(n)")
     ax.set_title(f"stage beats PFS above the curve (t_stage = {t_stage_p99:.3f} s)")
