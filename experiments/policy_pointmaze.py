@@ -73,6 +73,7 @@ class Config:
     hidden: int = 256
     iql_steps: int = 10_000
     incompetent_steps: int = 100
+    train_chunk: int = 100
     bc_steps: int = 10_000
     batch_size: int = 256
     lr: float = 3e-4
@@ -92,17 +93,25 @@ class Config:
     guide_shifts: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
 
 
-def _train(ctx, algo, data, n_steps, key, desc, batch_size, chunk=500):
+def _train(ctx, algo, data, n_steps, key, desc, batch_size, chunk, snapshot_at=0):
+    """Trains in jitted chunks of ``chunk`` updates; also returns the state at ``snapshot_at``."""
     state = algo.init(key, data)
     train = jax.jit(P.make_train(algo, min(chunk, n_steps), batch_size))
-    infos = None
+    infos, snapshot = None, None
     for i in ctx.progress(range(max(n_steps // chunk, 1)), desc=desc):
         state, infos = train(jax.random.fold_in(key, i), state, data)
         ctx.log(stage=desc, chunk=i, **{k: float(v[-1]) for k, v in infos._asdict().items()})
-    return state, infos
+        if (i + 1) * chunk == snapshot_at:
+            snapshot = state
+    return state, infos, snapshot
 
 
 def _train_all(ctx, cfg, data, gdata, actor_net, prior_net, hid, keys):
+    if cfg.incompetent_steps % cfg.train_chunk or not 0 < cfg.incompetent_steps <= cfg.iql_steps:
+        raise ValueError(
+            f"incompetent_steps: expected a multiple of train_chunk={cfg.train_chunk} in "
+            f"(0, iql_steps={cfg.iql_steps}], got {cfg.incompetent_steps}"
+        )
     opt = optax.adam(cfg.lr)
     iql = P.iql(
         actor_net,
@@ -114,13 +123,13 @@ def _train_all(ctx, cfg, data, gdata, actor_net, prior_net, hid, keys):
         expectile=cfg.expectile,
         temperature=cfg.temperature,
     )
-    bs = cfg.batch_size
-    iql_state, iql_info = _train(ctx, iql, data, cfg.iql_steps, keys[0], "iql", bs)
-    weak, _ = _train(
-        ctx, iql, data, cfg.incompetent_steps, keys[0], "iql_weak", bs, chunk=cfg.incompetent_steps
+    bs, ch = cfg.batch_size, cfg.train_chunk
+    # The incompetent actor is the same IQL run, snapshotted after incompetent_steps updates.
+    iql_state, iql_info, weak = _train(
+        ctx, iql, data, cfg.iql_steps, keys[0], "iql", bs, ch, cfg.incompetent_steps
     )
     bc = P.bc(prior_net, optax.adam(cfg.lr))
-    prior_state, prior_info = _train(ctx, bc, gdata, cfg.bc_steps, keys[1], "gcbc", bs)
+    prior_state, prior_info, _ = _train(ctx, bc, gdata, cfg.bc_steps, keys[1], "gcbc", bs, ch)
     priors = (
         prior_state.params,
         P.degrade_params(keys[2], prior_state.params, cfg.degrade_scale),
@@ -134,7 +143,7 @@ def _train_all(ctx, cfg, data, gdata, actor_net, prior_net, hid, keys):
         rewards=reached,
         terminals=reached,
     )
-    guide, _ = _train(ctx, iql, gc_data, cfg.guide_iql_steps, keys[4], "gc_iql", bs)
+    guide, _, _ = _train(ctx, iql, gc_data, cfg.guide_iql_steps, keys[4], "gc_iql", bs, ch)
     diag = jnp.stack([iql_info.critic_loss[-1], prior_info.loss[-1]])
     return {
         "actors": (iql_state.actor_params, weak.actor_params),
