@@ -189,12 +189,16 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     idx = rng.choice(data.observations.shape[0], cfg.n_kl_states, replace=False)
     s = data.observations[idx]
     g = jnp.asarray(ep_goals[rng.integers(0, cfg.n_episodes, cfg.n_kl_states)], jnp.float32)
-    kl_alpha = {}
-    for ai, ap in enumerate(actor_params):
-        for pi, pp in enumerate(prior_params):
-            a_d = actor_net.apply(ap, s)
-            p_d = prior_net.apply(pp, jnp.concatenate([s, g], -1))
-            kl_alpha[ai, pi] = float(P.kl_budget_alpha(a_d, p_d, cfg.kl_budget))
+    select = jax.jit(
+        lambda ap, pp: P.kl_budget_alpha(
+            actor_net.apply(ap, s), prior_net.apply(pp, jnp.concatenate([s, g], -1)), cfg.kl_budget
+        )
+    )
+    kl_alpha = {
+        (ai, pi): float(select(ap, pp))
+        for ai, ap in enumerate(actor_params)
+        for pi, pp in enumerate(prior_params)
+    }
 
     @jax.jit
     def composed(obs, goal, spec):
