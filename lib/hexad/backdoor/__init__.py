@@ -10,8 +10,30 @@ decoy-plus-hidden backdoor whose hidden half is activated by sanitisation itself
   :func:`defense_effectiveness_rating`.
 - DTB: :class:`DTBConfig`, :class:`DTBProblem`, :func:`dtb_objective` (first-order or unrolled
   hypergradient, gate, multi-round surrogate), :func:`make_dtb`, :func:`implant`.
+- Defenses (BackdoorBench protocol): :func:`finetune` (FT), :func:`fine_pruning` (FP),
+  :func:`nad`, :func:`anp`, :func:`neural_cleanse` (NC), :func:`ibau`, :func:`clp`,
+  :func:`ft_sam`, :func:`rnp`, :func:`mcr`; detectors :func:`activation_clustering` (AC) and
+  :func:`spectral_signatures` (SS); :func:`compose` for multi-round sanitisation;
+  :data:`DEFENSES` maps short names to the post-training ones.
 """
 
+from hexad.backdoor._defenses import (
+    DEFENSES,
+    NCOutput,
+    activation_clustering,
+    anp,
+    clp,
+    compose,
+    fine_pruning,
+    finetune,
+    ft_sam,
+    ibau,
+    mcr,
+    nad,
+    neural_cleanse,
+    rnp,
+    spectral_signatures,
+)
 from hexad.backdoor._dtb import (
     DTB,
     DTBBatch,
@@ -53,6 +75,21 @@ from hexad.backdoor._triggers import (
 )
 
 __all__ = [
+    "DEFENSES",
+    "NCOutput",
+    "activation_clustering",
+    "anp",
+    "clp",
+    "compose",
+    "fine_pruning",
+    "finetune",
+    "ft_sam",
+    "ibau",
+    "mcr",
+    "nad",
+    "neural_cleanse",
+    "rnp",
+    "spectral_signatures",
     "DTB",
     "DTBBatch",
     "DTBConfig",

@@ -129,6 +129,8 @@ def minimize(
     n_steps: int,
     batch_size: int,
     chunk: int = 1,
+    project: Callable | None = None,
+    until: Callable | None = None,
 ):
     """Returns ``(params, losses [n_steps])`` after ``n_steps`` of ``optimizer``.
 
@@ -152,6 +154,10 @@ def minimize(
       n_steps: number of steps (static).
       batch_size: rows per step (static).
       chunk: steps per jitted call (static); larger compiles longer and runs faster.
+      project: optional ``project(params) -> params`` applied after every update (static),
+        e.g. clipping masks to [0, 1].
+      until: optional host predicate ``until(params) -> bool`` checked after every chunk;
+        the loop stops early once it holds (then fewer losses are returned).
 
     >>> p, l = minimize(jax.random.key(0), jnp.ones(2), lambda p, k, b: jnp.sum(p**2 * b),
     ...                 jnp.ones(4), optax.sgd(0.25), n_steps=3, batch_size=2)
@@ -165,7 +171,8 @@ def minimize(
         k1, k2 = jax.random.split(k)
         loss, g = jax.value_and_grad(loss_fn)(p, k2, sample_batch(k1, data_, batch_size))
         upd, s = optimizer.update(g, s, p)
-        return (optax.apply_updates(p, upd), s), loss
+        p = optax.apply_updates(p, upd)
+        return ((project(p) if project is not None else p), s), loss
 
     @jax.jit
     def run_chunk(carry, keys, data_):
@@ -179,6 +186,8 @@ def minimize(
         ks = keys[start : start + chunk]
         carry, l = run_chunk(carry, ks, data)
         losses.append(l)
+        if until is not None and until(carry[0]):
+            break
     return carry[0], jnp.concatenate(losses)
 
 
@@ -205,7 +214,8 @@ def fit(
       optimizer: optax transformation (static).
       n_steps: steps (static).
       batch_size: minibatch size (static; a multiple of the mesh size when ``mesh`` is given).
-      mesh: optional data-parallel mesh: each batch is sharded along its first axis name.
+      mesh: optional data-parallel mesh with Auto axes (``jax.make_mesh(..., axis_types=
+        (AxisType.Auto,))``): each batch is sharded along its first axis name.
       chunk: steps per jitted call (static), see :func:`minimize`.
 
     >>> from hexad.backdoor import SmallCNN
@@ -217,6 +227,8 @@ def fit(
     check_images(x, "x")
     if y.shape != x.shape[:1]:
         raise ValueError(f"y: expected shape [{x.shape[0]}], got {tuple(y.shape)}")
+    if mesh is not None and any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types):
+        raise ValueError(f"mesh: expected Auto axis types, got {mesh.axis_types}")
     if mesh is not None and batch_size % mesh.devices.size:
         raise ValueError(
             f"batch_size: expected a multiple of the mesh size {mesh.devices.size}, "

@@ -1,0 +1,267 @@
+"""DTB vs BadNets vs a naive two-backdoor model, against every implemented defense.
+
+Security research: measures whether sanitisation activates a defense-triggered backdoor.
+On scikit-learn's digits (upsampled to ``size``), three models are built from the same
+initialisation: (1) BadNets with the decoy patch (poison rate ``poison_rate``); (2) a naive
+two-backdoor model trained on clean + decoy-to-target + hidden-to-true-label, i.e. DTB's
+objective without the bi-level term (``w_hidden_post = 0``); (3) DTB (first-order or unrolled
+hypergradient, ``inner_steps`` unrolled steps of clean fine-tuning + decoy unlearning in the
+surrogate). Each model is then sanitised by every post-training defense in
+``hexad.backdoor.DEFENSES`` (FT, FP, NAD, ANP, NC, I-BAU, CLP, FT-SAM, RNP, MCR) and by the
+two-round compositions in ``compositions``, with the defender's clean split (5% of the
+training set, disjoint from nothing the attacker sees: the attacker's surrogate uses its own
+training images). Decoy: a checkerboard patch at the bottom-right; hidden: a blend trigger.
+
+Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [--set k=v ...]
+Runtime:  --quick about 2-4 min on 2 free CPU cores (8x8 digits, 4 defenses, 1 composition);
+          full about 25-40 min (16x16 digits, 10 defenses, 3 compositions).
+
+summary.json keys (ASRs on the test split, non-target samples only):
+  ``clean_acc``, ``decoy_asr_before``, ``hidden_asr_before``: the DTB model before defense;
+  ``clean_acc_after_<d>``, ``decoy_asr_after_<d>``, ``hidden_asr_after_<d>``: DTB after
+  defense ``<d>`` (a composition is named ``<a>+<b>``);
+  ``hidden_asr_after_mean``, ``decoy_asr_after_mean``: DTB means over all defenses;
+  ``naive_clean_acc``, ``naive_decoy_asr_before``, ``naive_hidden_asr_before``,
+  ``naive_decoy_asr_after_<d>``, ``naive_hidden_asr_after_<d>``,
+  ``naive_hidden_asr_after_mean``: the same for the naive two-backdoor model;
+  ``badnets_clean_acc``, ``badnets_asr_before``, ``badnets_asr_after_<d>``,
+  ``badnets_asr_after_mean``, ``badnets_der_mean``: BadNets (decoy trigger) and its mean DER;
+  ``dtb_der_decoy_mean``: DTB's mean DER on the decoy; ``defense_eval_s``: wall seconds of
+  the DTB model's whole defense evaluation; ``defenses``: the names evaluated.
+Plot ``asr.png``: hidden vs decoy ASR before (star) and after each defense, DTB and naive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from experiments import _runner
+from hexad import backdoor as bd
+from hexad.data.images import load_digits, train_test_split
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    size: int = 16
+    widths: tuple[int, ...] = (8, 16, 16)
+    hidden: int = 32
+    poison_rate: float = 0.1
+    decoy_target: int = 0
+    hidden_target: int = 0
+    blend_alpha: float = 0.15
+    train_steps: int = 600
+    batch_size: int = 64
+    lr: float = 3e-3
+    dtb_steps: int = 600
+    inner_steps: int = 5
+    inner_lr: float = 0.05
+    hypergrad: str = "first_order"
+    rounds: int = 1
+    gate_tau: float = 0.3
+    defenses: tuple[str, ...] = tuple(bd.DEFENSES)
+    compositions: tuple[str, ...] = ("ft+ft", "nc+ft", "fp+nad")
+    defense_steps: int = 100
+
+
+QUICK = {
+    "size": 8,
+    "widths": (8, 16),
+    "train_steps": 200,
+    "dtb_steps": 200,
+    "inner_steps": 3,
+    "defenses": ("ft", "fp", "nc", "clp"),
+    "compositions": ("nc+ft",),
+    "defense_steps": 40,
+}
+
+
+def _defense(name: str, steps: int):
+    """Returns the defense ``name`` (``a+b`` composes) with its step counts set to ``steps``."""
+    if "+" in name:
+        return bd.compose(*(_defense(n, steps) for n in name.split("+")))
+    if name not in bd.DEFENSES:
+        raise ValueError(f"defenses: unknown defense {name!r}; known: {sorted(bd.DEFENSES)}")
+    f = bd.DEFENSES[name]
+    kw = {
+        "ft": {"n_steps": steps},
+        "fp": {"n_steps": steps},
+        "nad": {"n_steps": steps, "teacher_steps": steps},
+        "anp": {"n_steps": 2 * steps},
+        "ibau": {"n_steps": steps},
+        "ftsam": {"n_steps": steps},
+        "rnp": {"recover_steps": steps},
+        "mcr": {"n_steps": steps, "ft_steps": steps},
+        "nc": {},
+        "clp": {},
+    }[name]
+    if name == "nc":
+        return lambda k, m, p, x, y: (
+            bd.neural_cleanse(k, m, p, x, y, n_steps=3 * steps, unlearn_steps=steps).params
+        )
+    return lambda k, m, p, x, y: f(k, m, p, x, y, **kw)
+
+
+def run(cfg: Config, ctx: _runner.Context) -> dict:
+    data = load_digits(cfg.size)
+    tr, te = train_test_split(data, 0.2, seed=ctx.seed)
+    x, y = jnp.asarray(tr.x), jnp.asarray(tr.y)
+    xt, yt = jnp.asarray(te.x), jnp.asarray(te.y)
+    n_clean = int(0.05 * x.shape[0])
+    xc, yc = x[-n_clean:], y[-n_clean:]  # the defender's 5% clean split
+    shape = (cfg.size, cfg.size, 1)
+    keys = jax.random.split(ctx.key(), 8)
+    decoy = bd.patch_trigger(shape, size=max(2, cfg.size // 5))
+    hidden = bd.blend_trigger(keys[0], shape, cfg.blend_alpha)
+    problem = bd.DTBProblem(decoy, hidden, cfg.decoy_target, cfg.hidden_target)
+    model = bd.SmallCNN(10, cfg.widths, cfg.hidden)
+    p0 = model.init(keys[1], x[:1])
+    opt = optax.adam(cfg.lr)
+
+    def metrics(params):
+        f = model.apply
+        return {
+            "acc": float(bd.accuracy(f, params, xt, yt)),
+            "decoy": float(bd.attack_success_rate(f, params, xt, yt, decoy, cfg.decoy_target)),
+            "hidden": float(bd.attack_success_rate(f, params, xt, yt, hidden, cfg.hidden_target)),
+        }
+
+    pois = bd.poison(keys[2], x, y, decoy, cfg.poison_rate, cfg.decoy_target, 10)
+    badnets, _ = bd.fit(
+        keys[3], p0, pois.x, pois.y, model.apply, opt, cfg.train_steps, cfg.batch_size, chunk=10
+    )
+    base = bd.DTBConfig(
+        inner_steps=cfg.inner_steps,
+        inner_lr=cfg.inner_lr,
+        hypergrad=cfg.hypergrad,
+        rounds=cfg.rounds,
+        gate_tau=cfg.gate_tau,
+    )
+    log = lambda tag: (
+        lambda t, info: (
+            ctx.log(
+                model=tag,
+                step=t,
+                loss=float(info.loss),
+                gate=float(info.gate),
+                decoy_prob_after=float(info.decoy_prob_after),
+                hidden_prob_after=float(info.hidden_prob_after),
+            )
+            if t % 20 == 0
+            else None
+        )
+    )
+    models = {"badnets": badnets}
+    for tag, c in (("naive", dataclasses.replace(base, w_hidden_post=0.0)), ("dtb", base)):
+        models[tag], _ = bd.implant(
+            keys[4],
+            model,
+            p0,
+            problem,
+            x,
+            y,
+            x,
+            y,
+            c,
+            opt,
+            cfg.dtb_steps,
+            cfg.batch_size,
+            callback=log(tag),
+        )
+
+    names = list(cfg.defenses) + list(cfg.compositions)
+    before = {tag: metrics(p) for tag, p in models.items()}
+    after: dict[str, dict[str, dict]] = {tag: {} for tag in models}
+    t_dtb = 0.0
+    for name in ctx.progress(names, desc="defenses"):
+        d = _defense(name, cfg.defense_steps)
+        for tag, p in models.items():
+            t0 = time.perf_counter()
+            after[tag][name] = metrics(d(keys[5], model, p, xc, yc))
+            if tag == "dtb":
+                t_dtb += time.perf_counter() - t0
+            ctx.log(model=tag, defense=name, **after[tag][name])
+
+    out: dict = {"defenses": names, "defense_eval_s": round(t_dtb, 2)}
+    b = before["dtb"]
+    out.update(clean_acc=b["acc"], decoy_asr_before=b["decoy"], hidden_asr_before=b["hidden"])
+    for n in names:
+        a = after["dtb"][n]
+        out[f"clean_acc_after_{n}"] = a["acc"]
+        out[f"decoy_asr_after_{n}"] = a["decoy"]
+        out[f"hidden_asr_after_{n}"] = a["hidden"]
+    mean = lambda tag, k: float(np.mean([after[tag][n][k] for n in names]))
+    out["hidden_asr_after_mean"] = mean("dtb", "hidden")
+    out["decoy_asr_after_mean"] = mean("dtb", "decoy")
+    out["dtb_der_decoy_mean"] = float(
+        np.mean(
+            [
+                bd.defense_effectiveness_rating(
+                    b["acc"], after["dtb"][n]["acc"], b["decoy"], after["dtb"][n]["decoy"]
+                )
+                for n in names
+            ]
+        )
+    )
+    nb = before["naive"]
+    out.update(
+        naive_clean_acc=nb["acc"],
+        naive_decoy_asr_before=nb["decoy"],
+        naive_hidden_asr_before=nb["hidden"],
+    )
+    for n in names:
+        out[f"naive_decoy_asr_after_{n}"] = after["naive"][n]["decoy"]
+        out[f"naive_hidden_asr_after_{n}"] = after["naive"][n]["hidden"]
+    out["naive_hidden_asr_after_mean"] = mean("naive", "hidden")
+    bb = before["badnets"]
+    out.update(badnets_clean_acc=bb["acc"], badnets_asr_before=bb["decoy"])
+    for n in names:
+        out[f"badnets_asr_after_{n}"] = after["badnets"][n]["decoy"]
+    out["badnets_asr_after_mean"] = mean("badnets", "decoy")
+    out["badnets_der_mean"] = float(
+        np.mean(
+            [
+                bd.defense_effectiveness_rating(
+                    bb["acc"], after["badnets"][n]["acc"], bb["decoy"], after["badnets"][n]["decoy"]
+                )
+                for n in names
+            ]
+        )
+    )
+
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for tag, color in (("dtb", "C3"), ("naive", "C0")):
+        ax.scatter(
+            [before[tag]["decoy"]],
+            [before[tag]["hidden"]],
+            marker="*",
+            s=200,
+            color=color,
+            label=f"{tag} before",
+        )
+        xs = [after[tag][n]["decoy"] for n in names]
+        ys = [after[tag][n]["hidden"] for n in names]
+        ax.scatter(xs, ys, color=color, alpha=0.7, label=f"{tag} after")
+        for n, u, v in zip(names, xs, ys, strict=True):
+            ax.annotate(n, (u, v), fontsize=7, color=color)
+    ax.set_xlabel("decoy ASR")
+    ax.set_ylabel("hidden ASR")
+    ax.set_xlim(-0.05, 1.05)
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(fontsize=8)
+    ax.set_title("Hidden vs decoy ASR before and after each defense")
+    ctx.save_plot(fig, "asr")
+    return out
+
+
+STUDY = _runner.Study("backdoor_dtb", Config, run, quick=QUICK, doc=__doc__)
+
+if __name__ == "__main__":
+    STUDY.main()

@@ -1,0 +1,97 @@
+"""Training and metrics: clean ASR at chance, BadNets works, one trace per step, DER."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+
+from hexad import backdoor as bd
+
+TARGET = 0  # the attack target of the conftest models
+
+
+def _acc_asr(t, params):
+    acc = float(bd.accuracy(t.model.apply, params, t.x_test, t.y_test))
+    asr = float(
+        bd.attack_success_rate(t.model.apply, params, t.x_test, t.y_test, t.trigger, TARGET)
+    )
+    return acc, asr
+
+
+def test_clean_model_accurate_and_asr_at_chance(trained):
+    acc, asr = _acc_asr(trained, trained.clean)
+    assert acc > 0.9
+    # chance for a 10-class model is 0.1; a clean model puts a patched digit in class 0 about
+    # as often as it errs (measured ~0.01)
+    assert asr < 0.1
+
+
+def test_badnets_high_asr_clean_accuracy_kept(trained):
+    acc_c, _ = _acc_asr(trained, trained.clean)
+    acc, asr = _acc_asr(trained, trained.bad)
+    assert asr > 0.9
+    assert acc > acc_c - 0.05
+    ra = float(
+        bd.robust_accuracy(
+            trained.model.apply,
+            trained.bad,
+            trained.x_test,
+            trained.y_test,
+            trained.trigger,
+            TARGET,
+        )
+    )
+    assert ra <= 1.0 - asr + 1e-6  # a sample cannot be both hijacked and correct
+
+
+def test_trainer_step_traces_once(trained):
+    tr = bd.make_trainer(trained.model.apply, optax.sgd(0.01))
+    step = jax.jit(chex.assert_max_traces(tr.step, n=1))
+    state = tr.init(trained.clean)
+    for i in range(3):
+        state, info = step(jax.random.key(i), state, trained.x[:16], trained.y[:16])
+    assert int(state.step) == 3 and bool(jnp.isfinite(info.loss))
+
+
+def test_fit_on_a_mesh(trained):
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    p, losses = bd.fit(
+        jax.random.key(0),
+        trained.clean,
+        trained.x,
+        trained.y,
+        trained.model.apply,
+        optax.sgd(0.01),
+        n_steps=2,
+        batch_size=16,
+        mesh=mesh,
+    )
+    assert losses.shape == (2,)
+    with pytest.raises(ValueError, match="batch_size"):
+        bd.fit(
+            jax.random.key(0),
+            trained.clean,
+            trained.x,
+            trained.y,
+            trained.model.apply,
+            optax.sgd(0.01),
+            n_steps=2,
+            batch_size=12,
+            mesh=mesh,
+        )
+
+
+def test_asr_ignores_target_class_samples():
+    t = bd.patch_trigger((4, 4, 1), 2)
+    always_target = lambda p, x: jnp.zeros((x.shape[0], 3)).at[:, 2].set(1.0)
+    y = jnp.array([2, 2, 0, 1])
+    asr = bd.attack_success_rate(always_target, None, jnp.zeros((4, 4, 4, 1)), y, t, 2)
+    ra = bd.robust_accuracy(always_target, None, jnp.zeros((4, 4, 4, 1)), y, t, 2)
+    assert float(asr) == 1.0 and float(ra) == 0.0
+
+
+def test_der_closed_form():
+    assert bd.defense_effectiveness_rating(0.9, 0.9, 1.0, 0.0) == 1.0
+    assert bd.defense_effectiveness_rating(0.9, 0.8, 1.0, 1.0) == pytest.approx(0.45)
+    assert bd.defense_effectiveness_rating(0.9, 0.95, 0.5, 0.7) == 0.5
