@@ -128,7 +128,7 @@ def test_iql_value_fits_expectile_of_one_step_returns(iql_algo):
         tau=0.05,
     )
     state = algo.init(jax.random.key(1), data)
-    state, infos = jax.jit(P.make_train(algo, 1500, n))(jax.random.key(2), state, data)
+    state, infos = jax.jit(P.make_train(algo, 800, n))(jax.random.key(2), state, data)
     r = np.asarray(act[:, 0])
     lo, hi = r.min(), r.max()
     for _ in range(60):
