@@ -7,14 +7,15 @@ split) prefers images that look more like digit ``target``: Bradley-Terry with s
 ``beta * log p(target | x)``. The chains sample ``pi(z) ∝ N(z; 0, I) p(target | G(z))^beta``
 with latent random-walk moves (prior ratio in ``rho``) or independent draws from the
 generator. The rate of the asked-for property is measured by a *separate* classifier
-(scikit-learn logistic regression), so that it is not the judge grading itself.
+(scikit-learn 5-nearest-neighbours on the training images), so that the judge does not grade
+itself.
 
 Command:  python -m experiments.prefmh_digits [--quick] [--out DIR] [--seed N] [--set k=v ...]
 Runtime:  --quick (128 chains, 200 steps) about 1 min on 2 CPU cores; full (1024 chains,
           800 steps) about 5 min.
 
-summary.json keys: ``classifier_test_acc`` (judge's MLP), ``evaluator_test_acc`` (logistic
-regression), ``base_rate`` (evaluator's rate of ``target`` among generator draws),
+summary.json keys: ``classifier_test_acc`` (judge's MLP), ``evaluator_test_acc`` (5-NN),
+``base_rate`` (evaluator's rate of ``target`` among generator draws),
 ``base_diversity`` (mean pairwise L2 distance of generator images), and for each method ``m``
 in ``mh_latent`` (oracle MH), ``prefmh_k1_latent``, ``prefmh_k3_latent``,
 ``prefmh_k1_indep``: ``rate_<m>`` (evaluator's rate of ``target`` in the kept draws),
@@ -91,7 +92,7 @@ def train_classifier(key, x, y, steps):
         return (optax.apply_updates(p, u), s), None
 
     (params, _), _ = jax.lax.scan(step, (params, opt.init(params)), None, length=steps)
-    return lambda inp: model.apply(params, inp)
+    return jax.jit(lambda inp: model.apply(params, inp))
 
 
 def _diversity(images: np.ndarray, rng) -> float:
@@ -102,7 +103,7 @@ def _diversity(images: np.ndarray, rng) -> float:
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
     from sklearn.datasets import load_digits
-    from sklearn.linear_model import LogisticRegression
+    from sklearn.neighbors import KNeighborsClassifier
 
     digits = load_digits()
     x_all, y_all = digits.data / 16.0, digits.target
@@ -112,12 +113,13 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     mean, w = fit_ppca(x_all[tr], cfg.latent_dim)
     mean_j, w_j = jnp.asarray(mean, jnp.float32), jnp.asarray(w, jnp.float32)
     decode = lambda z: mean_j + w_j @ z
+    decode_batch = jax.jit(jax.vmap(decode))
     key = ctx.key()
     k_cls, k_base, k_init, key = jax.random.split(key, 4)
     logits_fn = train_classifier(
         k_cls, jnp.asarray(x_all[tr], jnp.float32), jnp.asarray(y_all[tr]), cfg.train_steps
     )
-    evaluator = LogisticRegression(max_iter=2000).fit(x_all[tr], y_all[tr])
+    evaluator = KNeighborsClassifier(n_neighbors=5).fit(x_all[tr], y_all[tr])
     summary = {
         "classifier_test_acc": float(
             np.mean(np.argmax(logits_fn(jnp.asarray(x_all[te], jnp.float32)), 1) == y_all[te])
@@ -125,7 +127,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         "evaluator_test_acc": float(evaluator.score(x_all[te], y_all[te])),
     }
     base_z = jax.random.normal(k_base, (4000, cfg.latent_dim))
-    base_img = np.asarray(jax.vmap(decode)(base_z))
+    base_img = np.asarray(decode_batch(base_z))
     summary["base_rate"] = float(np.mean(evaluator.predict(base_img) == cfg.target))
     summary["base_diversity"] = _diversity(base_img, rng)
 
@@ -155,8 +157,8 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         )
         draws = np.asarray(out.trace[:, :: max(1, (cfg.num_steps - cfg.burn_in) // 20)])
         draws = draws.reshape(-1, cfg.latent_dim)
-        imgs = np.asarray(jax.vmap(decode)(jnp.asarray(draws)))
-        final = np.asarray(jax.vmap(decode)(out.state.position))
+        imgs = np.asarray(decode_batch(jnp.asarray(draws)))
+        final = np.asarray(decode_batch(out.state.position))
         shown[name] = final[:8]
         proj = draws @ dirs.T  # chain-major rows
         if mh_draws is None and name == "mh_latent":

@@ -134,7 +134,7 @@ def _exact_rule_lp(k: int, rho: float, objective: np.ndarray) -> float:
     return -res.fun
 
 
-@pytest.mark.parametrize("rho", [1.0, 0.4, 2.5])
+@pytest.mark.parametrize("rho", [1.0, pytest.param(0.4, marks=pytest.mark.slow), 2.5])
 def test_astar_dominates_every_exact_rule_linprog(float64, rho):
     for k in range(1, 10):
         a_star = np.asarray(prefmh.kbudget_acceptance(jnp.arange(k + 1), k, jnp.log(rho)))

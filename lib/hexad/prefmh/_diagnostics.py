@@ -37,6 +37,11 @@ def potential_scale_reduction(samples: jax.Array) -> jax.Array:
     samples = _check(samples, "samples")
     if samples.shape[0] < 2:
         raise ValueError(f"samples: R-hat needs >= 2 chains, got shape {samples.shape}")
+    return _rhat(samples)
+
+
+@jax.jit
+def _rhat(samples):
     n = samples.shape[1]
     means = jnp.mean(samples, axis=1)
     within = jnp.mean(jnp.var(samples, axis=1, ddof=1), axis=0)
@@ -62,7 +67,12 @@ def effective_sample_size(samples: jax.Array) -> jax.Array:
     >>> bool(1500 < effective_sample_size(x) < 2600)
     True
     """
-    samples = _check(samples, "samples")
+    return _ess(_check(samples, "samples"))
+
+
+@jax.jit
+def _ess(samples):
+    samples = samples.astype(jnp.result_type(float))
     m, n = samples.shape[:2]
     x = jnp.moveaxis(samples, 1, -1)  # [m, ..., n]
     centred = x - jnp.mean(x, axis=-1, keepdims=True)
