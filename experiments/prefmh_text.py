@@ -10,8 +10,12 @@ K = 3, majority vote K = 3. The reference law of the count under ``pi`` is compu
 reweighting a large pool of ``p0`` draws by ``exp(beta * count)`` (exact up to pool noise).
 
 Command:  python -m experiments.prefmh_text [--quick] [--out DIR] [--seed N] [--set k=v ...]
-Runtime:  --quick (256 chains, 200 steps) about 1 min on 2 CPU cores; full (1024 chains,
-          1000 steps) about 5 min.
+Runtime:  --quick (256 chains, 200 steps) about 1.5 min on 2 shared CPU cores; full (1024
+          chains, 1000 steps) measured 8.5 min on 2 shared CPU cores.
+
+Note: independent proposals from ``p0`` mix slowly here (a chain that reaches a string with
+many ``target`` bigrams keeps it for long), so compare the rules with each other (they share
+the target) as much as with the pool-reweighted reference.
 
 summary.json keys: ``base_rate`` (property rate under ``p0``), ``exact_rate`` (under the
 tilted reference), and for each method ``m`` in ``mh``, ``prefmh_k1``, ``prefmh_k3``,
