@@ -26,7 +26,8 @@ Runtime:  --quick runs the karate club only (a few seconds); the full run (karat
 
 summary.json keys: ``karate_acc``, ``karate_lp_acc`` (accuracy on the 32 unlabelled members);
 for ``d`` in ``cora``, ``citeseer`` (full run only): ``{d}_acc`` (joint), ``{d}_graph_acc``,
-``{d}_linear_acc``, ``{d}_lp_acc`` (test accuracies), ``{d}_unassigned``,
+``{d}_linear_acc``, ``{d}_lp_acc`` (test accuracies), ``{d}_val_acc``, ``{d}_graph_val_acc``
+(validation accuracies, for choosing ``mu_scale`` with ``--set``), ``{d}_unassigned``,
 ``{d}_graph_unassigned`` (test nodes without a label), ``{d}_iters``, ``{d}_converged``,
 ``{d}_rank_saturated`` (of the joint solve), ``{d}_solve_s`` (seconds of the joint solve).
 """
@@ -151,6 +152,7 @@ def _planetoid(cfg: Config, name: str, ctx) -> dict:
         pred, _ = cc.assign_labels(out.l, jnp.asarray(ky), jnp.asarray(labeled), k)
         pred = np.asarray(pred)
         res[f"{name}{tag}_acc"] = float((pred[test] == ky[test]).mean())
+        res[f"{name}{tag}_val_acc"] = float((pred[g.val_idx] == ky[g.val_idx]).mean())
         res[f"{name}{tag}_unassigned"] = int((pred[test] < 0).sum())
         if not tag:
             res[f"{name}_iters"] = int(out.n_iters)

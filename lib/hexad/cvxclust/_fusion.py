@@ -128,7 +128,7 @@ class FusionProblem:
             if not np.isfinite(m).all() or (m < 0).any():
                 raise ValueError("mask: expected finite values >= 0")
         dtype = xa.dtype if np.issubdtype(xa.dtype, np.floating) else np.float32
-        dtype = jnp.result_type(dtype)  # float64 only where x64 is enabled
+        dtype = jax.dtypes.canonicalize_dtype(dtype)  # float64 only where x64 is enabled
         return cls(
             x=jnp.asarray(xa, dtype),
             mask=jnp.asarray(m, dtype),

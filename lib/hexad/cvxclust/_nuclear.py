@@ -139,7 +139,7 @@ def graph_problem(
     c = _cost_matrix(a, observed, edge_weight, nonedge_weight)
     a = a.copy()
     np.fill_diagonal(a, 1.0)
-    dt = jnp.result_type(float)
+    dt = jax.dtypes.canonicalize_dtype(np.float64)
     n = a.shape[0]
     return NuclearProblem(
         jnp.asarray(a, dt), jnp.asarray(c, dt), jnp.zeros((n, n), dt), jnp.asarray(mu, dt)
@@ -151,8 +151,8 @@ def feature_similarity(x) -> np.ndarray:
 
     Constant columns are dropped. Used as the feature reward of :func:`joint_problem`.
 
-    >>> feature_similarity(np.array([[1.0], [1.0], [-1.0]]))[0].tolist()
-    [0.0, 1.0, -1.0]
+    >>> feature_similarity(np.array([[1.0], [1.0], [-1.0]]))[0].round(3).tolist()
+    [0.0, 0.5, -1.0]
     """
     x = np.asarray(x, dtype=np.float64)
     if x.ndim != 2 or not np.isfinite(x).all():
@@ -248,7 +248,7 @@ def joint_problem(
         s = s + beta * label_similarity(labels, labeled, num_classes)
     a = np.array(a, dtype=np.float64)
     np.fill_diagonal(a, 1.0)
-    dt = jnp.result_type(float)
+    dt = jax.dtypes.canonicalize_dtype(np.float64)
     return NuclearProblem(
         jnp.asarray(a, dt), jnp.asarray(c, dt), jnp.asarray(s, dt), jnp.asarray(mu, dt)
     )
