@@ -11,8 +11,8 @@ generator. The rate of the asked-for property is measured by a *separate* classi
 itself.
 
 Command:  python -m experiments.prefmh_digits [--quick] [--out DIR] [--seed N] [--set k=v ...]
-Runtime:  --quick (128 chains, 200 steps) about 1 min on 2 CPU cores; full (1024 chains,
-          800 steps) about 5 min.
+Runtime:  --quick (128 chains, 200 steps) about 1 min on 2 shared CPU cores; full (1024
+          chains, 800 steps) measured 1.5 min on 2 shared CPU cores.
 
 summary.json keys: ``classifier_test_acc`` (judge's MLP), ``evaluator_test_acc`` (5-NN),
 ``base_rate`` (evaluator's rate of ``target`` among generator draws),
