@@ -181,5 +181,9 @@ def test_bad_input():
             P.DiagGaussian(p.mean[None], p.std[None]),
             -0.5,
         )
+    batch_a = P.DiagGaussian(a.mean[None], a.std[None])
+    batch_p = P.DiagGaussian(p.mean[None], p.std[None])
+    with pytest.raises(ValueError, match="weights"):
+        P.kl_budget_alpha(batch_a, batch_p, 0.5, weights=jnp.zeros(1))
     with pytest.raises(TypeError, match="DiagGaussian"):
         P.poe((a.mean, a.std), p, 0.5)

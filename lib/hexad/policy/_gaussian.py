@@ -330,6 +330,10 @@ def kl_budget_alpha(
         w = jnp.asarray(weights)
         if w.shape != jnp.shape(actor.mean)[:-1]:
             raise ValueError(f"weights: expected shape {jnp.shape(actor.mean)[:-1]}, got {w.shape}")
+        if _concrete(w):
+            wn = np.asarray(w)
+            if not np.all(np.isfinite(wn)) or np.any(wn < 0) or not wn.sum() > 0:
+                raise ValueError("weights: expected finite values >= 0 with a positive sum")
     w = w / jnp.sum(w)
     dtype = jnp.result_type(actor.mean, float)
 
