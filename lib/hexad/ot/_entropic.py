@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 from flax import struct
+from ott.geometry import geometry as ott_geometry
 from ott.problems.linear import linear_problem
 from ott.solvers.linear import sinkhorn
 from ott.tools import sinkhorn_divergence as ott_sd
@@ -157,13 +158,20 @@ class EntropicMap:
         dtype = jnp.result_type(x, y)
         a = jnp.full((n,), 1.0 / n, dtype) if a is None else a / jnp.sum(a)
         b = jnp.full((m,), 1.0 / m, dtype) if b is None else b / jnp.sum(b)
-        geom = BlockedPointCloud(
-            x,
-            y,
-            cost_fn=SqGeodesic(self.manifold),
-            epsilon=self.epsilon,
-            batch_size=self.batch_size,
-        )
+        if self.batch_size is None:
+            # Dense: the geodesic cost (arccos / wrapped differences) is computed once, not in
+            # every Sinkhorn iteration as a PointCloud with a custom cost would.
+            geom = ott_geometry.Geometry(
+                cost_matrix=self.manifold.pairwise_sqdist(x, y), epsilon=self.epsilon
+            )
+        else:
+            geom = BlockedPointCloud(
+                x,
+                y,
+                cost_fn=SqGeodesic(self.manifold),
+                epsilon=self.epsilon,
+                batch_size=self.batch_size,
+            )
         solver = sinkhorn.Sinkhorn(
             threshold=self.threshold,
             max_iterations=self.max_iterations,
@@ -263,8 +271,9 @@ def sinkhorn_divergence(
     """Returns the debiased Sinkhorn divergence ``S_eps(a, b)`` for the cost ``d_M^2``.
 
     ``S_eps = OT_eps(a, b) - (OT_eps(a, a) + OT_eps(b, b)) / 2`` (Feydy et al.,
-    arXiv:1810.08278), computed by ott-jax's ``sinkhorn_divergence`` on a ``PointCloud`` with
-    the :class:`SqGeodesic` cost. It tends to ``W_2^2`` on ``M`` as ``eps -> 0``.
+    arXiv:1810.08278), computed by ott-jax's ``sinkhorn_divergence`` on the three geodesic
+    cost matrices (or, with ``batch_size``, on row-blocked point clouds with the
+    :class:`SqGeodesic` cost). It tends to ``W_2^2`` on ``M`` as ``eps -> 0``.
 
     Args:
       manifold: the manifold (static).
@@ -285,17 +294,31 @@ def sinkhorn_divergence(
     a = jnp.full((n,), 1.0 / n, dtype) if a is None else a / jnp.sum(a)
     b = jnp.full((m,), 1.0 / m, dtype) if b is None else b / jnp.sum(b)
     with jax.numpy_rank_promotion("allow"):  # ott-jax relies on rank promotion internally
-        div, _ = ott_sd.sinkhorn_divergence(
-            BlockedPointCloud,
-            x,
-            y,
-            a=a,
-            b=b,
-            cost_fn=SqGeodesic(manifold),
-            epsilon=epsilon,
-            batch_size=batch_size,
-            solve_kwargs={"max_iterations": max_iterations, "threshold": threshold},
-        )
+        kw = {"max_iterations": max_iterations, "threshold": threshold}
+        if batch_size is None:
+            pc = manifold.pairwise_sqdist
+            div, _ = ott_sd.sinkhorn_divergence(
+                ott_geometry.Geometry,
+                pc(x, y),
+                pc(x, x),
+                pc(y, y),
+                a=a,
+                b=b,
+                epsilon=epsilon,
+                solve_kwargs=kw,
+            )
+        else:
+            div, _ = ott_sd.sinkhorn_divergence(
+                BlockedPointCloud,
+                x,
+                y,
+                a=a,
+                b=b,
+                cost_fn=SqGeodesic(manifold),
+                epsilon=epsilon,
+                batch_size=batch_size,
+                solve_kwargs=kw,
+            )
     return div
 
 
