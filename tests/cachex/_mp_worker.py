@@ -40,7 +40,12 @@ def main() -> None:
             "step": np.int64(step),
         }, glob
 
+    def mark(what):
+        print(f"[{pid}] {what}", file=sys.stderr, flush=True)
+
+    mark("initialized")
     multihost_utils.sync_global_devices("servers up")
+    mark("servers up")
     m = cachex.CacheXManager(
         os.path.join(base, f"node{pid}", "local"),
         neighbour=client,
@@ -49,10 +54,13 @@ def main() -> None:
     for s in range(2):
         m.save(s, state(s)[0])
         m.wait_until_finished()
+    mark("saved")
     pfs_ok = m.wait_for_pfs(1, timeout_s=60)
+    mark(f"pfs {pfs_ok}")
     multihost_utils.sync_global_devices("saved")
     target, glob1 = state(7)
     r = m.restore(target)
+    mark("restored")
     _, want = state(1)
     exact = all(
         np.asarray(sh.data).tobytes() == want[sh.index].tobytes()

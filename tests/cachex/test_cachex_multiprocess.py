@@ -5,7 +5,10 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 
 def _free_ports(k: int) -> list[int]:
@@ -43,13 +46,15 @@ def test_two_process_round_trip_replica_pfs_and_agreement(tmp_path):
         for i in range(n)
     ]
     outs = []
+    deadline = time.monotonic() + 120 * n
     for p in procs:
         try:
-            out, err = p.communicate(timeout=240)
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            raise
+            tails = [q.communicate()[1][-1500:] for q in procs]
+            pytest.fail("workers timed out; stderr tails:\n" + "\n---\n".join(tails))
         assert p.returncode == 0, err[-3000:]
         outs.append(json.loads(out.strip().splitlines()[-1]))
     for o in outs:
