@@ -19,7 +19,7 @@ the solver tolerance). The trials of a cell are solved together with ``jax.vmap`
 
 Command:  python -m experiments.cvxclust_phase [--quick] [--out DIR] [--seed N] [--set k=v]
 Runtime:  --quick (n=40, 4x4 grid, 3 trials) about 20-40 s on 2 busy CPU cores; full (n=80,
-          7x7 grid, 10 trials) estimated 20-30 min (not yet run).
+          7x7 grid, 10 trials) 27 min measured on 2 cores shared with other jobs (load ~19).
 
 summary.json keys:
   ``dpq_grid``, ``sep_grid``: the grid axes (rows: dpq, columns: sep).

@@ -20,9 +20,9 @@ tuned on test labels): graph weights ``c_A = 1 - t``, ``c_Ac = t`` with ``t`` th
 labelled node each: 0 and 33) is the smoke case: graph-only program and label propagation.
 
 Command:  python -m experiments.cvxclust_planetoid [--quick] [--out DIR] [--seed N] [--set k=v]
-Runtime:  --quick runs the karate club only (a few seconds); the full run (karate, Cora,
-          Citeseer: four n x n solves with n = 2708 and 3327) takes about 10-40 min on 2 CPU
-          cores depending on load (one Cora solve measured at ~1.7 s/iteration under load 18).
+Runtime:  --quick runs the karate club only (about 20 s); the full run (karate, Cora,
+          Citeseer: four n x n solves with n = 2708 and 3327, 150 iterations each) took 11.5 min
+          on 2 CPU cores shared with other jobs (load ~19).
 
 summary.json keys: ``karate_acc``, ``karate_lp_acc`` (accuracy on the 32 unlabelled members);
 for ``d`` in ``cora``, ``citeseer`` (full run only): ``{d}_acc`` (joint), ``{d}_graph_acc``,
