@@ -129,8 +129,8 @@ def test_blackjax_run_inference_algorithm_and_diagnostics(key):
     assert states.position.shape == (4, 200, 2) and infos.judge_calls.shape == (4, 200)
     assert int(infos.judge_calls.sum()) == 4 * 600
     chains = states.position
-    bj_ess = blackjax.diagnostics.effective_sample_size(chains)
-    bj_rhat = blackjax.diagnostics.potential_scale_reduction(chains)
+    bj_ess = jax.jit(blackjax.diagnostics.effective_sample_size)(chains)
+    bj_rhat = jax.jit(blackjax.diagnostics.potential_scale_reduction)(chains)
     assert bj_ess.shape == (2,) and bool(jnp.all(bj_rhat < 1.1))
     # Our own estimators agree with BlackJAX's on the same draws.
     np.testing.assert_allclose(prefmh.potential_scale_reduction(chains), bj_rhat, rtol=1e-5)
