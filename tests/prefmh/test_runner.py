@@ -67,3 +67,15 @@ def test_ess_and_rhat_on_ar1(key):
     assert float(prefmh.potential_scale_reduction(shifted)) > 1.5
     with pytest.raises(ValueError, match="samples"):
         prefmh.effective_sample_size(jnp.zeros((2, 3)))
+
+
+def test_external_judge_chain_one_host_call_per_step(key):
+    def bt(first, second, rng):  # a simulated Bradley-Terry judge on the host
+        logit = -0.5 * (second**2).sum(-1) + 0.5 * (first**2).sum(-1)
+        return (rng.random(first.shape[0]) < 1 / (1 + np.exp(-logit))).astype(np.int32)
+
+    judge = prefmh.external_judge(bt)
+    algo = prefmh.prefmh(judge, prefmh.random_walk(1.0), "kbudget", 3)
+    out = prefmh.run_chains(key, algo, jnp.zeros((8, 2)), 10, chunk_size=10)
+    assert judge.counter.calls == 10 and judge.counter.comparisons == 8 * 3 * 10
+    np.testing.assert_array_equal(out.judge_calls, np.full(8, 30))
