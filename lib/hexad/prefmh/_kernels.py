@@ -90,6 +90,7 @@ def init(position: jax.Array, judge: Judge) -> PrefMHState:
       position: ``[...]`` the initial candidate.
       judge: the chain's judge.
 
+    >>> from hexad.prefmh import bradley_terry_judge
     >>> judge = bradley_terry_judge(lambda x: -0.5 * jnp.sum(x**2))
     >>> init(jnp.zeros(2), judge).features.shape
     ()
@@ -148,6 +149,7 @@ def build_kernel(
       num_comparisons: (static) the budget ``K >= 1`` (``"kbudget"``, ``"majority"``).
       max_rounds: (static) bound on the two-coin factory's rounds.
 
+    >>> from hexad.prefmh import bradley_terry_judge, random_walk
     >>> judge = bradley_terry_judge(lambda x: -0.5 * jnp.sum(x**2))
     >>> kernel = build_kernel(judge, random_walk(1.0), "kbudget", 3)
     >>> state, info = kernel(jax.random.key(0), init(jnp.zeros(2), judge))
@@ -258,6 +260,7 @@ def prefmh(
       num_comparisons: (static) comparison budget ``K``.
       max_rounds: (static) bound on the two-coin factory's rounds.
 
+    >>> from hexad.prefmh import bradley_terry_judge, random_walk
     >>> algo = prefmh(bradley_terry_judge(lambda x: -0.5 * jnp.sum(x**2)), random_walk(1.0))
     >>> state, info = jax.jit(algo.step)(jax.random.key(0), algo.init(jnp.zeros(2)))
     >>> info.is_accepted.dtype

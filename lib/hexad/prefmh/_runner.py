@@ -93,6 +93,7 @@ def run_chains(
       axis_name: (static) the mesh axis of the chains.
       callback: optional host function ``callback(steps_done, num_steps)``.
 
+    >>> from hexad.prefmh import bradley_terry_judge, prefmh, random_walk
     >>> algo = prefmh(bradley_terry_judge(lambda x: -0.5 * jnp.sum(x**2)), random_walk(1.0))
     >>> out = run_chains(jax.random.key(0), algo, jnp.zeros((4, 2)), 200, burn_in=100)
     >>> out.trace.shape
