@@ -20,8 +20,9 @@ summary.json keys, for each method ``m`` in ``mh``, ``prefmh_k1``, ``prefmh_k3``
 ``ess_per_step_<m>`` (min over coordinates of ESS / (chains x kept steps)), ``rhat_<m>``
 (max R-hat over coordinates); and for every method but ``mh``, ``ess_per_kcall_<s>`` (ESS per
 1000 judge comparisons) with ``<s>`` = ``k1``, ``k3``, ``k5``, ``k9``, ``two_coin``,
-``majority_k3``; plus ``tv_iid``, ``sw1_iid``, ``num_samples`` (kept draws per method),
-``runtime_s``.
+``majority_k3``; ``truncated_two_coin`` (two-coin steps that hit ``max_rounds`` and were
+rejected, which would break exactness; expected 0); plus ``tv_iid``, ``sw1_iid``,
+``num_samples`` (kept draws per method), ``runtime_s``.
 """
 
 from __future__ import annotations
@@ -158,6 +159,8 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
             f"ess_per_step_{name}": ess / kept,
             f"rhat_{name}": float(jnp.max(out.rhat)),
         }
+        if name == "two_coin":
+            m["truncated_two_coin"] = int(jnp.sum(out.truncated))
         if name != "mh":
             m[f"ess_per_kcall_{short}"] = 1000.0 * ess / (calls_per_step * kept)
         summary.update(m)
