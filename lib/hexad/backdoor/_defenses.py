@@ -118,7 +118,9 @@ def fine_pruning(
     order = np.argsort(act)
     c = act.shape[0]
     acc_fn = jax.jit(
-        lambda m: accuracy(lambda p, x: model.apply(p, x, {layer: m}), params, x_clean, y_clean)
+        lambda m: accuracy(
+            lambda p, x: model.apply(p, x, {layer: m}, {layer: m}), params, x_clean, y_clean
+        )
     )
     base = float(acc_fn(jnp.ones(c)))
     mask = np.ones(c, np.float32)
