@@ -21,7 +21,7 @@ demo: venv
 	$(PY) -m experiments.demo
 
 test: venv
-	$(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS); rc=$$?; \
+	OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no tests collected: not a failure"; exit 0; fi; exit $$rc
 
 test-slow: venv
