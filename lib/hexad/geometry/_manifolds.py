@@ -135,7 +135,8 @@ class Euclidean(Manifold):
         ny = jnp.sum(y * y, axis=-1)[None, :]
         return jnp.maximum(nx + ny - 2.0 * (x @ y.T), 0.0)
 
-    def weighted_log(self, x: Array, w: Array, y: Array) -> Array:
+    def weighted_log(self, x: Array, w: Array, y: Array, sqdist: Array | None = None) -> Array:
+        del sqdist
         return w @ y - jnp.sum(w, axis=-1, keepdims=True) * x
 
     def random_normal(
@@ -222,9 +223,16 @@ class Sphere(Manifold):
     def pairwise_sqdist(self, x: Array, y: Array) -> Array:
         return jnp.square(self._cos_theta(x, y)[1])
 
-    def weighted_log(self, x: Array, w: Array, y: Array) -> Array:
+    def weighted_log(self, x: Array, w: Array, y: Array, sqdist: Array | None = None) -> Array:
         # log_x(y) = s (y - c x) with s = theta / sin(theta): two matmuls, no [n, m, dim].
-        c, theta = self._cos_theta(x, y)
+        # ``sqdist`` (this manifold's pairwise_sqdist(x, y), e.g. the OT cost already computed)
+        # saves the arccos pass.
+        if sqdist is None:
+            c, theta = self._cos_theta(x, y)
+        else:
+            eps = jnp.finfo(jnp.result_type(x, y)).eps
+            c = jnp.clip(x @ y.T, -1.0 + eps, 1.0 - eps)
+            theta = jnp.sqrt(sqdist)
         s = theta / jnp.sqrt(1.0 - c * c)
         ws = w * s
         out = ws @ y - jnp.sum(ws * c, axis=-1, keepdims=True) * x
@@ -360,7 +368,8 @@ class Torus(Manifold):
             out = out + d * d
         return out
 
-    def weighted_log(self, x: Array, w: Array, y: Array) -> Array:
+    def weighted_log(self, x: Array, w: Array, y: Array, sqdist: Array | None = None) -> Array:
+        del sqdist
         cols = [
             jnp.sum(w * wrap_angle(y[None, :, k] - x[:, k, None]), axis=-1) for k in range(self.dim)
         ]
@@ -460,7 +469,8 @@ class Product(Manifold):
     def pairwise_sqdist(self, x: Array, y: Array) -> Array:
         return self._sum("pairwise_sqdist", x, y)
 
-    def weighted_log(self, x: Array, w: Array, y: Array) -> Array:
+    def weighted_log(self, x: Array, w: Array, y: Array, sqdist: Array | None = None) -> Array:
+        del sqdist  # the factors recompute their own costs
         parts = [
             f.weighted_log(xp, w, yp)
             for f, xp, yp in zip(self.factors, self._split(x), self._split(y), strict=True)

@@ -63,6 +63,7 @@ def barycentric_tangent(
     g: Array,
     epsilon: float,
     batch_size: int | None = None,
+    cost: Array | None = None,
 ) -> Array:
     """Returns ``[n, d]`` ``sum_j w_ij log_{x_i}(y_j)`` with the entropic map's weights.
 
@@ -80,6 +81,7 @@ def barycentric_tangent(
       epsilon: the entropic regularisation the potential was computed with.
       batch_size: if set (static), rows are processed ``batch_size`` at a time, so memory is
         ``O(batch_size * m)`` instead of ``O(n * m)``.
+      cost: optional ``[n, m]`` precomputed ``pairwise_sqdist(x, y)`` (dense path only).
 
     >>> from hexad.geometry import Euclidean
     >>> x, y = jnp.zeros((1, 2)), jnp.array([[1.0, 0.0], [3.0, 0.0]])
@@ -90,13 +92,13 @@ def barycentric_tangent(
     # so g already carries eps * log(b_j); padded targets are masked explicitly.
     bias = jnp.where(b > 0.0, g / epsilon, -jnp.inf)
 
-    def rows(xb: Array) -> Array:
-        logits = bias[None, :] - manifold.pairwise_sqdist(xb, y) / epsilon
-        w = jax.nn.softmax(logits, axis=-1)
-        return manifold.weighted_log(xb, w, y)
+    def rows(xb: Array, cb: Array | None = None) -> Array:
+        cb = manifold.pairwise_sqdist(xb, y) if cb is None else cb
+        w = jax.nn.softmax(bias[None, :] - cb / epsilon, axis=-1)
+        return manifold.weighted_log(xb, w, y, sqdist=cb)
 
     if batch_size is None or batch_size >= x.shape[0]:
-        return rows(x)
+        return rows(x, cost)
     return jax.lax.map(lambda xi: rows(xi[None])[0], x, batch_size=batch_size)
 
 
@@ -158,12 +160,12 @@ class EntropicMap:
         dtype = jnp.result_type(x, y)
         a = jnp.full((n,), 1.0 / n, dtype) if a is None else a / jnp.sum(a)
         b = jnp.full((m,), 1.0 / m, dtype) if b is None else b / jnp.sum(b)
+        cost = None
         if self.batch_size is None:
-            # Dense: the geodesic cost (arccos / wrapped differences) is computed once, not in
-            # every Sinkhorn iteration as a PointCloud with a custom cost would.
-            geom = ott_geometry.Geometry(
-                cost_matrix=self.manifold.pairwise_sqdist(x, y), epsilon=self.epsilon
-            )
+            # Dense: the geodesic cost (arccos / wrapped differences) is computed once, for
+            # Sinkhorn and the map, not in every iteration as a custom-cost PointCloud would.
+            cost = self.manifold.pairwise_sqdist(x, y)
+            geom = ott_geometry.Geometry(cost_matrix=cost, epsilon=self.epsilon)
         else:
             geom = BlockedPointCloud(
                 x,
@@ -182,7 +184,7 @@ class EntropicMap:
         with jax.numpy_rank_promotion("allow"):
             out = solver(linear_problem.LinearProblem(geom, a=a, b=b))
         tangent = barycentric_tangent(
-            self.manifold, x, y, b, out.g, self.epsilon, batch_size=self.batch_size
+            self.manifold, x, y, b, out.g, self.epsilon, batch_size=self.batch_size, cost=cost
         )
         return EntropicMapOutput(
             mapped=self.manifold.exp(x, tangent),
