@@ -99,6 +99,7 @@ def test_geodesic_velocity_matches_autodiff():
     np.testing.assert_allclose(jnp.linalg.norm(vt), jnp.linalg.norm(v), rtol=1e-5)
 
 
+@pytest.mark.slow  # ~20 s of CPU: vMF rejection sampler compiled eagerly
 def test_vmf_and_wrapped_normal_statistics(key):
     k1, k2, k3 = jax.random.split(key, 3)
     n, kappa = 4000, 20.0

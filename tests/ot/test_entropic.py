@@ -43,6 +43,7 @@ def _rotation(axis, angle):
     return np.eye(3) + math.sin(angle) * kx + (1 - math.cos(angle)) * kx @ kx
 
 
+@pytest.mark.slow  # ~40 s of CPU: four eager ott-jax solves and transports
 def test_euclidean_map_equals_ott_dual_potentials_transport(key):
     kx, ky, kb = jax.random.split(key, 3)
     x = jax.random.normal(kx, (48, 2))
@@ -65,6 +66,7 @@ def test_euclidean_map_equals_ott_dual_potentials_transport(key):
     np.testing.assert_allclose(ours.mapped, bary, atol=1e-4)
 
 
+@pytest.mark.slow  # ~15 s of CPU each: eager ott-jax solve + autodiff transport
 @pytest.mark.parametrize("m", [S2, Torus(2)], ids=["sphere", "torus"])
 def test_riemannian_map_equals_ott_transport_with_geodesic_twist(m, key):
     kx, ky = jax.random.split(key)
