@@ -72,6 +72,7 @@ def test_clp_prunes_exactly_the_planted_high_lipschitz_channel(trained):
     np.testing.assert_array_equal(out["params"]["conv0"]["kernel"], p["params"]["conv0"]["kernel"])
 
 
+@pytest.mark.slow
 def test_spectral_signatures_and_ac_find_poisons(trained):
     pois = trained.poisoned
     ip = np.asarray(pois.is_poison)
