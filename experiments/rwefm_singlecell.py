@@ -16,7 +16,8 @@ Models: RWEFM on the sphere (uniform noise clouds) and the Euclidean baseline on
 end); same network, budget and sampler (see :mod:`experiments.rwefm_synthetic`).
 
 Command:  python -m experiments.rwefm_singlecell [--quick] [--out DIR] [--seed N] [--set k=v ...]
-Runtime:  --quick about 1-2 min on 2 CPU cores (mostly compilation); full about 20 min.
+Runtime:  --quick measured at 76 s of CPU (user+sys), mostly compilation (9 min of wall time on
+          a shared, heavily loaded 2-core machine); the full study has not been timed yet.
 
 summary.json keys: ``rwefm_w2``, ``euclid_w2`` (symmetric nearest-cloud Sinkhorn W2 on the
 sphere between generated and held-out clouds), ``rwefm_1nna``, ``euclid_1nna`` (1-NN

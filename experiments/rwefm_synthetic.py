@@ -16,7 +16,9 @@ weights; on ``T^2`` a mixture of wrapped normals with uniform centres and scales
 then generates ``n_test`` clouds with each and compares them with ``n_test`` held-out clouds.
 
 Command:  python -m experiments.rwefm_synthetic [--quick] [--out DIR] [--seed N] [--set k=v ...]
-Runtime:  --quick about 2-3 min on 2 CPU cores (most of it compilation); full about 40 min.
+Runtime:  --quick measured at 188 s of CPU (user+sys), most of it XLA compilation of the four
+          training steps (on a shared 2-core machine under heavy load it took 32 min of wall
+          time); the full study has not been timed yet (3000 steps x 4 models).
 
 summary.json keys, for ``m`` in ``s2``, ``t2``:
   ``{m}_rwefm_w2``, ``{m}_euclid_w2``: symmetric nearest-cloud Sinkhorn W2 on M between
