@@ -453,6 +453,7 @@ def make_sampler(
 def euclidean_baseline(manifold: Any) -> Euclidean:
     """Returns the ambient Euclidean space of ``manifold`` (for the baseline).
 
+    >>> from hexad.geometry import Sphere
     >>> euclidean_baseline(Sphere(3))
     Euclidean(dim=3)
     """
