@@ -1,4 +1,4 @@
-"""Two JAX processes joined by jax.distributed on loopback, each standing for a node."""
+"""2 (and, marked slow, 4) JAX processes joined by jax.distributed on loopback, one per node."""
 
 import json
 import os
@@ -21,43 +21,36 @@ def _free_ports(k: int) -> list[int]:
     return ports
 
 
-def test_two_process_round_trip_replica_pfs_and_agreement(tmp_path):
-    n = 2
+@pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_multi_process_round_trip_replica_pfs_and_agreement(tmp_path, n):
     coord, *ports = _free_ports(1 + n)
     script = Path(__file__).with_name("_mp_worker.py")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(script),
-                str(coord),
-                str(i),
-                str(n),
-                str(tmp_path),
-                "tok",
-                ",".join(map(str, ports)),
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for i in range(n)
-    ]
+    # Output goes to files, not pipes: a worker blocked on a full pipe while the test waits on
+    # another worker would stall the whole jax.distributed group.
+    logs = [(tmp_path / f"w{i}.out", tmp_path / f"w{i}.err") for i in range(n)]
+    procs = []
+    for i in range(n):
+        cmd = [sys.executable, str(script), str(coord), str(i), str(n), str(tmp_path / "nodes"),
+               "tok", ",".join(map(str, ports))]  # fmt: skip
+        with open(logs[i][0], "w") as out, open(logs[i][1], "w") as err:
+            procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=env))
+    deadline = time.monotonic() + 150 * n
+    try:
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for q in procs:
+            q.kill()
+            q.wait()
+        tails = [e.read_text()[-1500:] for _, e in logs]
+        pytest.fail("workers timed out; stderr tails:\n" + "\n---\n".join(tails))
     outs = []
-    deadline = time.monotonic() + 120 * n
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            tails = [q.communicate()[1][-1500:] for q in procs]
-            pytest.fail("workers timed out; stderr tails:\n" + "\n---\n".join(tails))
-        assert p.returncode == 0, err[-3000:]
-        outs.append(json.loads(out.strip().splitlines()[-1]))
+    for p, (o, e) in zip(procs, logs, strict=True):
+        assert p.returncode == 0, e.read_text()[-3000:]
+        outs.append(json.loads(o.read_text().strip().splitlines()[-1]))
+    assert len(outs) == n
     for o in outs:
         assert o["pfs_ok"]
-        assert o["first"] == [1, "local", True]  # bit-exact shards of a 2-process array
+        assert o["first"] == [1, "local", True]  # bit-exact shards of an n-process array
         assert o["second"][0] == 0 and o["second"][2]  # all agree on the older step

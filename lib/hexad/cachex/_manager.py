@@ -15,6 +15,7 @@ replica -> PFS, with all processes agreeing on the newest step every one of them
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -30,7 +31,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_args
 from orbax.checkpoint._src import asyncio_utils
-from orbax.checkpoint._src.futures import future as ocp_future
 from orbax.checkpoint._src.handlers import async_checkpoint_handler
 
 from hexad.cachex import _format, _fsio, _pfs, _replica
@@ -65,6 +65,48 @@ class _Node:
         self.errors: dict[int, str] = {}
 
 
+def _await_dir(path: Path, timeout_s: float = 300.0) -> None:
+    """Waits until orbax has created ``path`` (its step directory) before writing into it."""
+    t_end = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > t_end:
+            raise TimeoutError(f"{path}: not created by orbax within {timeout_s} s")
+        time.sleep(0.002)
+
+
+class _ThreadFuture:
+    """An orbax commit future: runs one coroutine on its own thread; ``result`` joins it.
+
+    Unlike orbax's ``CommitFutureAwaitingContractedSignals`` it waits on no signal from the
+    jax.distributed key-value store: CacheX managers create their step directories
+    synchronously (``create_directories_asynchronously=False``), and orbax 0.12 keys its
+    signal contract by operation id only, so independent per-process managers in one
+    jax.distributed job could wait on each other's keys.
+    """
+
+    def __init__(self, coro, name: str):
+        self._error: list[BaseException] = []
+
+        def target():
+            try:
+                asyncio.run(coro)
+            except BaseException as e:  # noqa: BLE001 - re-raised by result()
+                self._error.append(e)
+
+        self._thread = threading.Thread(target=target, name=name, daemon=True)
+        self._thread.start()
+
+    def result(self, timeout: float | None = None):
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"{self._thread.name}: commit still running after {timeout} s")
+        if self._error:
+            raise self._error[0]
+
+    def cancel(self):
+        return False
+
+
 class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
     """orbax async handler: T0 staging in ``async_save``, T1 + T2 in the commit future.
 
@@ -84,11 +126,7 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
         t0 = time.perf_counter()
         slot, snap = node.pool.stage(args.state)
         node.stalls[args.step] = time.perf_counter() - t0
-        return [
-            ocp_future.CommitFutureAwaitingContractedSignals(
-                self._commit(directory, slot, snap, args.step, t0), name="cachex_commit"
-            )
-        ]
+        return [_ThreadFuture(self._commit(directory, slot, snap, args.step, t0), "cachex_commit")]
 
     async def _commit(self, directory, slot, snap, step, t0):
         # T1 (local write + fsyncs) and T2 (push of the same staged bytes to the neighbour)
@@ -96,7 +134,7 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
         node = self._node
         try:
             d = Path(directory)
-            d.mkdir(parents=True, exist_ok=True)
+            _await_dir(d)  # orbax creates the item directory; never race it with our own mkdir
             views, manifest = _format.encode_rank(snap, {"step": int(step), "rank": node.rank})
             replica_err: list[BaseException] = []
             t_replica: list[float] = []
@@ -202,10 +240,10 @@ class PFSDelayHandler(async_checkpoint_handler.AsyncCheckpointHandler):
             if left > 0:
                 time.sleep(left)  # the commit runs in its own thread: blocking is intended
             d = Path(directory)
-            d.mkdir(parents=True, exist_ok=True)
+            _await_dir(d)  # orbax creates the item directory; never race it with our own mkdir
             _fsio.write_file_durable(d / "pfs_delay.json", b'{"seconds": %f}' % args.seconds)
 
-        return [ocp_future.CommitFutureAwaitingContractedSignals(commit(), name="pfs_delay")]
+        return [_ThreadFuture(commit(), "pfs_delay")]
 
     def save(self, directory, args: PFSDelaySave | None = None, **kwargs):
         async def run():
@@ -335,6 +373,7 @@ class CacheXManager:
         self.handler = CacheXHandler(self._node)
         options = ocp.CheckpointManagerOptions(
             enable_async_checkpointing=True,
+            async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
             create=False,
             preservation_policy=_Preserve(self, max_to_keep),
             multiprocessing_options=ocp.options.MultiprocessingOptions(
