@@ -77,7 +77,9 @@ def finetune(key, model, params, x_clean, y_clean, n_steps=100, lr=0.01, batch_s
       n_steps, lr, batch_size: SGD settings (static).
       masks: optional fixed channel masks.
 
-    >>> # p = finetune(jax.random.key(0), model, params, xc, yc)
+    Example, with trained ``params`` and a clean split ``xc, yc``:
+
+        p = finetune(jax.random.key(0), model, params, xc, yc)
     """
     _check(model, params, x_clean, y_clean)
     opt = optax.sgd(lr, momentum=0.9)
@@ -110,7 +112,9 @@ def fine_pruning(
     clean split, as long as clean-split accuracy stays within ``acc_drop`` of the original
     and at most ``max_ratio`` of the channels go; then the pruned model is fine-tuned.
 
-    >>> # p = fine_pruning(jax.random.key(0), model, params, xc, yc)
+    Example, with trained ``params`` and a clean split ``xc, yc``:
+
+        p = fine_pruning(jax.random.key(0), model, params, xc, yc)
     """
     _check(model, params, x_clean, y_clean)
     layer = conv_layers(params)[-1]
@@ -160,7 +164,9 @@ def nad(
     with p = 2, in the mean-squared form of the reference code; BackdoorBench's betas are
     500-5000, ours is one beta for all layers).
 
-    >>> # p = nad(jax.random.key(0), model, params, xc, yc)
+    Example, with trained ``params`` and a clean split ``xc, yc``:
+
+        p = nad(jax.random.key(0), model, params, xc, yc)
     """
     _check(model, params, x_clean, y_clean)
     k1, k2 = jax.random.split(key)
@@ -199,7 +205,9 @@ def anp(
     eq. 5; one signed ascent step from a random start for the inner max, as in the reference
     code), then prunes channels with ``m < threshold``.
 
-    >>> # p = anp(jax.random.key(0), model, params, xc, yc)
+    Example, with trained ``params`` and a clean split ``xc, yc``:
+
+        p = anp(jax.random.key(0), model, params, xc, yc)
     """
     _check(model, params, x_clean, y_clean)
     layers = conv_layers(params)
@@ -368,7 +376,9 @@ def ibau(
     (the unrolled alternative the paper compares against). Adam on the outer problem, as in
     the reference code.
 
-    >>> # p = ibau(jax.random.key(0), model, params, xc, yc)
+    Example, with trained ``params`` and a clean split ``xc, yc``:
+
+        p = ibau(jax.random.key(0), model, params, xc, yc)
     """
     _check(model, params, x_clean, y_clean)
 
@@ -398,7 +408,9 @@ def clp(key, model, params, x_clean=None, y_clean=None, u=3.0):
     spectral norm of its kernel reshaped to ``[in, kh * kw]`` (paper eq. 9, no BN here);
     channels above ``mean + u * std`` of their layer are pruned.
 
-    >>> # p = clp(None, model, params)
+    Example, with trained ``params`` and a clean split ``xc, yc``:
+
+        p = clp(None, model, params)
     """
     del key, x_clean, y_clean
     masks = {}
@@ -417,7 +429,9 @@ def ft_sam(key, model, params, x_clean, y_clean, rho=0.05, n_steps=100, lr=0.01,
     Each step evaluates the gradient at ``theta + rho * g / ||g||`` (SAM's eq. 2), which
     FT-SAM shows pushes the model away from the backdoor's sharp region.
 
-    >>> # p = ft_sam(jax.random.key(0), model, params, xc, yc)
+    Example, with trained ``params`` and a clean split ``xc, yc``:
+
+        p = ft_sam(jax.random.key(0), model, params, xc, yc)
     """
     _check(model, params, x_clean, y_clean)
     base = _ce_loss(model)
@@ -460,7 +474,9 @@ def rnp(
        below ``threshold`` (backdoor neurons are the ones recovery does not need), stopping
        before clean-split accuracy falls more than ``acc_drop`` below the original's.
 
-    >>> # p = rnp(jax.random.key(0), model, params, xc, yc)
+    Example, with trained ``params`` and a clean split ``xc, yc``:
+
+        p = rnp(jax.random.key(0), model, params, xc, yc)
     """
     _check(model, params, x_clean, y_clean)
     k1, k2 = jax.random.split(key)
@@ -532,7 +548,9 @@ def mcr(
     the midpoint) is trained on the clean split with ``t ~ U(0, 1)`` each step (paper eq. 2).
     Points in the middle of the path keep accuracy and lose the backdoor.
 
-    >>> # p = mcr(jax.random.key(0), model, params, xc, yc)
+    Example, with trained ``params`` and a clean split ``xc, yc``:
+
+        p = mcr(jax.random.key(0), model, params, xc, yc)
     """
     _check(model, params, x_clean, y_clean)
     if not 0.0 <= t <= 1.0:
