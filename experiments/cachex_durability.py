@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import _runner
-from experiments.cachex_faultworker import state
+from experiments._cachex_faultworker import state
 from hexad import cachex
 from hexad.cachex import _format, _manager, _pfs
 
@@ -137,7 +137,7 @@ def _one_run(fault: str, run_dir: Path, seed: int, cfg: Config, t_stage: list) -
     try:
         if fault in KILL_FAULTS:
             host, port = server.address
-            cmd = [sys.executable, "-m", "experiments.cachex_faultworker", str(local), str(pfs),
+            cmd = [sys.executable, "-m", "experiments._cachex_faultworker", str(local), str(pfs),
                    host, str(port), cfg.token, str(n), fault, str(seed)]  # fmt: skip
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
             if proc.returncode != -signal.SIGKILL:

@@ -1,6 +1,6 @@
 """The trainer process that ``experiments.cachex_durability`` kills (not a study).
 
-Usage: python -m experiments.cachex_faultworker LOCAL PFS HOST PORT TOKEN N_GOOD FAULT SEED
+Usage: python -m experiments._cachex_faultworker LOCAL PFS HOST PORT TOKEN N_GOOD FAULT SEED
 
 Saves steps ``0 .. N_GOOD-1`` through CacheX to completion, prints ``READY``, installs the
 fault and saves step ``N_GOOD``; the fault SIGKILLs this process at its point:
