@@ -1,7 +1,10 @@
-"""Data: bundled sets (Planetoid, PBMC 68k reduced) and loaders. Reading files is allowed here.
+"""Data: bundled sets and loaders. Reading files is allowed here; nothing is ever unpickled.
 
-Method packages may add their own loader modules here (``hexad.data.<name>``); nothing here is
-ever unpickled.
+- this module: the bundled Planetoid graphs (Cora, Citeseer) and PBMC 68k reduced cells;
+- :mod:`hexad.data.images`: scikit-learn digits, procedural image classes, and CIFAR-10 (binary
+  format) / GTSRB (PPM + CSV) readers for a user-given path;
+- :mod:`hexad.data.offline_rl`: offline RL data sets generated here in gymnasium(-robotics),
+  cached as npz with D4RL field names.
 """
 
 from hexad.data._bundled import (
