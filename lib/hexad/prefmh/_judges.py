@@ -222,6 +222,14 @@ def external_judge(fn: Callable[..., Any]) -> Judge:
 
     The call goes through ``jax.pure_callback(..., vmap_method="broadcast_all")``, so under
     ``jax.vmap`` over chains (and over ``num`` comparisons) it is one host call per step.
+    With chains sharded over a mesh (``run_chains(..., mesh=...)``) it is still one call per
+    step, not one per device shard: a ``pure_callback`` without ``sharding=`` is a
+    maximal-sharding op (jax's ``_callback_op_sharding``), so XLA gathers every chain's
+    operands onto the mesh's first device, calls ``fn`` once with the whole batch in chain
+    order and scatters the outcomes back (inside a ``shard_map`` it would instead be one call
+    per device, which ``run_chains`` does not use). The batch and
+    the numpy seed are then those of the unsharded run, and so are the traces, bit for bit
+    (tested on 8 simulated CPU devices). The gather costs one transfer per step.
     The judge's :class:`JudgeCounter` (``judge.counter``) counts calls and comparisons.
 
     Args:
