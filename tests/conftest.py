@@ -4,6 +4,7 @@ The XLA flag must be set before jax is first imported, so it is set at the top o
 which pytest imports before any test module.
 """
 
+import contextlib
 import os
 
 _FLAG = "--xla_force_host_platform_device_count=8"
@@ -39,12 +40,25 @@ def key():
     return jax.random.key(0)
 
 
-@pytest.fixture
-def float64():
-    """Enable float64 for one test and restore the previous setting afterwards."""
+@contextlib.contextmanager
+def _x64():
     previous = jax.config.jax_enable_x64
     jax.config.update("jax_enable_x64", True)
     try:
         yield
     finally:
         jax.config.update("jax_enable_x64", previous)
+
+
+@pytest.fixture
+def float64():
+    """Enable float64 for one test and restore the previous setting afterwards."""
+    with _x64():
+        yield
+
+
+@pytest.fixture(scope="module")
+def float64_module():
+    """Enable float64 for a whole test module (request it from an autouse module fixture)."""
+    with _x64():
+        yield
