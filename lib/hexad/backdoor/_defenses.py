@@ -185,6 +185,25 @@ def nad(
     return p
 
 
+def _optimise_masks(key, m0, loss, x_clean, y_clean, lr, n_steps, batch_size):
+    """Returns channel masks minimising ``loss`` by SGD with momentum, kept in ``[0, 1]``.
+
+    The mask optimisation that ANP and RNP share; ``loss(masks, batch)`` as in ``minimize``.
+    """
+    clip01 = lambda m: jax.tree.map(lambda a: jnp.clip(a, 0.0, 1.0), m)
+    m, _ = minimize(
+        key,
+        m0,
+        loss,
+        (x_clean, y_clean),
+        optax.sgd(lr, momentum=0.9),
+        n_steps,
+        batch_size,
+        project=clip01,
+    )
+    return m
+
+
 def anp(
     key,
     model,
@@ -238,17 +257,7 @@ def anp(
         return alpha * nat + (1 - alpha) * pert_loss(d1)
 
     m0 = {l: jnp.ones(widths[l]) for l in layers}
-    project = lambda m: jax.tree.map(lambda a: jnp.clip(a, 0.0, 1.0), m)
-    m, _ = minimize(
-        key,
-        m0,
-        loss,
-        (x_clean, y_clean),
-        optax.sgd(mask_lr, momentum=0.9),
-        n_steps,
-        batch_size,
-        project=project,
-    )
+    m = _optimise_masks(key, m0, loss, x_clean, y_clean, mask_lr, n_steps, batch_size)
     return apply_channel_mask(params, {l: (m[l] >= threshold).astype(jnp.float32) for l in layers})
 
 
@@ -499,17 +508,7 @@ def rnp(
         return cross_entropy(model.apply(unl, xb, m, m), yb)
 
     m0 = {l: jnp.ones(params["params"][l]["kernel"].shape[-1]) for l in layers}
-    project = lambda m: jax.tree.map(lambda a: jnp.clip(a, 0.0, 1.0), m)
-    m, _ = minimize(
-        k2,
-        m0,
-        mloss,
-        (x_clean, y_clean),
-        optax.sgd(mask_lr, momentum=0.9),
-        recover_steps,
-        batch_size,
-        project=project,
-    )
+    m = _optimise_masks(k2, m0, mloss, x_clean, y_clean, mask_lr, recover_steps, batch_size)
     # prune in increasing order of recovered mask, below threshold, while the clean split
     # keeps its accuracy within acc_drop (BackdoorBench's validation-based stopping rule)
     flat = sorted((float(v), l, i) for l in layers for i, v in enumerate(np.asarray(m[l])))
