@@ -30,17 +30,15 @@ distances), ``on_manifold_max_err`` (RWEFM samples' largest distance from the sp
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from experiments import _runner
-from experiments.rwefm_synthetic import _evaluate, _train
+from experiments.rwefm_synthetic import QUICK, compare
 from hexad.data import load_pbmc68k
-from hexad.geometry import Euclidean, Sphere
-from hexad.rwefm import CloudBatch, NoiseModel, fit_noise, make_sampler
+from hexad.geometry import Sphere
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,41 +100,11 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         _clouds(rng, x[te], data.cell_type[te], cfg.n_test, cfg.n_points, cfg.concentration)
     )
 
-    sphere, ambient = Sphere(cfg.n_pcs), Euclidean(cfg.n_pcs)
-    key = ctx.key()
-    kr, ke, k1, k2 = jax.random.split(key, 4)
-    t0 = time.perf_counter()
-    model_r, params_r, loss_r = _train(kr, sphere, NoiseModel(sphere), train, cfg, ctx, "rwefm")
-    noise_e = fit_noise(ambient, CloudBatch(train, jnp.ones(train.shape[:2])))
-    model_e, params_e, loss_e = _train(ke, ambient, noise_e, train, cfg, ctx, "euclid")
-    t_train = time.perf_counter() - t0
-
-    shape = (cfg.n_test, cfg.n_points)
-    mask = jnp.ones(shape, bool)
-    samp_r = make_sampler(sphere, model_r, n_steps=cfg.sampler_steps, method=cfg.method)
-    samp_e = make_sampler(ambient, model_e, n_steps=cfg.sampler_steps, method=cfg.method)
-    gen_r = jax.jit(samp_r.sample)(params_r, NoiseModel(sphere).sample(k1, shape), mask)
-    raw_e = jax.jit(samp_e.sample)(params_e, noise_e.sample(k2, shape), mask)
-    gen_e = sphere.proj(raw_e)
-
-    er = _evaluate(sphere, gen_r, test, cfg)
-    ee = _evaluate(sphere, gen_e, test, cfg)
-    floor = _evaluate(sphere, test2, test, cfg)
+    sphere = Sphere(cfg.n_pcs)
+    keys = tuple(jax.random.split(ctx.key(), 4))
+    figures, gen_r, gen_e, t_train = compare(keys, sphere, train, test, test2, cfg, ctx)
     _plot(ctx, test, gen_r, gen_e)
-    return {
-        "rwefm_w2": er["w2"],
-        "euclid_w2": ee["w2"],
-        "rwefm_1nna": er["1nna"],
-        "euclid_1nna": ee["1nna"],
-        "rwefm_mmd": er["mmd"],
-        "euclid_mmd": ee["mmd"],
-        "on_manifold_max_err": float(jnp.max(sphere.manifold_error(gen_r))),
-        "euclid_off_manifold_before_proj": float(jnp.max(sphere.manifold_error(raw_e))),
-        "rwefm_final_loss": loss_r,
-        "euclid_final_loss": loss_e,
-        "data_w2": floor["w2"],
-        "train_seconds": t_train,
-    }
+    return {**figures, "train_seconds": t_train}
 
 
 def _plot(ctx, test, gen_r, gen_e):
@@ -160,19 +128,7 @@ STUDY = _runner.Study(
     "rwefm_singlecell",
     Config,
     run,
-    quick={
-        "n_train": 64,
-        "n_test": 16,
-        "n_points": 24,
-        "steps": 150,
-        "chunk": 50,
-        "batch": 8,
-        "lr": 3e-3,
-        "width": 32,
-        "depth": 1,
-        "heads": 2,
-        "sampler_steps": 20,
-    },
+    quick=QUICK,
     doc=__doc__,
 )
 

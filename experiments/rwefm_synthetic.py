@@ -163,6 +163,66 @@ def _plot(ctx, name, test, gen_r, gen_e):
     ctx.save_plot(fig, f"clouds_{name}")
 
 
+def compare(keys, manifold, train, test, test2, cfg, ctx, tag=None):
+    """Trains RWEFM on ``manifold`` and the Euclidean baseline on the same clouds, and scores both.
+
+    The baseline is the same network and budget in the ambient space ``R^manifold.dim``, its
+    samples projected onto the manifold at the end. Both are scored against ``test``; ``test2``
+    (a second draw from the test distribution) gives the data's own floor.
+
+    Args:
+      keys: four PRNG keys: RWEFM training, baseline training, RWEFM noise, baseline noise.
+      manifold: the manifold the clouds live on.
+      train, test, test2: ``[n, m, d]`` clouds.
+      cfg: the study config (training, sampler and metric settings).
+      ctx: the run context (progress, metrics).
+      tag: prefix of the progress labels, or None.
+
+    Returns:
+      ``(figures, gen_r, gen_e, train_seconds)``: the summary figures, and the generated clouds.
+    """
+    kr, ke, k1, k2 = keys
+    ambient = Euclidean(manifold.dim)
+    label = "" if tag is None else f"{tag}-"
+    t0 = time.perf_counter()
+    model_r, params_r, loss_r = _train(
+        kr, manifold, NoiseModel(manifold), train, cfg, ctx, f"{label}rwefm"
+    )
+    noise_e = fit_noise(ambient, CloudBatch(train, jnp.ones(train.shape[:2], train.dtype)))
+    model_e, params_e, loss_e = _train(ke, ambient, noise_e, train, cfg, ctx, f"{label}euclid")
+    seconds = time.perf_counter() - t0
+
+    shape = (cfg.n_test, cfg.n_points)
+    mask = jnp.ones(shape, bool)
+    samp_r = jax.jit(
+        make_sampler(manifold, model_r, n_steps=cfg.sampler_steps, method=cfg.method).sample
+    )
+    samp_e = jax.jit(
+        make_sampler(ambient, model_e, n_steps=cfg.sampler_steps, method=cfg.method).sample
+    )
+    gen_r = samp_r(params_r, NoiseModel(manifold).sample(k1, shape), mask)
+    raw_e = samp_e(params_e, noise_e.sample(k2, shape), mask)
+    gen_e = manifold.proj(raw_e)
+
+    er = _evaluate(manifold, gen_r, test, cfg)
+    ee = _evaluate(manifold, gen_e, test, cfg)
+    floor = _evaluate(manifold, test2, test, cfg)
+    figures = {
+        "rwefm_w2": er["w2"],
+        "euclid_w2": ee["w2"],
+        "rwefm_1nna": er["1nna"],
+        "euclid_1nna": ee["1nna"],
+        "rwefm_mmd": er["mmd"],
+        "euclid_mmd": ee["mmd"],
+        "on_manifold_max_err": float(jnp.max(manifold.manifold_error(gen_r))),
+        "euclid_off_manifold_before_proj": float(jnp.max(manifold.manifold_error(raw_e))),
+        "rwefm_final_loss": loss_r,
+        "euclid_final_loss": loss_e,
+        "data_w2": floor["w2"],
+    }
+    return figures, gen_r, gen_e, seconds
+
+
 def run(cfg: Config, ctx: _runner.Context) -> dict:
     summary: dict = {}
     t_train = 0.0
@@ -172,75 +232,39 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
             raise ValueError(f"manifolds: expected names in ('s2', 't2'), got {name!r}")
         key, kd, kt, kt2, kr, ke, ks = jax.random.split(key, 7)
         manifold = Sphere(3) if name == "s2" else Torus(2)
-        ambient = Euclidean(manifold.dim)
         train = _data(kd, name, cfg.n_train, cfg)
         test = _data(kt, name, cfg.n_test, cfg)
         test2 = _data(kt2, name, cfg.n_test, cfg)
-        ones = jnp.ones(train.shape[:2], train.dtype)
-
-        t0 = time.perf_counter()
-        model_r, params_r, loss_r = _train(
-            kr, manifold, NoiseModel(manifold), train, cfg, ctx, f"{name}-rwefm"
+        figures, gen_r, gen_e, seconds = compare(
+            (kr, ke) + tuple(jax.random.split(ks)), manifold, train, test, test2, cfg, ctx, name
         )
-        noise_e = fit_noise(ambient, CloudBatch(train, ones))
-        model_e, params_e, loss_e = _train(ke, ambient, noise_e, train, cfg, ctx, f"{name}-euclid")
-        t_train += time.perf_counter() - t0
-
-        shape = (cfg.n_test, cfg.n_points)
-        mask = jnp.ones(shape, bool)
-        k1, k2 = jax.random.split(ks)
-        samp_r = jax.jit(
-            make_sampler(manifold, model_r, n_steps=cfg.sampler_steps, method=cfg.method).sample
-        )
-        samp_e = jax.jit(
-            make_sampler(ambient, model_e, n_steps=cfg.sampler_steps, method=cfg.method).sample
-        )
-        gen_r = samp_r(params_r, NoiseModel(manifold).sample(k1, shape), mask)
-        raw_e = samp_e(params_e, noise_e.sample(k2, shape), mask)
-        gen_e = manifold.proj(raw_e)
-
-        er = _evaluate(manifold, gen_r, test, cfg)
-        ee = _evaluate(manifold, gen_e, test, cfg)
-        floor = _evaluate(manifold, test2, test, cfg)
-        summary.update(
-            {
-                f"{name}_rwefm_w2": er["w2"],
-                f"{name}_euclid_w2": ee["w2"],
-                f"{name}_rwefm_1nna": er["1nna"],
-                f"{name}_euclid_1nna": ee["1nna"],
-                f"{name}_rwefm_mmd": er["mmd"],
-                f"{name}_euclid_mmd": ee["mmd"],
-                f"{name}_on_manifold_max_err": float(jnp.max(manifold.manifold_error(gen_r))),
-                f"{name}_euclid_off_manifold_before_proj": float(
-                    jnp.max(manifold.manifold_error(raw_e))
-                ),
-                f"{name}_rwefm_final_loss": loss_r,
-                f"{name}_euclid_final_loss": loss_e,
-                f"{name}_data_w2": floor["w2"],
-            }
-        )
+        t_train += seconds
+        summary.update({f"{name}_{k}": v for k, v in figures.items()})
         _plot(ctx, name, test, gen_r, gen_e)
     summary["train_seconds"] = t_train
     return summary
 
 
+#: The --quick sizes, shared with the single-cell study.
+QUICK = {
+    "n_train": 64,
+    "n_test": 16,
+    "n_points": 24,
+    "steps": 150,
+    "chunk": 50,
+    "batch": 8,
+    "lr": 3e-3,
+    "width": 32,
+    "depth": 1,
+    "heads": 2,
+    "sampler_steps": 20,
+}
+
 STUDY = _runner.Study(
     "rwefm_synthetic",
     Config,
     run,
-    quick={
-        "n_train": 64,
-        "n_test": 16,
-        "n_points": 24,
-        "steps": 150,
-        "chunk": 50,
-        "batch": 8,
-        "lr": 3e-3,
-        "width": 32,
-        "depth": 1,
-        "heads": 2,
-        "sampler_steps": 20,
-    },
+    quick=QUICK,
     doc=__doc__,
 )
 
