@@ -30,7 +30,7 @@ def data_mesh(devices: Sequence[jax.Device] | None = None, axis: str = "data") -
     Returns:
       A ``Mesh`` of shape ``[len(devices)]`` named ``(axis,)`` with ``AxisType.Auto``.
 
-    >>> data_mesh(jax.devices()[:1]).shape
+    >>> dict(data_mesh(jax.devices()[:1]).shape)
     {'data': 1}
     """
     devs = list(jax.devices() if devices is None else devices)
@@ -47,8 +47,8 @@ def auto_axes(mesh: Mesh) -> Mesh:
     A mesh that is already all-Auto is returned unchanged (same object).
 
     >>> m = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1])
-    >>> auto_axes(m).axis_types
-    (AxisType.Auto,)
+    >>> auto_axes(m).axis_types == (AxisType.Auto,)
+    True
     """
     if not isinstance(mesh, Mesh):
         raise TypeError(f"mesh: expected a jax.sharding.Mesh, got {type(mesh).__name__}")
@@ -87,7 +87,7 @@ def batch_sharding(mesh: Mesh, axis: str = "data") -> NamedSharding:
     """A ``NamedSharding`` that splits the leading dimension over ``axis`` (Auto axes).
 
     >>> batch_sharding(data_mesh(jax.devices()[:1])).spec
-    PartitionSpec('data',)
+    P('data',)
     """
     mesh = auto_axes(mesh)
     if axis not in mesh.shape:
