@@ -9,7 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Planetoid", "SingleCell", "bundled_path", "load_npz", "load_pbmc68k", "load_planetoid"]
+__all__ = [
+    "Planetoid",
+    "SingleCell",
+    "bundled_path",
+    "cache_dir",
+    "load_npz",
+    "load_pbmc68k",
+    "load_planetoid",
+]
 
 PLANETOID_NAMES = ("cora", "citeseer")
 
@@ -24,6 +32,18 @@ def bundled_path(*parts: str) -> Path:
     if not path.exists():
         raise FileNotFoundError(f"bundled file {'/'.join(parts)!r} is missing from the package")
     return path
+
+
+def cache_dir(*parts: str) -> Path:
+    """The folder for data generated here and cached (never downloaded), not created.
+
+    ``$HEXAD_CACHE`` if set, else ``~/.cache/hexad``, joined with ``parts``.
+
+    >>> cache_dir("offline_rl").name
+    'offline_rl'
+    """
+    root = os.environ.get("HEXAD_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hexad")
+    return Path(root).joinpath(*parts)
 
 
 def load_npz(path: str | os.PathLike, required: tuple[str, ...] = ()) -> dict[str, np.ndarray]:

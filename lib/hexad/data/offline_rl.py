@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hexad.data import _bundled
 from hexad.data._bundled import load_npz
 
 __all__ = [
@@ -62,8 +63,7 @@ UMAZE = (
 
 def cache_dir() -> Path:
     """Returns the cache folder for generated data sets (``$HEXAD_CACHE/offline_rl``)."""
-    root = os.environ.get("HEXAD_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hexad")
-    return Path(root) / "offline_rl"
+    return _bundled.cache_dir("offline_rl")
 
 
 class MazeGeometry:
