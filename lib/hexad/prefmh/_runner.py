@@ -8,8 +8,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from hexad import sharding as hsharding
 from hexad.prefmh._diagnostics import effective_sample_size, potential_scale_reduction
 
 __all__ = ["ChainResult", "run_chains"]
@@ -126,18 +126,9 @@ def run_chains(
     num_chains = positions.shape[0]
     sharding = None
     if mesh is not None:
-        if axis_name not in mesh.shape:
-            raise ValueError(f"axis_name: {axis_name!r} not in mesh axes {tuple(mesh.shape)}")
-        size = mesh.shape[axis_name]
-        if num_chains % size:
-            raise ValueError(
-                f"initial_positions: chains = {num_chains} must be divisible by the mesh axis "
-                f"{axis_name!r} of size {size}"
-            )
-        # Explicit-sharding meshes (jax.make_mesh's default) would type every intermediate;
-        # the chains are independent, so an Auto mesh on the same devices lets XLA propagate.
-        auto = Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * mesh.devices.ndim)
-        sharding = NamedSharding(auto, PartitionSpec(axis_name))
+        # The chains are independent: shard them on an Auto mesh and let XLA propagate.
+        hsharding.check_divisible(mesh, axis_name, num_chains, "initial_positions")
+        sharding = hsharding.batch_sharding(mesh, axis_name)
     states = jax.vmap(lambda p: algorithm.init(p))(positions)
     if sharding is not None:
         states = jax.device_put(states, sharding)
