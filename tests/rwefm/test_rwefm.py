@@ -10,7 +10,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import Mesh
 
 from hexad.geometry import Sphere, Torus
 from hexad.rwefm import (
@@ -102,7 +101,8 @@ def test_short_training_lowers_the_loss_one_trace(torus_setup, key):
 def test_eight_devices_match_one(torus_setup, key):
     batch, model, noise = torus_setup
     assert len(jax.devices()) == 8
-    mesh = Mesh(np.array(jax.devices()), ("data",))
+    # jax.make_mesh gives Explicit axes on jax 0.10; the trainer converts them to Auto
+    mesh = jax.make_mesh((8,), ("data",))
     tr1 = make_trainer(T2, model, optax.adam(1e-2), noise, ot_pairing=False)
     tr8 = make_trainer(T2, model, optax.adam(1e-2), noise, ot_pairing=False, mesh=mesh)
     params = tr1.init(key, batch).params
@@ -111,6 +111,11 @@ def test_eight_devices_match_one(torus_setup, key):
     assert len(sharded.points.sharding.device_set) == 8
     l8 = jax.jit(tr8.loss)(params, key, sharded)
     np.testing.assert_allclose(l8, l1, rtol=1e-5)
+    odd = CloudBatch(batch.points[:6], batch.weights[:6])
+    with pytest.raises(ValueError, match="batch: leading dimension 6"):
+        shard_batch(odd, mesh)
+    with pytest.raises(ValueError, match="batch: leading dimension 6"):
+        jax.jit(tr8.loss)(params, key, odd)
 
 
 def test_samplers_are_exact_for_constant_fields(key):

@@ -15,11 +15,12 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 from ott.geometry import geometry as ott_geometry
 from ott.problems.linear import linear_problem
 from ott.solvers.linear import sinkhorn
 
+from hexad import sharding as _sharding
 from hexad.geometry import Euclidean, Torus, check_points
 from hexad.ot import EntropicMap, mccann_interpolation
 
@@ -260,12 +261,16 @@ def pair_clouds(
 def shard_batch(batch: CloudBatch, mesh: Mesh, axis: str = "data") -> CloudBatch:
     """Returns ``batch`` placed on ``mesh`` with its leading (cloud) axis split along ``axis``.
 
-    >>> from jax.sharding import Mesh
-    >>> mesh = Mesh(jax.devices()[:1], ("data",))
+    Any mesh is accepted (``jax.make_mesh``'s Explicit axes are converted to Auto axes on the
+    same devices, :func:`hexad.sharding.auto_axes`); the number of clouds must divide evenly.
+
+    >>> from hexad.sharding import data_mesh
+    >>> mesh = data_mesh(jax.devices()[:1])
     >>> shard_batch(CloudBatch(jnp.zeros((2, 3, 2)), jnp.ones((2, 3))), mesh).points.shape
     (2, 3, 2)
     """
-    sharding = NamedSharding(mesh, PartitionSpec(axis))
+    sharding = _sharding.batch_sharding(mesh, axis)
+    _sharding.check_divisible(sharding.mesh, axis, int(jnp.shape(batch.points)[0]), "batch")
     return jax.tree.map(lambda a: jax.device_put(a, sharding), batch)
 
 
@@ -293,7 +298,9 @@ def make_trainer(
     ``p_uncond`` (classifier-free guidance training).
 
     With ``mesh``, the batch is constrained to be split along ``data_axis`` (parameters are
-    replicated); the same code runs on one device without it.
+    replicated); the same code runs on one device without it. Any mesh is accepted: its axes
+    are made Auto (:func:`hexad.sharding.auto_axes`), and a batch whose number of clouds does
+    not divide the axis raises a ValueError when the step is traced.
 
     Args:
       manifold: the manifold (static); ``Euclidean(d)`` gives the Euclidean baseline.
@@ -321,11 +328,13 @@ def make_trainer(
     """
     mapper = EntropicMap(manifold, epsilon=epsilon, max_iterations=sinkhorn_iterations)
     num_classes = int(getattr(model, "num_classes", 0))
-    sharding = None if mesh is None else NamedSharding(mesh, PartitionSpec(data_axis))
+    sharding = None if mesh is None else _sharding.batch_sharding(mesh, data_axis)
 
     def constrain(tree):
         if sharding is None:
             return tree
+        for a in jax.tree.leaves(tree):
+            _sharding.check_divisible(sharding.mesh, data_axis, a.shape[0], "batch")
         return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, sharding), tree)
 
     def targets(key: Array, batch: CloudBatch):
