@@ -328,8 +328,16 @@ def test_drainer_refuses_to_propagate_a_corrupt_local_step(tmp_path):
     m.save(0, {"x": np.arange(100, dtype=np.float32)})
     m.close()
     _flip_bit(m.steps_dir / "0" / "state" / "data.bin", byte=40)
-    assert _pfs.drain_once(m.drainer_config) == []
-    assert m.tier_done(0, "pfs_error") and not (tmp_path / "pfs" / "0").exists()
+    t = time.time()
+    for attempt in range(5):  # retried with backoff (0.5, 1, 2, 4 s), then final
+        assert _pfs.drain_once(m.drainer_config, now=t + 60.0 * attempt) == []
+        assert (
+            "checksum" in m.durability(0)["pfs_retry"]["errors"][-1]
+            or "corrupt" in (m.durability(0)["pfs_retry"]["errors"][-1])
+        )
+        assert m.tier_done(0, "pfs_error") == (attempt == 4)
+    assert not (tmp_path / "pfs" / "0").exists()
+    assert not (tmp_path / "pfs" / ".tmp-0" / "done_0").exists()
 
 
 def test_killed_trainer_leaves_no_restorable_partial_step_and_drainer_survives(tmp_path, server):

@@ -285,8 +285,11 @@ class _Preserve:
     """orbax preservation policy: latest ``n`` + newest PFS-durable + every newer step.
 
     A step newer than the newest PFS-durable one is pinned until the drainer persists it (the
-    drainer reads it from the node-local tier). Without a PFS, the latest ``n`` are kept: the
-    newest orbax-committed step is then the newest durable one and is always among them.
+    drainer reads it from the node-local tier). That includes a step whose drain failed, while
+    it waits for a retry and after its retries are exhausted: it stays pinned (locally, and on
+    the neighbour's replica, whose GC follows the local one) until it or a newer step is
+    PFS-durable. Without a PFS, the latest ``n`` are kept: the newest orbax-committed step is
+    then the newest durable one and is always among them.
     """
 
     manager: CacheXManager
@@ -326,6 +329,12 @@ class CacheXManager:
       rank, n_ranks: this process and the number of processes (default: ``jax``'s).
       seed: seeds the PFS model's latency draws.
       drainer: start the drainer process (when ``pfs_dir`` is set).
+      pfs_max_to_keep: committed PFS steps kept by the drainers' GC (>= 1; the newest is never
+        deleted, nor a step still draining), or None to keep every PFS step.
+      drain_max_attempts: attempts to drain one step before its failure is final (>= 1).
+      drain_backoff_s: wait before the first retry of a failed drain; it doubles after each
+        further failure, capped at ``drain_backoff_max_s``. Attempts, errors and the next try
+        are in the step's ``pfs_retry`` record, a final failure in ``pfs_error``.
 
     >>> import tempfile, numpy as np
     >>> m = CacheXManager(tempfile.mkdtemp())
@@ -350,11 +359,30 @@ class CacheXManager:
         n_ranks: int | None = None,
         seed: int = 0,
         drainer: bool = True,
+        pfs_max_to_keep: int | None = None,
+        drain_max_attempts: int = 5,
+        drain_backoff_s: float = 0.5,
+        drain_backoff_max_s: float = 30.0,
     ):
         if not isinstance(max_to_keep, int) or max_to_keep < 1:
             raise ValueError(f"max_to_keep: expected an int >= 1, got {max_to_keep!r}")
         if neighbour is not None and not isinstance(neighbour, _replica.ReplicaClient):
             raise TypeError(f"neighbour: expected a ReplicaClient, got {type(neighbour).__name__}")
+        retry = dict(
+            pfs_max_to_keep=pfs_max_to_keep,
+            retry_max_attempts=drain_max_attempts,
+            retry_backoff_s=drain_backoff_s,
+            retry_backoff_max_s=drain_backoff_max_s,
+        )
+        try:  # validate before anything is created or started
+            _pfs.DrainerConfig("", "", "", "", **retry)
+        except ValueError as e:  # name the manager's argument, not the drainer's field
+            for ours, theirs in (("drain_max_attempts", "retry_max_attempts"),
+                                 ("drain_backoff_max_s", "retry_backoff_max_s"),
+                                 ("drain_backoff_s", "retry_backoff_s")):  # fmt: skip
+                if str(e).startswith(theirs + ":"):
+                    raise ValueError(ours + str(e)[len(theirs) :]) from None
+            raise
         self.directory = Path(directory).absolute()
         self.steps_dir = self.directory / "steps"
         self.records_dir = self.directory / "durability"
@@ -401,6 +429,7 @@ class CacheXManager:
                 pfs=dataclasses.asdict(pfs_model) if pfs_model is not None else None,
                 seed=seed,
                 parent_pid=os.getpid(),
+                **retry,
             )
             if drainer:
                 self._drainer = _pfs.spawn_drainer(self.drainer_config)
@@ -440,7 +469,7 @@ class CacheXManager:
         return (self.records_dir / str(int(step)) / f"{tier}.json").exists()
 
     def wait_for_pfs(self, step: int, timeout_s: float = 60.0) -> bool:
-        """Polls until ``step`` is PFS-durable (or failed to drain); returns whether it is."""
+        """Polls until ``step`` is PFS-durable (or its drain failed for good); returns which."""
         t_end = time.monotonic() + timeout_s
         while time.monotonic() < t_end:
             if self.tier_done(step, "pfs"):

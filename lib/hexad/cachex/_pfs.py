@@ -13,6 +13,22 @@ PFS commit protocol for step ``s`` with ``n`` ranks (one drainer per rank):
 3. the rank that sees all ``n`` markers renames ``.tmp-<s>`` to ``<s>`` (atomic; a losing
    racer finds ``<s>`` already there) and ``fsync``s ``<pfs>``;
 4. write the ``pfs`` durability record of ``s`` on the node.
+
+PFS garbage collection (``pfs_max_to_keep``): after committing a step, the committing drainer
+keeps the newest ``pfs_max_to_keep`` committed steps and deletes the older ones, each first
+renamed to ``.gc-<s>`` (so no reader ever sees a half-deleted step as committed), then removed.
+It never deletes the newest committed step (``pfs_max_to_keep >= 1``) and never touches a step
+still draining (``.tmp-<s>``: not committed, so not a GC candidate).
+
+Failed drains: a drain that raises (an ``OSError`` such as a full or unreachable PFS, or a
+local file whose CRC-32 does not match) is recorded in ``pfs_retry`` (attempts, every error,
+the time of the next try) and retried with exponential backoff
+(``retry_backoff_s * 2**(attempt - 1)``, capped at ``retry_backoff_max_s``) up to
+``retry_max_attempts`` attempts, after which ``pfs_error`` records the final failure. While a
+step waits for its retry the drainer drains the newest other step it can. The node's
+preservation policy (:mod:`hexad.cachex._manager`) pins every step newer than the newest
+PFS-durable one in the local tier and hence on the neighbour's replica, so a step whose drain
+failed stays restorable until it, or a newer step, is PFS-durable.
 """
 
 from __future__ import annotations
@@ -22,6 +38,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +50,7 @@ import numpy as np
 
 from hexad.cachex import _format, _fsio
 
-__all__ = ["DrainerConfig", "PFSModel", "drain_once", "spawn_drainer"]
+__all__ = ["DrainerConfig", "PFSModel", "drain_once", "gc_pfs", "spawn_drainer"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +116,10 @@ class DrainerConfig:
       parent_pid: the trainer; the drainer exits once it is gone and no work is left.
       poll_s: polling interval; idle_exit_s: idle time before exiting once the trainer is gone.
       max_lifetime_s: hard bound on the drainer's lifetime.
+      pfs_max_to_keep: committed PFS steps kept by the GC (>= 1), or None to keep all.
+      retry_max_attempts: drain attempts of one step before its failure is final (>= 1).
+      retry_backoff_s: wait after the first failed attempt; doubles after each further one.
+      retry_backoff_max_s: cap on that wait.
     """
 
     steps_dir: str
@@ -113,6 +134,22 @@ class DrainerConfig:
     poll_s: float = 0.02
     idle_exit_s: float = 1.0
     max_lifetime_s: float = 3600.0
+    pfs_max_to_keep: int | None = None
+    retry_max_attempts: int = 5
+    retry_backoff_s: float = 0.5
+    retry_backoff_max_s: float = 30.0
+
+    def __post_init__(self):
+        keep = self.pfs_max_to_keep
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+            raise ValueError(f"pfs_max_to_keep: expected None or an int >= 1, got {keep!r}")
+        n = self.retry_max_attempts
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"retry_max_attempts: expected an int >= 1, got {n!r}")
+        for name in ("retry_backoff_s", "retry_backoff_max_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
+                raise ValueError(f"{name}: expected a finite float >= 0, got {v!r}")
 
 
 def _alive(pid: int) -> bool:
@@ -156,8 +193,12 @@ def _pfs_steps(pfs_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in pfs_dir.iterdir() if p.name.isdigit() and p.is_dir())
 
 
-def _drain_step(cfg: DrainerConfig, step: int) -> float:
-    """Copies this rank's files of ``step`` to the PFS; returns seconds to PFS-durable."""
+def _drain_step(cfg: DrainerConfig, step: int) -> tuple[float, list[int]]:
+    """Copies this rank's files of ``step`` to the PFS.
+
+    Returns the seconds to PFS-durable and the PFS steps the GC removed (only the drainer
+    that commits the step runs the GC).
+    """
     t0 = time.perf_counter()
     name = _fsio.validate_step_name(step)
     src = Path(cfg.steps_dir) / name / cfg.item
@@ -190,50 +231,161 @@ def _drain_step(cfg: DrainerConfig, step: int) -> float:
     if not marker.exists():
         _fsio.write_file_durable(marker, b"1")
     _fsio.fsync_dir(tmp)
+    committed = False
     if all((tmp / f"done_{r}").exists() for r in range(cfg.n_ranks)):
         try:
             os.rename(tmp, pfs / name)
+            committed = True
         except OSError:
             if not (pfs / name).exists():
                 raise
         _fsio.fsync_dir(pfs)
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    removed = []
+    if committed and cfg.pfs_max_to_keep is not None:
+        removed = gc_pfs(pfs, cfg.pfs_max_to_keep)
+    return seconds, removed
 
 
-def drain_once(cfg: DrainerConfig) -> list[int]:
-    """Drains the newest local step newer than the newest PFS-recorded one; returns drained."""
+def gc_pfs(pfs_dir: str | Path, keep: int) -> list[int]:
+    """Deletes all but the newest ``keep`` committed PFS steps; returns the deleted steps.
+
+    Only committed steps (``<pfs>/<s>``) are candidates: a step still draining
+    (``<pfs>/.tmp-<s>``) is never touched, and with ``keep >= 1`` the newest committed step is
+    always kept. Each step is first renamed to ``.gc-<s>`` and the PFS directory ``fsync``ed,
+    so a crash mid-delete leaves no partial step under a committed name; leftovers of such a
+    crash are removed by the next call. Safe to run concurrently from several drainers.
+
+    Args:
+      pfs_dir: the PFS root.
+      keep: committed steps to keep (>= 1).
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> for s in ("1", "2", "3", ".tmp-4"): (root / s).mkdir()
+    >>> gc_pfs(root, 2), sorted(p.name for p in root.iterdir())
+    ([1], ['.tmp-4', '2', '3'])
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(
+            f"keep: expected an int >= 1 (the newest step is never deleted), got {keep!r}"
+        )
+    pfs = Path(pfs_dir)
+    for p in pfs.glob(".gc-*"):  # leftovers of a GC that died between rename and delete
+        shutil.rmtree(p, ignore_errors=True)
+    removed = []
+    for s in _pfs_steps(pfs)[:-keep]:
+        try:
+            os.rename(pfs / str(s), pfs / f".gc-{s}")
+        except FileNotFoundError:  # another drainer's GC took it
+            continue
+        removed.append(s)
+    if removed:
+        _fsio.fsync_dir(pfs)
+        for s in removed:
+            shutil.rmtree(pfs / f".gc-{s}", ignore_errors=True)
+    return removed
+
+
+def _read_record(records: Path, step: int, tier: str) -> dict | None:
+    p = records / str(step) / f"{tier}.json"
+    if not p.exists():
+        return None
+    try:
+        return _fsio.read_json(p)
+    except (ValueError, OSError):
+        return None
+
+
+def _candidates(cfg: DrainerConfig) -> tuple[list[int], list[int], list[int]]:
+    """``(pending, todo, both)``: steps to finish, steps to drain, and their sorted union.
+
+    ``pending``: steps another rank has started on the PFS that this rank has not marked done;
+    ``todo``: committed local steps newer than the newest PFS-durable one. A step whose
+    failure is final (``pfs_error``) is in neither. Retry schedules are not checked here.
+    """
     steps = _committed_local_steps(Path(cfg.steps_dir), cfg.item)
     records = Path(cfg.records_dir)
     done = [s for s in steps if (records / str(s) / "pfs.json").exists()]
     newest_done = max(done, default=-1)
-    todo = [
-        s for s in steps if s > newest_done and not (records / str(s) / "pfs_error.json").exists()
-    ]
-    # Finish first any step another rank has started on the PFS (so ranks that skip ahead
-    # independently cannot strand a step with only some done markers), newest first.
+    live = [s for s in steps if not (records / str(s) / "pfs_error.json").exists()]
+    todo = [s for s in live if s > newest_done]
     pfs = Path(cfg.pfs_dir)
     mine = f"done_{cfg.rank}"
     pending = [
-        s
-        for s in steps
-        if (pfs / f".tmp-{s}").is_dir()
-        and not (pfs / f".tmp-{s}" / mine).exists()
-        and not (records / str(s) / "pfs_error.json").exists()
+        s for s in live if (pfs / f".tmp-{s}").is_dir() and not (pfs / f".tmp-{s}" / mine).exists()
     ]
+    return pending, todo, sorted(set(pending) | set(todo))
+
+
+def _due(records: Path, step: int, now: float) -> bool:
+    retry = _read_record(records, step, "pfs_retry")
+    return retry is None or retry.get("next_try") is None or retry["next_try"] <= now
+
+
+def retry_waiting(cfg: DrainerConfig, now: float | None = None) -> list[int]:
+    """Steps whose drain failed and whose next retry is not yet due (the drainer waits)."""
+    now = time.time() if now is None else now
+    records = Path(cfg.records_dir)
+    return [s for s in _candidates(cfg)[2] if not _due(records, s, now)]
+
+
+def drain_once(cfg: DrainerConfig, now: float | None = None) -> list[int]:
+    """Drains one step of this rank; returns ``[step]`` if it became PFS-durable, else ``[]``.
+
+    The step: first any step another rank has started on the PFS (so ranks that skip ahead
+    independently cannot strand a step with only some done markers), else the newest local
+    step newer than the newest PFS-durable one; in both cases the newest one whose retry (if
+    it failed before) is due. A failure is recorded and retried with backoff (module doc).
+
+    Args:
+      cfg: this rank's drainer configuration.
+      now: the wall-clock time (``time.time()``) the retry schedule is checked against
+        (default: now).
+    """
+    now = time.time() if now is None else now
+    records = Path(cfg.records_dir)
+    pending, todo, _ = _candidates(cfg)
+    pending = [s for s in pending if _due(records, s, now)]
+    todo = [s for s in todo if _due(records, s, now)]
     if pending:
         step = pending[-1]
     elif todo:
         step = todo[-1]
     else:
         return []
+    prev = _read_record(records, step, "pfs_retry") or {"attempts": 0, "errors": []}
     try:
-        seconds = _drain_step(cfg, step)
-    except (FileNotFoundError, _format.CorruptCheckpointError) as e:
-        # A step that cannot be drained is marked failed so it never blocks newer ones.
-        record_tier(records, step, "pfs_error", error=str(e))
+        seconds, removed = _drain_step(cfg, step)
+    except (OSError, _format.CorruptCheckpointError) as e:
+        attempts = int(prev["attempts"]) + 1
+        errors = [*prev["errors"], f"{type(e).__name__}: {e}"][-cfg.retry_max_attempts :]
+        if attempts >= cfg.retry_max_attempts:
+            record_tier(records, step, "pfs_retry", attempts=attempts, errors=errors, next_try=None)
+            # Final: never retried again; the step stays pinned until a newer one is durable.
+            record_tier(records, step, "pfs_error", error=errors[-1], attempts=attempts)
+        else:
+            backoff = min(cfg.retry_backoff_s * 2.0 ** (attempts - 1), cfg.retry_backoff_max_s)
+            record_tier(
+                records,
+                step,
+                "pfs_retry",
+                attempts=attempts,
+                errors=errors,
+                backoff_s=backoff,
+                next_try=now + backoff,
+            )
         return []
     final = Path(cfg.pfs_dir) / str(step)
-    record_tier(records, step, "pfs", seconds=seconds, committed=final.exists())
+    record_tier(
+        records,
+        step,
+        "pfs",
+        seconds=seconds,
+        committed=final.exists(),
+        attempts=int(prev["attempts"]) + 1,
+        pfs_gc=removed,
+    )
     return [step]
 
 
@@ -252,7 +404,13 @@ def _loop(cfg: DrainerConfig) -> int:
             idle_since = time.monotonic()
             continue
         trainer_gone = not _alive(cfg.parent_pid)
-        if (stop_file.exists() or trainer_gone) and (
+        try:
+            waiting = retry_waiting(cfg)
+        except OSError:
+            waiting = []
+        if waiting:  # a failed drain is retried even after the trainer has gone
+            idle_since = time.monotonic()
+        elif (stop_file.exists() or trainer_gone) and (
             time.monotonic() - idle_since > cfg.idle_exit_s
         ):
             return 0
