@@ -15,8 +15,21 @@ conditions run: without contention (``contention = 0``) and with ``contention``.
 
 Per save and rank: the training-loop stall (the blocking ``save`` call), the time to
 replica-durable (CacheX: local + neighbour ack), the time to PFS-durable (CacheX: drainer's
-last-writer rename; orbax: its commit), and the write time whose p99/p50 is the variability
-(CacheX: T1 + T2 time; orbax: commit time).
+last-writer rename; orbax: its commit), and the completion time whose p99/p50 is the
+variability. The completion time is measured the same way for both systems: from just before
+the rank's ``save`` call to the moment its step becomes durable as the training loop sees it,
+i.e. orbax finalizes (atomically renames) the step directory, observed by one watcher thread
+polling every 2 ms. For CacheX that point is replica-durable (orbax commits a CacheX step after
+T1 + T2); for orbax writing to the PFS it is PFS-durable. Both include any wait of the
+``save`` call for the previous save.
+
+Variability and the PFS model. The per-rank PFS times are lognormal with shape ``pfs_sigma``,
+so the model alone has p99/p50 = exp(2.326 sigma) (3.2 at sigma = 0.5), and contention scales
+the median only, not that ratio. Hence ``variability_ratio_vs_orbax`` cannot exceed
+exp(2.326 sigma) / (CacheX's own p99/p50 >= 1): reaching 10 needs sigma >= 0.99 even for a
+perfectly steady CacheX, 43 needs sigma >= 1.62. sigma = 0.5 is our assumption: the CacheX
+paper's measured per-rank distribution (its sigma) was not available to us, and sigma is not
+tuned to reach the bar.
 
 Testbed caveat: node-local disks, the neighbour's disk and the PFS are all the one disk of
 this machine, so CacheX's three copies (local, replica, drain) share one device that a cluster
@@ -43,8 +56,14 @@ suffix ``_uncontended`` hold the contention-free condition):
   newest step when the PFS lags);
   ``pfs_durable_s_orbax``: median time to PFS-durable of orbax's direct saves;
   ``replica_vs_pfs_durable_ratio``: ``replica_durable_s / pfs_durable_s_orbax`` (goal <= 0.3);
-  ``variability_cachex``, ``variability_orbax``: p99/p50 of write times across ranks and saves;
+  ``variability_cachex``, ``variability_orbax``: p99/p50 of the completion times (above)
+  across ranks and saves;
   ``variability_ratio_vs_orbax``: orbax's over CacheX's (goal >= 10);
+  ``variability_save_cachex``, ``variability_save_orbax``: p99/p50 across saves of the whole
+  save's completion (slowest rank's durable point minus the first rank's save call);
+  ``variability_t1t2_cachex``: p99/p50 of CacheX's T1 + T2 time inside its commit (the
+  handler's own clock, without orbax's bookkeeping);
+  ``variability_model_pfs``: exp(2.326 pfs_sigma), the PFS model's own p99/p50;
   ``model_median_pfs_s``: the PFS model's median per-rank write time for the state.
 """
 
@@ -87,6 +106,19 @@ def _make_step(hidden: int):
         return w + 1e-3 * jnp.tanh(jnp.einsum("nrh,hk->nrk", w, x))
 
     return step
+
+
+_Z99 = 2.3263478740408408  # the standard normal's 0.99 quantile
+
+
+def _save_variability(done: dict, starts: dict, cfg: Config) -> float:
+    """p99/p50 over saves of (slowest rank's durable point - first rank's save call)."""
+    per_save = []
+    for s in range(cfg.n_saves):
+        ends = [done.get((s, r)) for r in range(cfg.n_ranks)]
+        if all(e is not None for e in ends):
+            per_save.append(max(ends) - min(starts[(s, r)] for r in range(cfg.n_ranks)))
+    return _pctl(per_save, 99) / _pctl(per_save, 50)
 
 
 def _pctl(x, q) -> float:
@@ -159,10 +191,12 @@ def _condition(cfg: Config, contention: float, root: Path, seed: int, ctx) -> di
             n_ranks=n,
             seed=seed,
             max_to_keep=2,
+            pfs_max_to_keep=2,
         )
         for r in range(n)
     ]
     stalls, starts = [], {}
+    cwatcher = _Watcher()
     w = w0
     w = step(w, x).block_until_ready()  # compile outside the timed loop
     last = time.perf_counter()
@@ -175,25 +209,27 @@ def _condition(cfg: Config, contention: float, root: Path, seed: int, ctx) -> di
             jax.block_until_ready(state)
             starts[(s, r)] = time.time()
             t0 = time.perf_counter()
+            cwatcher.add((s, r), mgrs[r].steps_dir / str(s))
             mgrs[r].save(s, state)
             stalls.append(time.perf_counter() - t0)
     for m in mgrs:
         m.wait_until_finished()
-    rep, write = [], []
+    cwatcher.stop()
+    write = [cwatcher.done[k] - starts[k] for k in starts if k in cwatcher.done]
+    rep, t1t2 = [], []
     for (s, r), t in starts.items():
         rec = mgrs[r].durability(s)
         if "replica" in rec:
             rep.append(rec["replica"]["time"] - t)
-            write.append(rec["replica"]["seconds"])
+            t1t2.append(rec["replica"]["seconds"])
     for m in mgrs:
         m.close(wait_for_drain=True, timeout_s=120)
     pfs_times = []
-    for s in range(cfg.n_saves):
-        if (root / "pfs_cachex" / str(s)).exists():
-            recs = [mgrs[r].durability(s).get("pfs") for r in range(n)]
-            if all(recs):
-                t_start = min(starts[(s, r)] for r in range(n))
-                pfs_times.append(max(x["time"] for x in recs) - t_start)
+    for s in range(cfg.n_saves):  # from the records: the PFS GC keeps only the newest steps
+        recs = [mgrs[r].durability(s).get("pfs") for r in range(n)]
+        if all(recs) and any(x.get("committed") for x in recs):
+            t_start = min(starts[(s, r)] for r in range(n))
+            pfs_times.append(max(x["time"] for x in recs) - t_start)
     for proc, _ in servers:
         proc.terminate()
         proc.wait(timeout=30)
@@ -205,6 +241,9 @@ def _condition(cfg: Config, contention: float, root: Path, seed: int, ctx) -> di
         pfs_durable_s_cachex=_pctl(pfs_times, 50),
         pfs_drained_fraction=len(pfs_times) / cfg.n_saves,
         variability_cachex=_pctl(write, 99) / _pctl(write, 50),
+        variability_save_cachex=_save_variability(cwatcher.done, starts, cfg),
+        variability_t1t2_cachex=_pctl(t1t2, 99) / _pctl(t1t2, 50),
+        variability_model_pfs=float(np.exp(_Z99 * cfg.pfs_sigma)),
         _write_cachex=write,
     )
 
@@ -230,6 +269,7 @@ def _condition(cfg: Config, contention: float, root: Path, seed: int, ctx) -> di
             state = {"w": w[r]}
             jax.block_until_ready(state)
             draw = float(model.sample(np.random.default_rng([seed, s, r]), nbytes))
+            watcher.add((s, r), root / "pfs_orbax" / f"rank_{r}" / str(s))
             ostarts[(s, r)] = time.time()
             t0 = time.perf_counter()
             omgrs[r].save(
@@ -240,7 +280,6 @@ def _condition(cfg: Config, contention: float, root: Path, seed: int, ctx) -> di
                 ),
             )
             ostalls.append(time.perf_counter() - t0)
-            watcher.add((s, r), root / "pfs_orbax" / f"rank_{r}" / str(s))
     for m in omgrs:
         m.wait_until_finished()
     watcher.stop()
@@ -258,6 +297,7 @@ def _condition(cfg: Config, contention: float, root: Path, seed: int, ctx) -> di
         stall_ms_p99_orbax=1e3 * _pctl(ostalls, 99),
         pfs_durable_s_orbax=_pctl(opfs, 50),
         variability_orbax=_pctl(owrite, 99) / _pctl(owrite, 50),
+        variability_save_orbax=_save_variability(watcher.done, ostarts, cfg),
         _write_orbax=owrite,
     )
     out["stall_ratio_vs_orbax"] = out["stall_ms_cachex"] / out["stall_ms_orbax"]
@@ -286,12 +326,12 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, (label, (wc, wo)) in zip(axes, curves.items(), strict=True):
-        for data, name in ((wc, "CacheX T1+T2"), (wo, "orbax direct to PFS")):
+        for data, name in ((wc, "CacheX (replica-durable)"), (wo, "orbax direct to PFS")):
             xs = np.sort(np.asarray(data))
             ax.plot(xs, np.linspace(0, 1, len(xs)), label=name)
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(plt.NullFormatter())
-        ax.set_xlabel("write time per rank and save (s)")
+        ax.set_xlabel("save call to durable step, per rank and save (s)")
         ax.set_title("no contention" if label else f"contention {cfg.contention}")
         ax.legend()
     axes[0].set_ylabel("CDF")

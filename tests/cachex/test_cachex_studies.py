@@ -16,6 +16,10 @@ def test_cachex_bench_smoke(tmp_path):
         "variability_ratio_vs_orbax",
         "stall_ms_cachex_uncontended",
         "pfs_drained_fraction",
+        "variability_save_cachex",
+        "variability_save_orbax",
+        "variability_t1t2_cachex",
+        "variability_model_pfs",
     ):
         assert k in s and math.isfinite(s[k]), k
     assert s["pfs_drained_fraction"] > 0  # the last save always reaches the PFS
