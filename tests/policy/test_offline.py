@@ -173,13 +173,18 @@ def test_bc_step_traces_once():
 
 def test_sharded_training_matches_single_device(linear_data):
     _, data = linear_data
-    mesh = jax.make_mesh((len(jax.devices()),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    # jax.make_mesh's default (Explicit) axes are accepted: make_train converts to Auto axes.
+    mesh = jax.make_mesh((len(jax.devices()),), ("data",))
     algo = P.bc(P.GaussianActor(ACT, hidden=(), squash=False), optax.adam(1e-2))
     state = algo.init(jax.random.key(0), data)
     a, _ = jax.jit(P.make_train(algo, 20, 64))(jax.random.key(1), state, data)
-    b, _ = jax.jit(P.make_train(algo, 20, 64, sharding))(jax.random.key(1), state, data)
+    b, _ = jax.jit(P.make_train(algo, 20, 64, mesh=mesh))(jax.random.key(1), state, data)
     chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    c, _ = jax.jit(P.make_train(algo, 20, 64, sharding))(jax.random.key(1), state, data)
+    chex.assert_trees_all_close(a.params, c.params, atol=1e-5)
+    with pytest.raises(ValueError, match="batch_size"):
+        P.make_train(algo, 20, 60, mesh=mesh)  # 60 rows do not split over 8 devices
 
 
 def test_hindsight_goals_and_degrade():

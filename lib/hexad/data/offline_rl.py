@@ -13,6 +13,20 @@ Fields (D4RL names): ``observations [N, 4]`` (x, y, vx, vy), ``actions [N, 2]``,
 ``timeouts [N]`` (1 at the last step of each episode), ``infos/goal [N, 2]`` (the goal the oracle
 was driving to), ``infos/qpos [N, 2]``, ``infos/qvel [N, 2]``, and ``task_goal [2]``.
 
+Locomotion (gymnasium MuJoCo ``HalfCheetah-v5``, ``Hopper-v5``), in the manner of D4RL's
+locomotion sets: a soft actor-critic (``hexad.policy.sac``) is trained online here in a
+gymnasium vector env, with a deterministic evaluation and a parameter snapshot every
+``snapshot_every`` env steps. *random* is the untrained (initial) policy, *expert* the best
+snapshot we trained (its return is recorded: at our CPU budget it is far below D4RL's experts),
+*medium* the earliest snapshot whose return reaches a third of the way from random to expert (as
+D4RL's medium is about a third of its expert), and *medium-replay* the replay buffer up to the
+medium snapshot (uniform random actions for the first ``start_steps``). Each of random / medium /
+expert is ``n_per_level`` transitions of that snapshot's stochastic policy. Extra fields:
+``infos/x_velocity [N]``, ``infos/reward_forward [N]`` (so a shifted objective can be computed
+from the data), and scalars ``meta/policy_return`` (the snapshot's deterministic return),
+``meta/snapshot_step``, ``meta/random_return``, ``meta/expert_return``. Generate with
+``python -m hexad.data.offline_rl locomotion --env HalfCheetah-v5 [--steps N]``.
+
 Files are generated once and cached under ``$HEXAD_CACHE`` (default ``~/.cache/hexad``) in
 ``offline_rl/``; a file with missing fields or non-finite values is refused.
 """
@@ -34,8 +48,13 @@ __all__ = [
     "D4RL_FIELDS",
     "MazeGeometry",
     "cache_dir",
+    "LOCOMOTION_ENVS",
+    "LOCOMOTION_LEVELS",
+    "evaluate_locomotion",
     "evaluate_pointmaze",
+    "generate_locomotion",
     "generate_pointmaze",
+    "locomotion_dataset",
     "sample_free_goals",
     "load_offline_rl",
     "pointmaze_dataset",
@@ -403,3 +422,426 @@ def evaluate_pointmaze(
     finally:
         env.close()
     return {"success": (final <= 0.45).astype(np.float64), "return": ret, "final_distance": final}
+
+
+# --------------------------------------------------------------------------------------------
+# Locomotion: SAC behaviour policies trained here, D4RL-style levels
+# --------------------------------------------------------------------------------------------
+
+LOCOMOTION_ENVS = ("HalfCheetah-v5", "Hopper-v5")
+LOCOMOTION_LEVELS = ("random", "medium", "expert", "medium-replay")
+
+
+def _check_env_id(env_id: str) -> None:
+    if env_id not in LOCOMOTION_ENVS:
+        raise ValueError(f"env_id: expected one of {LOCOMOTION_ENVS}, got {env_id!r}")
+
+
+def _make_locomotion_vec(env_id: str, n_envs: int, max_episode_steps: int):
+    import gymnasium as gym
+
+    return gym.make_vec(
+        env_id,
+        num_envs=n_envs,
+        vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+        max_episode_steps=max_episode_steps,
+    )
+
+
+def _vec_step(env, obs: np.ndarray, act: np.ndarray):
+    """One vector step; returns (transition dict of ``[E, ...]`` arrays, next obs after resets)."""
+    nobs, rew, term, trunc, info = env.step(act)
+    nxt = np.array(nobs, copy=True)
+    done = np.logical_or(term, trunc)
+    vel = np.array(info.get("x_velocity", np.zeros(len(act))), np.float64, copy=True)
+    fwd = np.array(info.get("reward_forward", np.zeros(len(act))), np.float64, copy=True)
+    if np.any(done):
+        fin = info["final_info"]
+        for i in np.flatnonzero(done):
+            nxt[i] = info["final_obs"][i]
+            vel[i] = fin["x_velocity"][i]
+            fwd[i] = fin["reward_forward"][i]
+    tr = {
+        "observations": obs,
+        "actions": act,
+        "rewards": np.asarray(rew, np.float32),
+        "next_observations": nxt,
+        "terminals": np.asarray(term, np.float32),
+        "timeouts": np.asarray(trunc, np.float32),
+        "infos/x_velocity": vel,
+        "infos/reward_forward": fwd,
+    }
+    return tr, nobs
+
+
+def _env_major(steps: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """``[T]`` list of ``[E, ...]`` transitions -> env-major contiguous trajectories ``[T E, ...]``.
+
+    The last step of each env's stream is marked as a timeout so trajectories never run from one
+    env's stream into the next one's.
+    """
+    t, e = len(steps), steps[0]["actions"].shape[0]
+    out = {}
+    for k in steps[0]:
+        x = np.stack([s[k] for s in steps])  # [T, E, ...]
+        out[k] = np.swapaxes(x, 0, 1).reshape(t * e, *x.shape[2:])
+    ends = np.zeros(t * e, np.float32)
+    ends[t - 1 :: t] = 1.0
+    out["timeouts"] = np.maximum(out["timeouts"], ends) * (1.0 - out["terminals"])
+    for k in ("observations", "actions", "next_observations", "infos/x_velocity"):
+        out[k] = out[k].astype(np.float32)
+    out["infos/reward_forward"] = out["infos/reward_forward"].astype(np.float32)
+    return out
+
+
+def evaluate_locomotion(
+    policy,
+    env_id: str,
+    specs: np.ndarray,
+    seeds: np.ndarray,
+    n_envs: int = 16,
+    episode_steps: int = 1000,
+    target_velocity: float | None = None,
+    progress=None,
+) -> dict[str, np.ndarray]:
+    """Runs deterministic episodes of ``policy`` in a gymnasium MuJoCo ``SyncVectorEnv``.
+
+    Episode ``i`` is reset with ``seeds[i]`` and driven by ``policy(obs [E, o], spec [E, k]) ->
+    actions [E, d]``; ``specs[i]`` tells the policy which method to run, so many methods share one
+    batched policy call per step. An episode ends at ``episode_steps`` or when the task
+    terminates (Hopper falling); later steps are ignored.
+
+    With ``target_velocity`` ``v*`` the *shifted* reward of a step replaces the environment's
+    forward term by a tracking term: ``r - reward_forward - |x_velocity - v*|`` (keeping the
+    control cost and, for Hopper, the healthy bonus).
+
+    Args:
+      policy: host-callable returning actions in ``[-1, 1]``.
+      env_id: one of ``LOCOMOTION_ENVS``.
+      specs: ``[M, k]`` per-episode method descriptors (passed through to ``policy``).
+      seeds: ``[M]`` int reset seeds (the same seed gives the same start for every method).
+      n_envs: environments stepped together.
+      episode_steps: steps per episode.
+      target_velocity: ``v*`` of the shifted reward, or None.
+      progress: optional ``progress(iterable, desc)`` wrapper for a progress bar.
+
+    Returns:
+      ``{"return": [M], "velocity": [M] (mean x velocity over the episode), "length": [M]}``,
+      plus ``"shifted_return": [M]`` with ``target_velocity``.
+    """
+    _check_env_id(env_id)
+    specs = np.asarray(specs)
+    seeds = np.asarray(seeds)
+    m = seeds.shape[0]
+    if seeds.shape != (m,) or specs.shape[0] != m:
+        raise ValueError(f"specs, seeds: expected [M, k], [M], got {specs.shape}, {seeds.shape}")
+    env = _make_locomotion_vec(env_id, n_envs, episode_steps + 1)
+    out = {k: np.zeros(m) for k in ("return", "velocity", "length", "shifted_return")}
+    chunks = range(0, m, n_envs)
+    if progress is not None:
+        chunks = progress(chunks, "rollouts")
+    try:
+        for start in chunks:
+            idx = np.arange(start, start + n_envs) % m
+            obs, _ = env.reset(seed=[int(s) for s in seeds[idx]])
+            alive = np.ones(n_envs, bool)
+            acc = {k: np.zeros(n_envs) for k in out}
+            for _ in range(episode_steps):
+                act = np.clip(np.asarray(policy(obs, specs[idx])), -1.0, 1.0).astype(np.float32)
+                tr, obs = _vec_step(env, obs, act)
+                w = alive.astype(np.float64)
+                acc["return"] += w * tr["rewards"]
+                acc["velocity"] += w * tr["infos/x_velocity"]
+                acc["length"] += w
+                if target_velocity is not None:
+                    track = np.abs(tr["infos/x_velocity"] - target_velocity)
+                    acc["shifted_return"] += w * (
+                        tr["rewards"] - tr["infos/reward_forward"] - track
+                    )
+                alive &= tr["terminals"] == 0
+                if not alive.any():
+                    break
+            n_real = min(n_envs, m - start)
+            for k in out:
+                out[k][idx[:n_real]] = acc[k][:n_real]
+    finally:
+        env.close()
+    out["velocity"] = out["velocity"] / np.maximum(out["length"], 1)
+    if target_velocity is None:
+        del out["shifted_return"]
+    return out
+
+
+def generate_locomotion(
+    env_id: str,
+    total_steps: int = 20_000,
+    seed: int = 0,
+    n_envs: int = 4,
+    hidden: int = 64,
+    batch_size: int = 256,
+    lr: float = 1e-3,
+    start_steps: int = 2000,
+    snapshot_every: int = 2000,
+    n_eval_episodes: int = 2,
+    eval_steps: int = 500,
+    n_per_level: int = 20_000,
+    episode_steps: int = 1000,
+    progress=None,
+) -> dict[str, dict[str, np.ndarray]]:
+    """Trains SAC online on ``env_id`` and returns the four D4RL-style levels (module docstring).
+
+    One SAC update per environment step (update-to-data ratio 1), ``n_envs`` updates per vector
+    step in one jitted ``lax.scan`` over minibatches drawn uniformly from the replay buffer.
+
+    Args:
+      env_id: one of ``LOCOMOTION_ENVS``.
+      total_steps: online environment steps (rounded up to a multiple of ``n_envs``).
+      seed: seed of the environments, the networks and the sampling.
+      n_envs: parallel training environments.
+      hidden: width of the two hidden layers of the actor and of each critic.
+      batch_size: SAC minibatch size.
+      lr: Adam learning rate of actor, critic and temperature.
+      start_steps: initial steps with uniform random actions (no updates before them).
+      snapshot_every: env steps between snapshots (deterministic evaluations).
+      n_eval_episodes: episodes per evaluation.
+      eval_steps: steps per evaluation episode.
+      n_per_level: transitions of each of random / medium / expert.
+      episode_steps: episode length of the training and collection envs.
+      progress: optional ``progress(iterable, desc)`` wrapper for a progress bar.
+
+    Returns:
+      ``{level: data}`` for every level in ``LOCOMOTION_LEVELS``.
+    """
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from hexad import policy as P
+
+    _check_env_id(env_id)
+    for name, v in (("total_steps", total_steps), ("n_envs", n_envs), ("n_per_level", n_per_level)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+    if snapshot_every < n_envs or snapshot_every % n_envs:
+        raise ValueError(
+            f"snapshot_every: expected a multiple of n_envs={n_envs}, got {snapshot_every}"
+        )
+    env = _make_locomotion_vec(env_id, n_envs, episode_steps)
+    obs_dim = env.single_observation_space.shape[0]
+    act_dim = env.single_action_space.shape[0]
+    hid = (hidden, hidden)
+    actor = P.GaussianActor(act_dim, hid)
+    opt = optax.adam(lr)
+    algo = P.sac(actor, P.TwinCritic(hid), opt, opt, opt)
+    key = jax.random.key(seed)
+    k_init, key = jax.random.split(key)
+    dummy = P.Batch(
+        jnp.zeros((1, obs_dim)),
+        jnp.zeros((1, act_dim)),
+        jnp.zeros(1),
+        jnp.zeros((1, obs_dim)),
+        jnp.zeros(1),
+    )
+    state = algo.init(k_init, dummy)
+
+    @jax.jit
+    def sample(key, params, obs):
+        return P.sample_action(key, actor.apply(params, obs))[0]
+
+    @jax.jit
+    def mean_action(params, obs):
+        return jnp.tanh(actor.apply(params, obs).mean)
+
+    @jax.jit
+    def update(key, state, batches):
+        keys = jax.random.split(key, batches.rewards.shape[0])
+        return jax.lax.scan(lambda s, kb: algo.step(kb[0], s, kb[1]), state, (keys, batches))
+
+    def evaluate(params):
+        res = evaluate_locomotion(
+            lambda o, _: mean_action(params, jnp.asarray(o, jnp.float32)),
+            env_id,
+            np.zeros((n_eval_episodes, 1)),
+            10_000 + np.arange(n_eval_episodes),
+            n_envs=n_eval_episodes,
+            episode_steps=eval_steps,
+        )
+        return float(res["return"].mean())
+
+    rng = np.random.default_rng(seed)
+    n_vec = -(-total_steps // n_envs)
+    cap = n_vec * n_envs
+    buf = {
+        "observations": np.zeros((cap, obs_dim), np.float32),
+        "actions": np.zeros((cap, act_dim), np.float32),
+        "rewards": np.zeros(cap, np.float32),
+        "next_observations": np.zeros((cap, obs_dim), np.float32),
+        "terminals": np.zeros(cap, np.float32),
+    }
+    steps: list[dict[str, np.ndarray]] = []
+    snapshots = [(0, state.actor_params, evaluate(state.actor_params))]
+    obs, _ = env.reset(seed=seed)
+    it = range(n_vec)
+    if progress is not None:
+        it = progress(it, f"SAC {env_id}")
+    try:
+        for t in it:
+            if t * n_envs < start_steps:
+                act = rng.uniform(-1.0, 1.0, (n_envs, act_dim)).astype(np.float32)
+            else:
+                key, k = jax.random.split(key)
+                act = np.asarray(sample(k, state.actor_params, jnp.asarray(obs, jnp.float32)))
+            tr, obs = _vec_step(env, obs.astype(np.float32), act)
+            steps.append(tr)
+            sl = slice(t * n_envs, (t + 1) * n_envs)
+            for k_ in buf:
+                buf[k_][sl] = tr[k_]
+            filled = (t + 1) * n_envs
+            if filled >= start_steps and filled >= batch_size:
+                idx = rng.integers(0, filled, (n_envs, batch_size))
+                batches = P.Batch(*(jnp.asarray(buf[k_][idx]) for k_ in P.Batch._fields))
+                key, k = jax.random.split(key)
+                state, _ = update(k, state, batches)
+            if filled % snapshot_every == 0:
+                snapshots.append((filled, state.actor_params, evaluate(state.actor_params)))
+    finally:
+        env.close()
+    rets = np.array([r for _, _, r in snapshots])
+    best = int(np.argmax(rets))
+    third = rets[0] + (rets[best] - rets[0]) / 3.0
+    medium = int(np.flatnonzero(rets[: best + 1] >= third)[0]) if best > 0 else 0
+    picks = {"random": 0, "medium": medium, "expert": best}
+    meta = {"meta/random_return": rets[0], "meta/expert_return": rets[best]}
+
+    out = {}
+    for level, i in picks.items():
+        step, params, ret = snapshots[i]
+        cenv = _make_locomotion_vec(env_id, n_envs, episode_steps)
+        cobs, _ = cenv.reset(seed=seed + 1 + i)
+        coll = []
+        try:
+            for _ in range(-(-n_per_level // n_envs)):
+                key, k = jax.random.split(key)
+                act = np.asarray(sample(k, params, jnp.asarray(cobs, jnp.float32)))
+                tr, cobs = _vec_step(cenv, cobs.astype(np.float32), act)
+                coll.append(tr)
+        finally:
+            cenv.close()
+        d = {k_: v[:n_per_level] for k_, v in _env_major(coll).items()}
+        d["timeouts"][-1] = 1.0 - d["terminals"][-1]
+        out[level] = d | {"meta/policy_return": ret, "meta/snapshot_step": step} | meta
+    m_step, _, m_ret = snapshots[medium]
+    replay = _env_major(steps[: max(m_step // n_envs, 1)])
+    out["medium-replay"] = replay | {"meta/policy_return": m_ret, "meta/snapshot_step": m_step}
+    out["medium-replay"] |= meta
+    for d in out.values():
+        for k_ in [k_ for k_ in d if k_.startswith("meta/")]:
+            d[k_] = np.asarray(d[k_], np.float64)
+    out["meta/snapshot_returns"] = rets
+    return out
+
+
+def locomotion_dataset(
+    env_id: str,
+    level: str,
+    total_steps: int = 20_000,
+    seed: int = 0,
+    n_per_level: int = 20_000,
+    hidden: int = 64,
+    path_dir=None,
+    progress=None,
+    **kwargs,
+) -> dict[str, np.ndarray]:
+    """Returns one level of the locomotion data, generating and caching all four on first use.
+
+    Args:
+      env_id: one of ``LOCOMOTION_ENVS``.
+      level: one of ``LOCOMOTION_LEVELS``.
+      total_steps, seed, n_per_level, hidden, kwargs: see :func:`generate_locomotion`.
+      path_dir: folder of the npz files; default :func:`cache_dir`.
+      progress: optional progress-bar wrapper, used only when generating.
+
+    Returns:
+      a dict with the D4RL fields and the extras listed in the module docstring; the snapshot
+      returns of the whole SAC run are in ``meta/snapshot_returns`` (every level).
+    """
+    _check_env_id(env_id)
+    if level not in LOCOMOTION_LEVELS:
+        raise ValueError(f"level: expected one of {LOCOMOTION_LEVELS}, got {level!r}")
+    spec = {
+        "env": env_id,
+        "steps": int(total_steps),
+        "seed": int(seed),
+        "n": int(n_per_level),
+        "hidden": int(hidden),
+        "kw": {k: kwargs[k] for k in sorted(kwargs)},
+        "version": 1,
+    }
+    tag = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    folder = Path(path_dir) if path_dir is not None else cache_dir()
+    name = env_id.split("-")[0].lower()
+    paths = {lv: folder / f"{name}_{lv}_{tag}.npz" for lv in LOCOMOTION_LEVELS}
+    if not paths[level].is_file():
+        gen = generate_locomotion(
+            env_id,
+            total_steps,
+            seed=seed,
+            n_per_level=n_per_level,
+            hidden=hidden,
+            progress=progress,
+            **kwargs,
+        )
+        rets = gen.pop("meta/snapshot_returns")
+        for lv, d in gen.items():
+            save_offline_rl(paths[lv], d | {"meta/snapshot_returns": rets})
+    return load_offline_rl(paths[level])
+
+
+def _main(argv=None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m hexad.data.offline_rl",
+        description="Generate and cache offline-RL data sets (D4RL field names, npz).",
+    )
+    sub = ap.add_subparsers(dest="what", required=True)
+    lo = sub.add_parser("locomotion", help="SAC behaviour policies on a gymnasium MuJoCo task")
+    lo.add_argument("--env", default="HalfCheetah-v5", choices=LOCOMOTION_ENVS)
+    lo.add_argument("--steps", type=int, default=20_000, help="online SAC env steps")
+    lo.add_argument("--seed", type=int, default=0)
+    lo.add_argument("--n-per-level", type=int, default=20_000)
+    lo.add_argument("--hidden", type=int, default=64)
+    pm = sub.add_parser("pointmaze", help="scripted noisy oracle on PointMaze_UMaze-v3")
+    pm.add_argument("--n", type=int, default=100_000)
+    pm.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.what == "pointmaze":
+        d = pointmaze_dataset(args.n, seed=args.seed)
+        print(f"pointmaze: {d['observations'].shape[0]} transitions")
+        return
+    from tqdm import tqdm
+
+    for level in LOCOMOTION_LEVELS:
+        d = locomotion_dataset(
+            args.env,
+            level,
+            args.steps,
+            seed=args.seed,
+            n_per_level=args.n_per_level,
+            hidden=args.hidden,
+            progress=lambda it, desc: tqdm(it, desc=desc),
+        )
+        ends = np.flatnonzero((d["terminals"] + d["timeouts"]) > 0)
+        ep_ret = np.add.reduceat(d["rewards"], np.r_[0, ends[:-1] + 1]) if len(ends) else []
+        print(
+            f"{args.env} {level}: {d['observations'].shape[0]} transitions, snapshot step "
+            f"{int(d['meta/snapshot_step'])}, policy return {float(d['meta/policy_return']):.1f}, "
+            f"mean episode return in data {np.mean(ep_ret):.1f}, mean x velocity "
+            f"{float(d['infos/x_velocity'].mean()):.2f}"
+        )
+    print("snapshot returns:", np.round(d["meta/snapshot_returns"], 1).tolist())
+
+
+if __name__ == "__main__":
+    _main()

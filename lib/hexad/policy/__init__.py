@@ -2,7 +2,7 @@
 
 Closed forms (diagonal-Gaussian PoE, KL-regularised solution, KL, additive and prior-only
 adaptation, KL-budget selectors) and the offline-RL stack they compose (BC, IQL, CQL,
-goal-conditioned priors) in the init/step shape.
+goal-conditioned priors) in the init/step shape, and online SAC for the behaviour policies.
 """
 
 from hexad.policy._gaussian import (
@@ -38,6 +38,7 @@ from hexad.policy._offline import (
     iql,
     make_train,
 )
+from hexad.policy._online import SACInfo, SACState, sac, soft_td_target
 from hexad.policy._priors import degrade_params, future_goal_indices, trajectory_ends
 from hexad.policy._steering import q_steer
 
@@ -63,6 +64,10 @@ __all__ = [
     "future_goal_indices",
     "trajectory_ends",
     "q_steer",
+    "SACInfo",
+    "SACState",
+    "sac",
+    "soft_td_target",
     "DiagGaussian",
     "additive",
     "kl_budget_alpha",

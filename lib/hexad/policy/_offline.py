@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hexad import sharding as hexad_sharding
 from hexad.policy._networks import gaussian_log_prob, sample_action
 
 __all__ = [
@@ -528,20 +529,25 @@ def make_train(
     n_steps: int,
     batch_size: int,
     sharding: jax.sharding.Sharding | None = None,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+    axis: str = "data",
 ) -> Callable:
     """Returns ``train(key, state, data) -> (state, infos)``: ``n_steps`` updates in a ``lax.scan``.
 
     Each update draws ``batch_size`` transitions uniformly with replacement from ``data``.
-    With ``sharding`` (e.g. ``NamedSharding(mesh, PartitionSpec("data"))``) each minibatch is
-    constrained to it, so on a mesh the batch is split along the data axis and XLA inserts the
-    gradient all-reduce. The mesh's axes must be ``AxisType.Auto`` (the constraint is a hint
-    to the partitioner).
+    With ``mesh`` (any mesh, e.g. ``hexad.sharding.data_mesh()`` or ``jax.make_mesh``'s
+    Explicit default, converted to Auto axes by ``hexad.sharding.auto_axes``) each minibatch is
+    constrained to be split along ``axis``, and XLA inserts the gradient all-reduce. A
+    ``NamedSharding`` may be given instead as ``sharding``; its mesh is converted the same way.
 
     Args:
       algorithm: an ``OfflineAlgorithm`` (static).
       n_steps: updates per call (static).
-      batch_size: minibatch size (static).
-      sharding: optional sharding of the minibatch's leading axis (static).
+      batch_size: minibatch size (static); divisible by the mesh axis when sharded.
+      sharding: optional ``NamedSharding`` of the minibatch's leading axis (static).
+      mesh: optional mesh whose ``axis`` splits the minibatch (static); not with ``sharding``.
+      axis: the data axis name of ``mesh`` (static).
 
     Returns:
       ``train(key, state, data: Batch)`` returning the final state and the stacked ``Info``
@@ -559,6 +565,22 @@ def make_train(
     for name, v in (("n_steps", n_steps), ("batch_size", batch_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+    if mesh is not None and sharding is not None:
+        raise ValueError("mesh, sharding: expected at most one of them, got both")
+    if mesh is not None:
+        sharding = hexad_sharding.batch_sharding(mesh, axis)
+    elif sharding is not None:
+        if not isinstance(sharding, jax.sharding.NamedSharding):
+            raise TypeError(
+                f"sharding: expected a jax.sharding.NamedSharding, got {type(sharding).__name__}"
+            )
+        sharding = jax.sharding.NamedSharding(
+            hexad_sharding.auto_axes(sharding.mesh), sharding.spec
+        )
+    if sharding is not None:
+        spec_axis = sharding.spec[0] if len(sharding.spec) else None
+        for name in (spec_axis,) if isinstance(spec_axis, str) else (spec_axis or ()):
+            hexad_sharding.check_divisible(sharding.mesh, name, batch_size, "batch_size")
 
     def train(key, state, data: Batch):
         n = data.observations.shape[0]

@@ -1,0 +1,85 @@
+"""Locomotion offline data from SAC behaviour policies: D4RL fields, levels, caching."""
+
+import numpy as np
+import pytest
+
+from hexad.data import offline_rl as D
+
+KW = dict(
+    total_steps=48,
+    n_envs=2,
+    hidden=8,
+    batch_size=16,
+    start_steps=16,
+    snapshot_every=16,
+    n_eval_episodes=1,
+    eval_steps=10,
+    n_per_level=40,
+    episode_steps=15,
+)
+
+
+@pytest.fixture(scope="module")
+def levels(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("loco")
+    return folder, {
+        lv: D.locomotion_dataset("Hopper-v5", lv, path_dir=folder, **KW)
+        for lv in D.LOCOMOTION_LEVELS
+    }
+
+
+def test_levels_fields_and_consistency(levels):
+    _, data = levels
+    for lv, d in data.items():
+        n = d["observations"].shape[0]
+        assert d["observations"].shape[1] == 11 and d["actions"].shape == (n, 3)
+        for k in ("rewards", "terminals", "timeouts", "infos/x_velocity"):
+            assert d[k].shape == (n,), (lv, k)
+        assert np.all(np.abs(d["actions"]) <= 1.0)
+        # A step is never both terminal and a timeout; every trajectory ends in one of them.
+        assert not np.any((d["terminals"] > 0) & (d["timeouts"] > 0))
+        assert d["terminals"][-1] + d["timeouts"][-1] == 1.0
+        # next_observations[t] == observations[t + 1] inside a trajectory.
+        cont = (d["terminals"][:-1] + d["timeouts"][:-1]) == 0
+        np.testing.assert_allclose(d["next_observations"][:-1][cont], d["observations"][1:][cont])
+        # Hopper's reward: healthy bonus + forward reward + control cost (<= 0).
+        ctrl = d["rewards"] - 1.0 - d["infos/reward_forward"]
+        assert np.all(ctrl <= 1e-5)
+        np.testing.assert_allclose(d["infos/reward_forward"], d["infos/x_velocity"], rtol=1e-5)
+        assert 0 <= float(d["meta/snapshot_step"]) <= 48
+    assert data["random"]["meta/snapshot_step"] == 0
+    assert data["expert"]["meta/policy_return"] == data["expert"]["meta/expert_return"]
+    # medium-replay is the replay buffer up to the medium snapshot (uniform actions first).
+    assert data["medium-replay"]["observations"].shape[0] == data["medium"]["meta/snapshot_step"]
+
+
+def test_cached_and_refusals(levels, tmp_path):
+    folder, data = levels
+    again = D.locomotion_dataset("Hopper-v5", "medium", path_dir=folder, **KW)  # no retraining
+    np.testing.assert_array_equal(again["actions"], data["medium"]["actions"])
+    with pytest.raises(ValueError, match="level"):
+        D.locomotion_dataset("Hopper-v5", "medium-expert", path_dir=folder, **KW)
+    with pytest.raises(ValueError, match="env_id"):
+        D.locomotion_dataset("Walker2d-v4", "medium", path_dir=folder, **KW)
+    bad = {k: v for k, v in data["medium"].items() if k != "terminals"}
+    np.savez(tmp_path / "bad.npz", **bad)
+    with pytest.raises(ValueError, match="terminals"):
+        D.load_offline_rl(tmp_path / "bad.npz")
+
+
+def test_evaluate_locomotion_shifted_reward():
+    # A zero-action policy on HalfCheetah: the shifted return is -sum |v - v*| exactly
+    # (zero control cost), and the mean velocity is the same episode's.
+    res = D.evaluate_locomotion(
+        lambda o, s: np.zeros((o.shape[0], 6)),
+        "HalfCheetah-v5",
+        np.zeros((2, 1)),
+        np.arange(2),
+        n_envs=2,
+        episode_steps=20,
+        target_velocity=1.0,
+    )
+    assert np.all(res["length"] == 20)
+    assert np.all(np.abs(res["velocity"]) < 0.5)  # it barely moves
+    # |v - 1| = 1 - v when |v| < 1: shifted return = -(20 - 20 mean v).
+    np.testing.assert_allclose(res["shifted_return"], -(20 - 20 * res["velocity"]), rtol=1e-5)
