@@ -164,3 +164,36 @@ def test_manager_validates_gc_and_retry_arguments(tmp_path):
     ):
         with pytest.raises(ValueError, match=name):
             cachex.CacheXManager(tmp_path, **kw)
+
+
+# -- ItemCheckpoint (--resume for studies that loop over independent items) -------------------
+
+
+def test_item_checkpoint_round_trip_and_refuses_a_different_run(tmp_path):
+    m = cachex.CacheXManager(tmp_path / "ckpt")
+    arrays = {"h": ((2, 3), "float64")}
+    log = cachex.ItemCheckpoint(m, ["a", "b"], arrays, config={"n": 1})
+    assert not log.done("a")
+    log.arrays["h"][0] = [0.1, 0.2, 1 / 3]
+    rec = {"x": 0.1 + 0.2, "k": 3, "s": ["ab", "c"]}
+    log.complete("a", rec)
+    again = cachex.ItemCheckpoint(m, ["a", "b"], arrays, config={"n": 1})
+    assert again.done("a") and not again.done("b")
+    assert again.record("a") == rec  # floats round-trip exactly through JSON
+    assert again.arrays["h"].tobytes() == log.arrays["h"].tobytes()
+    fresh = cachex.ItemCheckpoint(m, ["a", "b"], arrays, config={"n": 1}, enabled=False)
+    assert not fresh.done("a")
+    fresh.complete("b", {"x": 1})  # starting over in a used directory: saved after step 0
+    assert m.all_steps() == [0, 1]
+    assert cachex.ItemCheckpoint(m, ["a", "b"], arrays, config={"n": 1}).record("b") == {"x": 1}
+    with pytest.raises(ValueError, match="different run"):
+        cachex.ItemCheckpoint(m, ["a", "b"], arrays, config={"n": 2})
+    with pytest.raises(ValueError, match="capacity"):
+        cachex.ItemCheckpoint(m, ["a"], capacity=64, enabled=False).complete("a", {"x": "y" * 80})
+    with pytest.raises(ValueError, match="item"):
+        log.complete("zz", {})
+    with pytest.raises(ValueError, match="unique"):
+        cachex.ItemCheckpoint(m, ["a", "a"])
+    with pytest.raises(TypeError, match="manager"):
+        cachex.ItemCheckpoint(str(tmp_path), ["a"])
+    m.close()

@@ -4,7 +4,8 @@ Tiers (CacheX, NeurIPS 2026): T0 host-DRAM staging (the only part that blocks tr
 node-local write with file and directory ``fsync``, T2 a neighbour's replica server (TCP on
 loopback, shared token, bounded messages, ``fsync`` + rename + ack), T3 an eventual PFS drain
 by a separate drainer process. :class:`CacheXManager` runs them under
-``orbax.checkpoint.CheckpointManager``; :func:`resume` gives studies ``--resume`` semantics;
+``orbax.checkpoint.CheckpointManager``; :func:`resume` gives studies ``--resume`` semantics
+(:class:`ItemCheckpoint` for studies that loop over independent items);
 :mod:`hexad.cachex._model` fits the lognormal body / Gumbel tail of writer completion times
 and computes the contention threshold C*_p(n).
 """
@@ -14,6 +15,7 @@ import importlib
 _EXPORTS = {
     "_format": ("CorruptCheckpointError", "StagingPool"),
     "_fsio": ("validate_file_name", "validate_step_name"),
+    "_items": ("ItemCheckpoint",),
     "_manager": (
         "CacheXHandler",
         "CacheXManager",
