@@ -75,6 +75,32 @@ def test_joint_program_matches_scs(solve, small):
     _check_against_scs(solve, p)
 
 
+def test_over_relaxed_admm_matches_scs(small):
+    a, _ = small
+    solve = jax.jit(cc.NuclearSolver(tol=1e-7, max_iters=5000, relaxation=1.6))
+    _check_against_scs(solve, cc.graph_problem(a, 1.5, nonedge_weight=0.6))
+
+
+def test_linear_reward_is_per_atom_model_fit():
+    # <X X^T, L> = sum_i lambda_i max_theta (2 e_i^T X theta - ||theta||^2) for
+    # L = sum_i lambda_i e_i e_i^T (module docstring); K_x is X X^T without its diagonal.
+    from scipy.optimize import minimize
+
+    rng = np.random.default_rng(7)
+    feats = rng.normal(size=(8, 3))
+    xs = (feats - feats.mean(0)) / feats.std(0) / np.sqrt(3)
+    lam = rng.uniform(0.2, 2.0, size=3)
+    e = np.linalg.qr(rng.normal(size=(8, 3)))[0]
+    l = (e * lam) @ e.T
+    fits = [
+        -minimize(lambda t, e=e[:, i]: -(2 * e @ xs @ t - t @ t), np.zeros(3), tol=1e-12).fun
+        for i in range(3)
+    ]
+    lhs = np.sum(cc.feature_similarity(feats) * l) + np.sum(np.diag(l) * np.sum(xs**2, 1))
+    # BFGS on a 3-D concave quadratic: exact up to its gradient tolerance.
+    np.testing.assert_allclose(lhs, np.dot(lam, fits), rtol=1e-8)
+
+
 def test_optimality_residuals_vanish(solve, small):
     a, _ = small
     out = solve(cc.graph_problem(a, 1.5))
@@ -200,3 +226,5 @@ def test_bad_input_raises():
         )
     with pytest.raises(ValueError, match="rank"):
         cc.NuclearSolver(rank=10)(cc.graph_problem(a, 1.0))
+    with pytest.raises(ValueError, match="relaxation"):
+        cc.NuclearSolver(relaxation=2.0)(cc.graph_problem(a, 1.0))
