@@ -15,7 +15,11 @@ For every grid cell and each of ``trials`` draws, three programs of ``hexad.cvxc
 ``alpha = feature_scale / std(K_x off-diagonal)`` puts the feature term's entrywise noise on
 the scale of a graph entry (our choice, fixed before looking at the grid). A program
 *recovers* a draw when ``max_uv |L_uv - 1[y_u = y_v]| <= recovery_tol`` (exact recovery up to
-the solver tolerance). The trials of a cell are solved together with ``jax.vmap``.
+the solver tolerance). The trials of a cell are solved together with ``jax.vmap``, the batch
+sharded over a ``hexad.sharding.data_mesh`` of ``gcd(trials, devices)`` devices (one device
+on a plain CPU host, where this is a no-op). The grid's cells are not batched together: a
+vmapped ``while_loop`` runs every member until the slowest has converged, and cells near the
+phase boundary need several times the iterations of easy ones.
 
 Command:  python -m experiments.cvxclust_phase [--quick] [--out DIR] [--seed N] [--set k=v]
 Runtime:  --quick (n=40, 4x4 grid, 3 trials) about 20-40 s on 2 busy CPU cores; full (n=80,
@@ -29,12 +33,13 @@ summary.json keys:
     rates are < 0.5; ``synergy_cell_list``: those cells as ``[dpq, sep]`` pairs.
   ``joint_ge_both_frac``: fraction of cells where the joint rate is >= both others.
   ``not_converged``: number of solves that hit ``max_iters``.
-  ``n``, ``trials``, ``mu``: the settings used.
+  ``n``, ``trials``, ``mu``: the settings used; ``devices``: the data-mesh size.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +48,7 @@ from threadpoolctl import threadpool_limits
 
 from experiments import _runner
 from hexad import cvxclust as cc
+from hexad.sharding import batch_sharding, data_mesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +106,10 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     solver = cc.NuclearSolver(tol=cfg.tol, max_iters=cfg.max_iters)
     y = jnp.asarray(np.repeat([0, 1], cfg.n // 2))
 
+    devices = jax.devices()
+    mesh = data_mesh(devices[: math.gcd(cfg.trials, len(devices))])
+    sharding = batch_sharding(mesh, "data")
+
     @jax.jit
     def solve_batch(problems):
         out = jax.vmap(solver)(problems)
@@ -119,7 +129,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
             for name, col in zip(
                 ("graph", "features", "joint"), zip(*draws, strict=True), strict=True
             ):
-                stacked = jax.tree.map(lambda *v: jnp.stack(v), *col)
+                stacked = jax.device_put(jax.tree.map(lambda *v: jnp.stack(v), *col), sharding)
                 err, conv = solve_batch(stacked)
                 rates[name][i, j] = float(jnp.mean(err <= cfg.recovery_tol))
                 not_conv += int(jnp.sum(~conv))
@@ -141,6 +151,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         "n": cfg.n,
         "trials": cfg.trials,
         "mu": mu,
+        "devices": int(mesh.size),
     }
 
 

@@ -17,8 +17,11 @@ def test_phase_study_smoke(tmp_path):
         "sep_grid",
         "joint_ge_both_frac",
         "not_converged",
+        "devices",
     ):
         assert k in s
+    # 2 trials on the 8 simulated test devices: each cell's batch is split over a 2-device mesh.
+    assert s["devices"] == 2
     assert len(s["joint_recovery"]) == 2 and len(s["joint_recovery"][0]) == 2
     # Graph strength 0.8 (p = 0.9, q = 0.1) on 16 nodes: the graph program recovers.
     assert s["graph_recovery"][1][0] == 1.0 and s["graph_recovery"][0][0] == 0.0
