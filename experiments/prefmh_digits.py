@@ -10,6 +10,11 @@ generator. The rate of the asked-for property is measured by a *separate* classi
 (scikit-learn 5-nearest-neighbours on the training images), so that the judge does not grade
 itself.
 
+Checkpoints: each finished rule's summary values (and its plotted arrays) are checkpointed
+through ``hexad.cachex`` into ``--ckpt`` (default ``checkpoints/<study>/<run>/``, where
+``<run>`` is the ``--out`` folder's name); ``--resume`` with the same ``--out`` or ``--ckpt``
+skips the finished rules and gives the same summary as an uninterrupted run.
+
 Command:  python -m experiments.prefmh_digits [--quick] [--out DIR] [--seed N] [--set k=v ...]
 Runtime:  --quick (128 chains, 200 steps) about 1 min on 2 shared CPU cores; full (1024
           chains, 800 steps) measured 1.5 min on 2 shared CPU cores.
@@ -38,7 +43,7 @@ import numpy as np
 import optax
 
 from experiments import _runner
-from hexad import prefmh
+from hexad import cachex, prefmh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,43 +155,76 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     z0 = jax.random.normal(k_init, (cfg.num_chains, cfg.latent_dim))
     kept = cfg.num_chains * (cfg.num_steps - cfg.burn_in)
     mh_draws, shown = None, {}
-    for name, algo in ctx.progress(methods, desc="rules"):
-        key, sub = jax.random.split(key)
-        out = prefmh.run_chains(
-            sub, algo, z0, cfg.num_steps, burn_in=cfg.burn_in, chunk_size=cfg.chunk_size
+    names = [name for name, _ in methods]
+    stride = max(1, (cfg.num_steps - cfg.burn_in) // 20)
+    rows = cfg.num_chains * len(range(0, cfg.num_steps - cfg.burn_in, stride))
+    # Each finished rule is checkpointed through hexad.cachex (its summary values, its shown
+    # images and, for MH, the sorted projections the later rules compare with); --resume
+    # skips finished rules.
+    mngr = cachex.CacheXManager(ctx.checkpoint_dir)
+    try:
+        done = cachex.ItemCheckpoint(
+            mngr,
+            names,
+            {
+                "shown": ((len(names), 8, 64), "float32"),
+                "mh_proj": ((rows, cfg.sliced_directions), "float64"),
+            },
+            config={"seed": ctx.seed, **dataclasses.asdict(cfg)},
+            enabled=ctx.resume,
         )
-        draws = np.asarray(out.trace[:, :: max(1, (cfg.num_steps - cfg.burn_in) // 20)])
-        draws = draws.reshape(-1, cfg.latent_dim)
-        imgs = np.asarray(decode_batch(jnp.asarray(draws)))
-        final = np.asarray(decode_batch(out.state.position))
-        shown[name] = final[:8]
-        proj = draws @ dirs.T  # chain-major rows
-        if mh_draws is None and name == "mh_latent":
-            # Noise floor: the first half of the MH chains against the second half.
-            half = len(proj) // 2
-            sw1 = float(np.mean(np.abs(np.sort(proj[:half], 0) - np.sort(proj[half:][:half], 0))))
-            mh_draws = np.sort(proj, 0)
-        elif mh_draws is not None:
-            sw1 = float(np.mean(np.abs(np.sort(proj, 0) - mh_draws)))
-        else:
-            sw1 = None  # no MH run to compare with: the key is left out
-        ess = float(jnp.min(out.ess))
-        calls = float(jnp.mean(out.judge_calls)) / cfg.num_steps
-        m = {
-            f"rate_{name}": float(np.mean(evaluator.predict(imgs) == cfg.target)),
-            f"judge_rate_{name}": float(
-                np.mean(np.argmax(logits_fn(jnp.asarray(imgs)), 1) == cfg.target)
-            ),
-            f"diversity_{name}": _diversity(final, rng),
-            f"acc_{name}": float(jnp.mean(out.acceptance)),
-            f"ess_per_step_{name}": ess / kept,
-        }
-        if sw1 is not None:
-            m[f"sw1_to_mh_{name}"] = sw1
-        if name != "mh_latent":
-            m[f"ess_per_kcall_{name}"] = 1000.0 * ess / (calls * kept)
-        summary.update(m)
-        ctx.log(method=name, **m)
+        for i, (name, algo) in enumerate(ctx.progress(methods, desc="rules")):
+            key, sub = jax.random.split(key)
+            if done.done(name):
+                m = done.record(name)
+                shown[name] = done.arrays["shown"][i]
+                if name == "mh_latent" and mh_draws is None:
+                    mh_draws = done.arrays["mh_proj"]
+                summary.update(m)
+                ctx.log(method=name, resumed=True, **m)
+                continue
+            out = prefmh.run_chains(
+                sub, algo, z0, cfg.num_steps, burn_in=cfg.burn_in, chunk_size=cfg.chunk_size
+            )
+            draws = np.asarray(out.trace[:, ::stride]).reshape(-1, cfg.latent_dim)
+            imgs = np.asarray(decode_batch(jnp.asarray(draws)))
+            final = np.asarray(decode_batch(out.state.position))
+            shown[name] = final[:8]
+            proj = draws @ dirs.T  # chain-major rows
+            if mh_draws is None and name == "mh_latent":
+                # Noise floor: the first half of the MH chains against the second half.
+                half = len(proj) // 2
+                sw1 = float(
+                    np.mean(np.abs(np.sort(proj[:half], 0) - np.sort(proj[half:][:half], 0)))
+                )
+                mh_draws = np.sort(proj, 0)
+                done.arrays["mh_proj"][...] = mh_draws
+            elif mh_draws is not None:
+                sw1 = float(np.mean(np.abs(np.sort(proj, 0) - mh_draws)))
+            else:
+                sw1 = None  # no MH run to compare with: the key is left out
+            ess = float(jnp.min(out.ess))
+            calls = float(jnp.mean(out.judge_calls)) / cfg.num_steps
+            rng_i = np.random.default_rng([ctx.seed, i])  # per rule: a resume skips rules exactly
+            m = {
+                f"rate_{name}": float(np.mean(evaluator.predict(imgs) == cfg.target)),
+                f"judge_rate_{name}": float(
+                    np.mean(np.argmax(logits_fn(jnp.asarray(imgs)), 1) == cfg.target)
+                ),
+                f"diversity_{name}": _diversity(final, rng_i),
+                f"acc_{name}": float(jnp.mean(out.acceptance)),
+                f"ess_per_step_{name}": ess / kept,
+            }
+            if sw1 is not None:
+                m[f"sw1_to_mh_{name}"] = sw1
+            if name != "mh_latent":
+                m[f"ess_per_kcall_{name}"] = 1000.0 * ess / (calls * kept)
+            done.arrays["shown"][i] = shown[name]
+            done.complete(name, m)
+            summary.update(m)
+            ctx.log(method=name, **m)
+    finally:
+        mngr.close()
     _plot(ctx, shown, base_img[:8])
     return summary
 

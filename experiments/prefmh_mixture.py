@@ -9,6 +9,11 @@ sliced Wasserstein-1 to exact i.i.d. draws, acceptance, effective sample size pe
 and per 1000 judge comparisons. Reference floors: the same metrics for exact i.i.d. draws of
 the same size (``tv_iid``, ``sw1_iid``) show the Monte-Carlo noise level.
 
+Checkpoints: each finished rule's summary values (and its plotted arrays) are checkpointed
+through ``hexad.cachex`` into ``--ckpt`` (default ``checkpoints/<study>/<run>/``, where
+``<run>`` is the ``--out`` folder's name); ``--resume`` with the same ``--out`` or ``--ckpt``
+skips the finished rules and gives the same summary as an uninterrupted run.
+
 Command:  python -m experiments.prefmh_mixture [--quick] [--out DIR] [--seed N] [--set k=v ...]
 Runtime:  --quick (256 chains, 300 steps) about 1.5 min on 2 shared CPU cores; full (4096
           chains, 2000 steps) measured 11 min on 2 shared CPU cores.
@@ -34,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import _runner
-from hexad import prefmh
+from hexad import cachex, prefmh
 
 WEIGHTS = np.array([0.3, 0.2, 0.2, 0.15, 0.15])
 MEANS = np.array([[-2.0, -1.5], [2.0, -1.5], [0.0, 2.0], [-2.5, 2.5], [2.5, 2.5]])
@@ -100,16 +105,71 @@ def sliced_w1(a: np.ndarray, b: np.ndarray, directions: np.ndarray) -> float:
 
 
 def _methods(cfg: Config):
+    unknown = set(cfg.rules) - {"mh", "kbudget", "two_coin", "majority"}
+    if unknown:
+        raise ValueError(
+            f"rules: expected a subset of ('mh', 'kbudget', 'two_coin', 'majority'), "
+            f"got unknown {sorted(unknown)}"
+        )
     judge = prefmh.bradley_terry_judge(logdensity)
     rw = prefmh.random_walk(cfg.step_size)
-    out = [("mh", "mh", prefmh.prefmh(judge, rw, "mh"))]
-    for k in cfg.ks:
+    out = []
+    if "mh" in cfg.rules:
+        out.append(("mh", "mh", prefmh.prefmh(judge, rw, "mh")))
+    for k in cfg.ks if "kbudget" in cfg.rules else ():
         out.append((f"prefmh_k{k}", f"k{k}", prefmh.prefmh(judge, rw, "kbudget", k)))
-    ar = prefmh.autoregressive(cfg.step_size, cfg.ar_shrink)
-    out.append(("two_coin", "two_coin", prefmh.prefmh(judge, ar, "two_coin")))
+    if "two_coin" in cfg.rules:
+        ar = prefmh.autoregressive(cfg.step_size, cfg.ar_shrink)
+        out.append(("two_coin", "two_coin", prefmh.prefmh(judge, ar, "two_coin")))
     mk = cfg.majority_k
-    out.append((f"majority_k{mk}", f"majority_k{mk}", prefmh.prefmh(judge, rw, "majority", mk)))
+    if "majority" in cfg.rules:
+        out.append((f"majority_k{mk}", f"majority_k{mk}", prefmh.prefmh(judge, rw, "majority", mk)))
     return out
+
+
+def _run_rule(cfg, ctx, name, short, algo, key, x0, p_grid, ref, dirs, index):
+    """Runs one rule's chains; returns its summary values and its 2-D histogram."""
+    bar = None
+    if ctx.show_progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.num_steps, desc=name, leave=False)
+    out = prefmh.run_chains(
+        key,
+        algo,
+        x0,
+        cfg.num_steps,
+        burn_in=cfg.burn_in,
+        chunk_size=cfg.chunk_size,
+        callback=None if bar is None else lambda d, n, b=bar: b.update(d - b.n),
+    )
+    if bar is not None:
+        bar.close()
+    kept = cfg.num_chains * (cfg.num_steps - cfg.burn_in)
+    n_sw = min(cfg.sliced_points, kept)
+    rng = np.random.default_rng([ctx.seed, index])  # per rule: a resumed run skips rules exactly
+    samples = np.asarray(out.trace).reshape(-1, 2)
+    ess = float(jnp.min(out.ess))
+    calls_per_step = float(jnp.mean(out.judge_calls)) / cfg.num_steps
+    m = {
+        f"tv_{name}": grid_tv(samples, p_grid, cfg.grid_half_width),
+        f"sw1_{name}": sliced_w1(samples[rng.choice(len(samples), n_sw, False)], ref, dirs),
+        f"acc_{name}": float(jnp.mean(out.acceptance)),
+        f"calls_per_step_{name}": calls_per_step,
+        f"ess_per_step_{name}": ess / kept,
+        f"rhat_{name}": float(jnp.max(out.rhat)),
+    }
+    if name == "two_coin":
+        m["truncated_two_coin"] = int(jnp.sum(out.truncated))
+    if name != "mh":
+        m[f"ess_per_kcall_{short}"] = 1000.0 * ess / (calls_per_step * kept)
+    hist = np.histogram2d(
+        samples[:, 0],
+        samples[:, 1],
+        bins=cfg.grid_bins,
+        range=[[-cfg.grid_half_width, cfg.grid_half_width]] * 2,
+    )[0]
+    return m, hist
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
@@ -130,47 +190,33 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     k_init, key = jax.random.split(key)
     x0 = 3.0 * jax.random.normal(k_init, (cfg.num_chains, 2))
     hists = {}
-    for name, short, algo in ctx.progress(_methods(cfg), desc="rules"):
-        bar = None
-        if ctx.show_progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=cfg.num_steps, desc=name, leave=False)
-        key, sub = jax.random.split(key)
-        out = prefmh.run_chains(
-            sub,
-            algo,
-            x0,
-            cfg.num_steps,
-            burn_in=cfg.burn_in,
-            chunk_size=cfg.chunk_size,
-            callback=None if bar is None else lambda d, n, b=bar: b.update(d - b.n),
+    methods = _methods(cfg)
+    names = [name for name, _, _ in methods]
+    # Each finished rule is checkpointed through hexad.cachex; --resume skips finished rules.
+    mngr = cachex.CacheXManager(ctx.checkpoint_dir)
+    try:
+        done = cachex.ItemCheckpoint(
+            mngr,
+            names,
+            {"hists": ((len(names), cfg.grid_bins, cfg.grid_bins), "float64")},
+            config={"seed": ctx.seed, **dataclasses.asdict(cfg)},
+            enabled=ctx.resume,
         )
-        if bar is not None:
-            bar.close()
-        samples = np.asarray(out.trace).reshape(-1, 2)
-        ess = float(jnp.min(out.ess))
-        calls_per_step = float(jnp.mean(out.judge_calls)) / cfg.num_steps
-        m = {
-            f"tv_{name}": grid_tv(samples, p_grid, cfg.grid_half_width),
-            f"sw1_{name}": sliced_w1(samples[rng.choice(len(samples), n_sw, False)], ref, dirs),
-            f"acc_{name}": float(jnp.mean(out.acceptance)),
-            f"calls_per_step_{name}": calls_per_step,
-            f"ess_per_step_{name}": ess / kept,
-            f"rhat_{name}": float(jnp.max(out.rhat)),
-        }
-        if name == "two_coin":
-            m["truncated_two_coin"] = int(jnp.sum(out.truncated))
-        if name != "mh":
-            m[f"ess_per_kcall_{short}"] = 1000.0 * ess / (calls_per_step * kept)
-        summary.update(m)
-        ctx.log(method=name, **m)
-        hists[name] = np.histogram2d(
-            samples[:, 0],
-            samples[:, 1],
-            bins=cfg.grid_bins,
-            range=[[-cfg.grid_half_width, cfg.grid_half_width]] * 2,
-        )[0]
+        for i, (name, short, algo) in enumerate(ctx.progress(methods, desc="rules")):
+            key, sub = jax.random.split(key)
+            if done.done(name):
+                m = done.record(name)
+                hists[name] = done.arrays["hists"][i]
+                summary.update(m)
+                ctx.log(method=name, resumed=True, **m)
+                continue
+            m, hists[name] = _run_rule(cfg, ctx, name, short, algo, sub, x0, p_grid, ref, dirs, i)
+            done.arrays["hists"][i] = hists[name]
+            done.complete(name, m)
+            summary.update(m)
+            ctx.log(method=name, **m)
+    finally:
+        mngr.close()
     _plot(ctx, cfg, p_grid, hists, summary)
     return summary
 

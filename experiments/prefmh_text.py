@@ -9,6 +9,11 @@ asked-for property is ``count >= min_count``. Rules: exact MH (oracle), Pref-MH 
 K = 3, majority vote K = 3. The reference law of the count under ``pi`` is computed by
 reweighting a large pool of ``p0`` draws by ``exp(beta * count)`` (exact up to pool noise).
 
+Checkpoints: each finished rule's summary values (and its plotted arrays) are checkpointed
+through ``hexad.cachex`` into ``--ckpt`` (default ``checkpoints/<study>/<run>/``, where
+``<run>`` is the ``--out`` folder's name); ``--resume`` with the same ``--out`` or ``--ckpt``
+skips the finished rules and gives the same summary as an uninterrupted run.
+
 Command:  python -m experiments.prefmh_text [--quick] [--out DIR] [--seed N] [--set k=v ...]
 Runtime:  --quick (256 chains, 200 steps) about 1.5 min on 2 shared CPU cores; full (1024
           chains, 1000 steps) measured 8.5 min on 2 shared CPU cores.
@@ -38,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import _runner
-from hexad import prefmh
+from hexad import cachex, prefmh
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,()'_"  # '_' stands for every other character
 
@@ -167,35 +172,54 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     ]
     x0 = jax.jit(jax.vmap(sample))(jax.random.split(k_init, cfg.num_chains))
     kept = cfg.num_chains * (cfg.num_steps - cfg.burn_in)
-    rng = np.random.default_rng(ctx.seed)
     count_batch = jax.jit(jax.vmap(jax.vmap(count)))
-    for name, short, algo in ctx.progress(methods, desc="rules"):
-        key, sub = jax.random.split(key)
-        out = prefmh.run_chains(
-            sub, algo, x0, cfg.num_steps, burn_in=cfg.burn_in, chunk_size=cfg.chunk_size
+    # Each finished rule is checkpointed through hexad.cachex; --resume skips finished rules.
+    mngr = cachex.CacheXManager(ctx.checkpoint_dir)
+    try:
+        done = cachex.ItemCheckpoint(
+            mngr,
+            [name for name, _, _ in methods],
+            config={"seed": ctx.seed, **dataclasses.asdict(cfg)},
+            enabled=ctx.resume,
         )
-        counts = count_batch(out.trace)  # [chains, kept]
-        law = _count_law(np.asarray(counts).reshape(-1), support)
-        ess = float(prefmh.effective_sample_size(counts))
-        final = np.asarray(out.state.position)
-        i, j = rng.integers(0, cfg.num_chains, (2, 2000))
-        i, j = i[i != j], j[i != j]
-        calls_per_step = float(jnp.mean(out.judge_calls)) / cfg.num_steps
-        m = {
-            f"rate_{name}": float(law[cfg.min_count :].sum()),
-            f"tv_count_{name}": float(0.5 * np.abs(law - exact).sum()),
-            f"mean_count_{name}": float(law @ cs),
-            f"acc_{name}": float(jnp.mean(out.acceptance)),
-            f"unique_frac_{name}": len({r.tobytes() for r in final}) / cfg.num_chains,
-            f"hamming_{name}": float(np.mean(final[i] != final[j])),
-            f"ess_per_step_{name}": ess / kept,
-        }
-        if short is not None:
-            m[f"ess_per_kcall_{short}"] = 1000.0 * ess / (calls_per_step * kept)
-        if name == "prefmh_k1":
-            summary["examples"] = [decode(final[c]) for c in range(3)]
-        summary.update(m)
-        ctx.log(method=name, **m)
+        for i, (name, short, algo) in enumerate(ctx.progress(methods, desc="rules")):
+            key, sub = jax.random.split(key)
+            if done.done(name):
+                m = done.record(name)
+                summary.update(m)
+                ctx.log(
+                    method=name, resumed=True, **{k: v for k, v in m.items() if k != "examples"}
+                )
+                continue
+            out = prefmh.run_chains(
+                sub, algo, x0, cfg.num_steps, burn_in=cfg.burn_in, chunk_size=cfg.chunk_size
+            )
+            counts = count_batch(out.trace)  # [chains, kept]
+            law = _count_law(np.asarray(counts).reshape(-1), support)
+            ess = float(prefmh.effective_sample_size(counts))
+            final = np.asarray(out.state.position)
+            rng = np.random.default_rng([ctx.seed, i])  # per rule: a resume skips rules exactly
+            a, b = rng.integers(0, cfg.num_chains, (2, 2000))
+            a, b = a[a != b], b[a != b]
+            calls_per_step = float(jnp.mean(out.judge_calls)) / cfg.num_steps
+            m = {
+                f"rate_{name}": float(law[cfg.min_count :].sum()),
+                f"tv_count_{name}": float(0.5 * np.abs(law - exact).sum()),
+                f"mean_count_{name}": float(law @ cs),
+                f"acc_{name}": float(jnp.mean(out.acceptance)),
+                f"unique_frac_{name}": len({r.tobytes() for r in final}) / cfg.num_chains,
+                f"hamming_{name}": float(np.mean(final[a] != final[b])),
+                f"ess_per_step_{name}": ess / kept,
+            }
+            if short is not None:
+                m[f"ess_per_kcall_{short}"] = 1000.0 * ess / (calls_per_step * kept)
+            ctx.log(method=name, **m)
+            if name == "prefmh_k1":
+                m["examples"] = [decode(final[c]) for c in range(3)]
+            done.complete(name, m)
+            summary.update(m)
+    finally:
+        mngr.close()
     _plot(ctx, cfg, base, exact, summary)
     return summary
 

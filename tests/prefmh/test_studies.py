@@ -1,6 +1,9 @@
 """Smoke tests of the Pref-MH studies at tiny sizes (seconds): they run and write their keys."""
 
 import json
+import shutil
+
+import pytest
 
 from experiments import prefmh_mixture
 
@@ -19,7 +22,9 @@ def test_mixture_study_smoke(tmp_path):
             "sliced_points": 200,
         },
     )
-    summary = study.execute(cfg, out_dir=tmp_path, show_progress=False)
+    summary = study.execute(
+        cfg, out_dir=tmp_path, checkpoint_dir=tmp_path / "ckpt", show_progress=False
+    )
     for k in ("tv_prefmh_k1", "sw1_prefmh_k1", "acc_prefmh_k1", "ess_per_kcall_k1", "tv_iid"):
         assert k in summary
     assert 0.0 <= summary["tv_prefmh_k1"] <= 1.0 and summary["calls_per_step_prefmh_k1"] == 1.0
@@ -34,7 +39,10 @@ def test_text_study_smoke(tmp_path):
     overrides = {"num_chains": 8, "num_steps": 20, "burn_in": 10, "chunk_size": 10}
     overrides.update({"pool": 2000, "methods": ("prefmh_k1",)})
     summary = study.execute(
-        study.make_config(True, overrides), out_dir=tmp_path, show_progress=False
+        study.make_config(True, overrides),
+        out_dir=tmp_path,
+        checkpoint_dir=tmp_path / "ckpt",
+        show_progress=False,
     )
     for k in ("base_rate", "exact_rate", "rate_prefmh_k1", "tv_count_prefmh_k1", "examples"):
         assert k in summary
@@ -49,7 +57,10 @@ def test_digits_study_smoke(tmp_path):
     overrides = {"num_chains": 8, "num_steps": 20, "burn_in": 10, "chunk_size": 10}
     overrides.update({"train_steps": 20, "methods": ("prefmh_k1_latent",)})
     summary = study.execute(
-        study.make_config(True, overrides), out_dir=tmp_path, show_progress=False
+        study.make_config(True, overrides),
+        out_dir=tmp_path,
+        checkpoint_dir=tmp_path / "ckpt",
+        show_progress=False,
     )
     for k in (
         "classifier_test_acc",
@@ -60,3 +71,52 @@ def test_digits_study_smoke(tmp_path):
         assert k in summary
     assert 0.0 <= summary["rate_prefmh_k1_latent"] <= 1.0
     assert (tmp_path / "samples.png").exists()
+
+
+def _resume_after_losing_the_last_rule(study, overrides, tmp_path):
+    """Runs ``study``, drops its newest checkpoint (a run killed before its last rule was
+    checkpointed), resumes, and returns both summaries and the resumed run's metrics lines."""
+    cfg = study.make_config(True, overrides)
+    ckpt = tmp_path / "ckpt"
+    full = study.execute(cfg, out_dir=tmp_path / "a", checkpoint_dir=ckpt, show_progress=False)
+    steps = sorted(int(p.name) for p in (ckpt / "steps").iterdir() if p.name.isdigit())
+    shutil.rmtree(ckpt / "steps" / str(steps[-1]))
+    again = study.execute(
+        cfg, out_dir=tmp_path / "b", checkpoint_dir=ckpt, resume=True, show_progress=False
+    )
+    lines = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    full.pop("runtime_s"), again.pop("runtime_s")
+    return full, again, lines
+
+
+def test_mixture_study_resume_skips_finished_rules_and_gives_the_same_summary(tmp_path):
+    overrides = {
+        "num_chains": 16,
+        "num_steps": 40,
+        "burn_in": 20,
+        "chunk_size": 20,
+        "rules": ("mh", "kbudget"),
+        "ks": (1,),
+        "sliced_points": 200,
+    }
+    full, again, lines = _resume_after_losing_the_last_rule(
+        prefmh_mixture.STUDY, overrides, tmp_path
+    )
+    assert again == full  # bit-for-bit the same numbers (JSON floats round-trip exactly)
+    assert [(x["method"], x.get("resumed", False)) for x in lines] == [
+        ("mh", True),
+        ("prefmh_k1", False),
+    ]
+
+
+@pytest.mark.slow
+def test_digits_study_resume_restores_the_mh_reference(tmp_path):
+    from experiments import prefmh_digits
+
+    overrides = {"num_chains": 8, "num_steps": 20, "burn_in": 10, "chunk_size": 10}
+    overrides.update({"train_steps": 20, "methods": ("mh_latent", "prefmh_k1_latent")})
+    full, again, lines = _resume_after_losing_the_last_rule(
+        prefmh_digits.STUDY, overrides, tmp_path
+    )
+    assert again == full and "sw1_to_mh_prefmh_k1_latent" in again
+    assert [x.get("resumed", False) for x in lines if "method" in x] == [True, False]
