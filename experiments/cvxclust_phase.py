@@ -22,6 +22,7 @@ vmapped ``while_loop`` runs every member until the slowest has converged, and ce
 phase boundary need several times the iterations of easy ones.
 
 Command:  python -m experiments.cvxclust_phase [--quick] [--out DIR] [--seed N] [--set k=v]
+          [--resume [--ckpt DIR]] (per grid row, through ``hexad.cachex.ItemCheckpoint``)
 Runtime:  --quick (n=40, 4x4 grid, 3 trials) about 20-40 s on 2 busy CPU cores; full (n=80,
           7x7 grid, 10 trials) 27 min measured on 2 cores shared with other jobs (load ~19).
 
@@ -47,6 +48,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from experiments import _runner
+from hexad import cachex
 from hexad import cvxclust as cc
 from hexad.sharding import batch_sharding, data_mesh
 
@@ -101,11 +103,9 @@ def _problems(cfg: Config, mu: float, a, x, noisy, labeled):
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
-    rng = np.random.default_rng(ctx.seed)
     mu = cfg.mu_scale * float(np.sqrt(cfg.n))
     solver = cc.NuclearSolver(tol=cfg.tol, max_iters=cfg.max_iters)
     y = jnp.asarray(np.repeat([0, 1], cfg.n // 2))
-
     devices = jax.devices()
     mesh = data_mesh(devices[: math.gcd(cfg.trials, len(devices))])
     sharding = batch_sharding(mesh, "data")
@@ -119,21 +119,48 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     shape = (len(cfg.dpq), len(cfg.sep))
     rates = {k: np.zeros(shape) for k in ("graph", "features", "joint")}
     not_conv = 0
-    cells = [(i, j) for i in range(shape[0]) for j in range(shape[1])]
-    with threadpool_limits(1):  # one BLAS thread: LAPACK's eigh thrashes on busy cores
-        for i, j in ctx.progress(cells, desc="grid"):
-            draws = [
-                _problems(cfg, mu, *_draw(rng, cfg, cfg.dpq[i], cfg.sep[j])[:4])
-                for _ in range(cfg.trials)
-            ]
-            for name, col in zip(
-                ("graph", "features", "joint"), zip(*draws, strict=True), strict=True
-            ):
-                stacked = jax.device_put(jax.tree.map(lambda *v: jnp.stack(v), *col), sharding)
-                err, conv = solve_batch(stacked)
-                rates[name][i, j] = float(jnp.mean(err <= cfg.recovery_tol))
-                not_conv += int(jnp.sum(~conv))
-            ctx.log(dpq=cfg.dpq[i], sep=cfg.sep[j], **{k: v[i, j] for k, v in rates.items()})
+    rows = [f"dpq={v:g}" for v in cfg.dpq]
+    # Each finished grid row is checkpointed through hexad.cachex (its rates and non-converged
+    # count); --resume skips finished rows. Row i draws from its own generator (seed, i), so a
+    # resumed run sees exactly the draws of an uninterrupted one.
+    mngr = cachex.CacheXManager(ctx.checkpoint_dir)
+    try:
+        done = cachex.ItemCheckpoint(
+            mngr, rows, config={"seed": ctx.seed, **dataclasses.asdict(cfg)}, enabled=ctx.resume
+        )
+        with threadpool_limits(1):  # one BLAS thread: LAPACK's eigh thrashes on busy cores
+            for i in ctx.progress(range(shape[0]), desc="grid rows"):
+                if done.done(rows[i]):
+                    rec = done.record(rows[i])
+                    for k in rates:
+                        rates[k][i] = rec[k]
+                    not_conv += rec["not_converged"]
+                    ctx.log(dpq=cfg.dpq[i], resumed=True)
+                    continue
+                rng = np.random.default_rng([ctx.seed, i])
+                row_nc = 0
+                for j in range(shape[1]):
+                    draws = [
+                        _problems(cfg, mu, *_draw(rng, cfg, cfg.dpq[i], cfg.sep[j])[:4])
+                        for _ in range(cfg.trials)
+                    ]
+                    for name, col in zip(
+                        ("graph", "features", "joint"), zip(*draws, strict=True), strict=True
+                    ):
+                        stacked = jax.tree.map(lambda *v: jnp.stack(v), *col)
+                        err, conv = solve_batch(jax.device_put(stacked, sharding))
+                        rates[name][i, j] = float(jnp.mean(err <= cfg.recovery_tol))
+                        row_nc += int(jnp.sum(~conv))
+                    ctx.log(
+                        dpq=cfg.dpq[i], sep=cfg.sep[j], **{k: v[i, j] for k, v in rates.items()}
+                    )
+                not_conv += row_nc
+                done.complete(
+                    rows[i],
+                    {**{k: v[i].tolist() for k, v in rates.items()}, "not_converged": row_nc},
+                )
+    finally:
+        mngr.close()
     g, f, jt = rates["graph"], rates["features"], rates["joint"]
     syn = (jt >= 0.5) & (g < 0.5) & (f < 0.5)
     syn_list = [[cfg.dpq[i], cfg.sep[j]] for i, j in zip(*np.nonzero(syn), strict=True)]

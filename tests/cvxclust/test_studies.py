@@ -6,7 +6,8 @@ from experiments import cvxclust_phase
 def test_phase_study_smoke(tmp_path):
     study = cvxclust_phase.STUDY
     cfg = study.make_config(True, {"n": 16, "dpq": (0.0, 0.8), "sep": (0.0, 6.0), "trials": 2})
-    s = study.execute(cfg, out_dir=tmp_path, show_progress=False)
+    ckpt = tmp_path / "ckpt"
+    s = study.execute(cfg, out_dir=tmp_path / "a", checkpoint_dir=ckpt, show_progress=False)
     for k in (
         "graph_recovery",
         "features_recovery",
@@ -25,7 +26,14 @@ def test_phase_study_smoke(tmp_path):
     assert len(s["joint_recovery"]) == 2 and len(s["joint_recovery"][0]) == 2
     # Graph strength 0.8 (p = 0.9, q = 0.1) on 16 nodes: the graph program recovers.
     assert s["graph_recovery"][1][0] == 1.0 and s["graph_recovery"][0][0] == 0.0
-    assert (tmp_path / "phase.png").exists()
+    assert (tmp_path / "a" / "phase.png").exists()
+    # --resume: every grid row is restored from the per-row checkpoints, none re-solved.
+    again = study.execute(
+        cfg, out_dir=tmp_path / "b", checkpoint_dir=ckpt, resume=True, show_progress=False
+    )
+    for k in ("graph_recovery", "features_recovery", "joint_recovery", "not_converged"):
+        assert again[k] == s[k]
+    assert (tmp_path / "b" / "metrics.jsonl").read_text().count('"resumed": true') == 2
 
 
 def test_planetoid_study_smoke_karate(tmp_path):
