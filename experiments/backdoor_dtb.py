@@ -47,14 +47,17 @@ import optax
 
 from experiments import _runner
 from hexad import backdoor as bd
+from hexad import cachex
 from hexad.data.images import load_digits, train_test_split
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     size: int = 16
+    model: str = "cnn"
     widths: tuple[int, ...] = (8, 16, 16)
     hidden: int = 32
+    groups: int = 4
     poison_rate: float = 0.1
     decoy_target: int = 0
     hidden_target: int = 0
@@ -71,6 +74,7 @@ class Config:
     gate_tau: float = 0.3
     defenses: tuple[str, ...] = tuple(bd.DEFENSES)
     compositions: tuple[str, ...] = ("ft+ft", "nc+ft", "fp+nad")
+    detectors: tuple[str, ...] = ("ac", "ss")
     defense_steps: int = 100
 
 
@@ -89,6 +93,8 @@ QUICK = {
 def _defense(name: str, steps: int):
     """Returns the defense ``name`` (``a+b`` composes) with its step counts set to ``steps``."""
     if "+" in name:
+        if "abl" in name.split("+"):
+            raise ValueError(f"compositions: {name!r}: ABL needs the poisoned training set")
         return bd.compose(*(_defense(n, steps) for n in name.split("+")))
     if name not in bd.DEFENSES:
         raise ValueError(f"defenses: unknown defense {name!r}; known: {sorted(bd.DEFENSES)}")
@@ -102,6 +108,8 @@ def _defense(name: str, steps: int):
         "ftsam": {"n_steps": steps},
         "rnp": {"recover_steps": steps},
         "mcr": {"n_steps": steps, "ft_steps": steps},
+        "sau": {"n_steps": steps},
+        "abl": {"lga_steps": steps, "finetune_steps": steps},
         "nc": {},
         "clp": {},
     }[name]
@@ -109,34 +117,24 @@ def _defense(name: str, steps: int):
         return lambda k, m, p, x, y: (
             bd.neural_cleanse(k, m, p, x, y, n_steps=3 * steps, unlearn_steps=steps).params
         )
+    if name == "abl":
+        # ABL sanitises on the training set the defender holds: _run passes the decoy-poisoned
+        # one for it (the clean split would give it no poisons to isolate)
+        return lambda k, m, p, x, y: bd.abl(k, m, p, x, y, **kw).params
     return lambda k, m, p, x, y: f(k, m, p, x, y, **kw)
 
 
-def run(cfg: Config, ctx: _runner.Context) -> dict:
-    data = load_digits(cfg.size)
-    tr, te = train_test_split(data, 0.2, seed=ctx.seed)
-    x, y = jnp.asarray(tr.x), jnp.asarray(tr.y)
-    xt, yt = jnp.asarray(te.x), jnp.asarray(te.y)
-    n_clean = int(0.05 * x.shape[0])
-    xc, yc = x[-n_clean:], y[-n_clean:]  # the defender's 5% clean split
-    shape = (cfg.size, cfg.size, 1)
-    keys = jax.random.split(ctx.key(), 8)
-    decoy = bd.patch_trigger(shape, size=max(2, cfg.size // 5))
-    hidden = bd.blend_trigger(keys[0], shape, cfg.blend_alpha)
-    problem = bd.DTBProblem(decoy, hidden, cfg.decoy_target, cfg.hidden_target)
-    model = bd.SmallCNN(10, cfg.widths, cfg.hidden)
-    p0 = model.init(keys[1], x[:1])
+def _make_model(cfg: Config):
+    if cfg.model == "cnn":
+        return bd.SmallCNN(10, cfg.widths, cfg.hidden)
+    if cfg.model == "preact":
+        return bd.PreActResNet(10, cfg.widths, cfg.groups)
+    raise ValueError(f"model: expected 'cnn' or 'preact', got {cfg.model!r}")
+
+
+def _train_models(cfg, ctx, model, p0, problem, x, y, pois, keys) -> dict:
+    """Returns ``{"badnets", "naive", "dtb"}`` parameters, trained from ``p0``."""
     opt = optax.adam(cfg.lr)
-
-    def metrics(params):
-        f = model.apply
-        return {
-            "acc": float(bd.accuracy(f, params, xt, yt)),
-            "decoy": float(bd.attack_success_rate(f, params, xt, yt, decoy, cfg.decoy_target)),
-            "hidden": float(bd.attack_success_rate(f, params, xt, yt, hidden, cfg.hidden_target)),
-        }
-
-    pois = bd.poison(keys[2], x, y, decoy, cfg.poison_rate, cfg.decoy_target, 10)
     badnets, _ = bd.fit(
         keys[3], p0, pois.x, pois.y, model.apply, opt, cfg.train_steps, cfg.batch_size, chunk=10
     )
@@ -179,6 +177,48 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
             cfg.batch_size,
             callback=log(tag),
         )
+    return models
+
+
+def run(cfg: Config, ctx: _runner.Context) -> dict:
+    data = load_digits(cfg.size)
+    tr, te = train_test_split(data, 0.2, seed=ctx.seed)
+    x, y = jnp.asarray(tr.x), jnp.asarray(tr.y)
+    xt, yt = jnp.asarray(te.x), jnp.asarray(te.y)
+    n_clean = int(0.05 * x.shape[0])
+    xc, yc = x[-n_clean:], y[-n_clean:]  # the defender's 5% clean split
+    shape = (cfg.size, cfg.size, 1)
+    keys = jax.random.split(ctx.key(), 8)
+    decoy = bd.patch_trigger(shape, size=max(2, cfg.size // 5))
+    hidden = bd.blend_trigger(keys[0], shape, cfg.blend_alpha)
+    problem = bd.DTBProblem(decoy, hidden, cfg.decoy_target, cfg.hidden_target)
+    model = _make_model(cfg)
+    p0 = model.init(keys[1], x[:1])
+
+    @jax.jit  # one compile for every model and defense (eager would dispatch op by op)
+    def _metrics(params):
+        f = model.apply
+        return (
+            bd.accuracy(f, params, xt, yt),
+            bd.attack_success_rate(f, params, xt, yt, decoy, cfg.decoy_target),
+            bd.attack_success_rate(f, params, xt, yt, hidden, cfg.hidden_target),
+        )
+
+    def metrics(params):
+        return dict(zip(("acc", "decoy", "hidden"), map(float, _metrics(params)), strict=True))
+
+    pois = bd.poison(keys[2], x, y, decoy, cfg.poison_rate, cfg.decoy_target, 10)
+    # The three trained models checkpoint through hexad.cachex; --resume skips the training.
+    mngr = cachex.CacheXManager(ctx.checkpoint_dir)
+    try:
+        start, models = cachex.resume(mngr, {"badnets": p0, "naive": p0, "dtb": p0}, ctx.resume)
+        if start == 0:
+            models = _train_models(cfg, ctx, model, p0, problem, x, y, pois, keys)
+            mngr.save(0, models)
+            mngr.wait_until_finished()
+    finally:
+        mngr.close()
+    models = dict(models)
 
     names = list(cfg.defenses) + list(cfg.compositions)
     before = {tag: metrics(p) for tag, p in models.items()}
@@ -186,14 +226,34 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     t_dtb = 0.0
     for name in ctx.progress(names, desc="defenses"):
         d = _defense(name, cfg.defense_steps)
+        # ABL needs the training set the defender holds: the decoy-poisoned one
+        dx, dy = (pois.x, pois.y) if name == "abl" else (xc, yc)
         for tag, p in models.items():
             t0 = time.perf_counter()
-            after[tag][name] = metrics(d(keys[5], model, p, xc, yc))
+            after[tag][name] = metrics(d(keys[5], model, p, dx, dy))
             if tag == "dtb":
                 t_dtb += time.perf_counter() - t0
             ctx.log(model=tag, defense=name, **after[tag][name])
 
-    out: dict = {"defenses": names, "defense_eval_s": round(t_dtb, 2)}
+    # Detectors (AC, SS) flag samples of the decoy-poisoned training set under each model.
+    ip = np.asarray(pois.is_poison)
+    detect = {}
+    for det in cfg.detectors:
+        if det not in ("ac", "ss"):
+            raise ValueError(f"detectors: expected 'ac' or 'ss', got {det!r}")
+        for tag, p in models.items():
+            t0 = time.perf_counter()
+            if det == "ss":
+                fl = bd.spectral_signatures(model, p, pois.x, pois.y, eps=cfg.poison_rate)
+            else:
+                fl = bd.activation_clustering(model, p, pois.x, pois.y)
+            if tag == "dtb":
+                t_dtb += time.perf_counter() - t0
+            pre = "" if tag == "dtb" else f"{tag}_"
+            detect[f"{pre}{det}_tpr"] = float(fl[ip].mean())
+            detect[f"{pre}{det}_fpr"] = float(fl[~ip].mean())
+
+    out: dict = {"defenses": names, "defense_eval_s": round(t_dtb, 2), **detect}
     b = before["dtb"]
     out.update(clean_acc=b["acc"], decoy_asr_before=b["decoy"], hidden_asr_before=b["hidden"])
     for n in names:

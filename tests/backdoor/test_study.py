@@ -1,24 +1,32 @@
-"""Smoke test of experiments.backdoor_dtb at a tiny size: it runs and writes every key."""
+"""Smoke test of experiments.backdoor_dtb at a tiny size (PreAct-ResNet): it runs, writes every
+key, and ``--resume`` restores the three trained models through hexad.cachex instead of
+retraining, reproducing the summary."""
+
+import json
 
 from experiments import backdoor_dtb
 
+TINY = {
+    "model": "preact",
+    "widths": (4,),
+    "groups": 2,
+    "train_steps": 2,
+    "dtb_steps": 1,
+    "inner_steps": 1,
+    "hypergrad": "first_order",
+    "defenses": ("clp",),
+    "compositions": ("clp+clp",),
+    "detectors": ("ss",),
+    "defense_steps": 1,
+}
 
-def test_backdoor_dtb_smoke(tmp_path):
-    cfg = backdoor_dtb.STUDY.make_config(
-        True,
-        {
-            "widths": (4,),
-            "hidden": 8,
-            "train_steps": 2,
-            "dtb_steps": 1,
-            "inner_steps": 1,
-            "hypergrad": "first_order",
-            "defenses": ("clp",),
-            "compositions": ("clp+clp",),
-            "defense_steps": 1,
-        },
+
+def test_backdoor_dtb_smoke_and_resume(tmp_path):
+    cfg = backdoor_dtb.STUDY.make_config(True, TINY)
+    ckpt = tmp_path / "ckpt"
+    s = backdoor_dtb.STUDY.execute(
+        cfg, out_dir=tmp_path / "run1", checkpoint_dir=ckpt, show_progress=False
     )
-    s = backdoor_dtb.STUDY.execute(cfg, out_dir=tmp_path, show_progress=False)
     for k in (
         "clean_acc",
         "decoy_asr_before",
@@ -27,6 +35,9 @@ def test_backdoor_dtb_smoke(tmp_path):
         "naive_hidden_asr_after_mean",
         "badnets_asr_after_mean",
         "defense_eval_s",
+        "ss_tpr",
+        "naive_ss_fpr",
+        "badnets_ss_tpr",
     ):
         assert k in s
     for d in ("clp", "clp+clp"):
@@ -38,4 +49,15 @@ def test_backdoor_dtb_smoke(tmp_path):
             f"badnets_asr_after_{d}",
         ):
             assert 0.0 <= s[k] <= 1.0
-    assert (tmp_path / "asr.png").is_file() and (tmp_path / "summary.json").is_file()
+    assert (tmp_path / "run1" / "asr.png").is_file()
+
+    s2 = backdoor_dtb.STUDY.execute(
+        cfg, out_dir=tmp_path / "run2", checkpoint_dir=ckpt, resume=True, show_progress=False
+    )
+    logged = [json.loads(line) for line in open(tmp_path / "run2" / "metrics.jsonl")]
+    assert not any("step" in r for r in logged)  # no training step was logged: restored
+    assert any("step" in json.loads(line) for line in open(tmp_path / "run1" / "metrics.jsonl"))
+    skip = {"runtime_s", "defense_eval_s"}
+    assert {k: v for k, v in s2.items() if k not in skip} == {
+        k: v for k, v in s.items() if k not in skip
+    }

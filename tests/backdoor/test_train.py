@@ -55,7 +55,8 @@ def test_trainer_step_traces_once(trained):
 
 
 def test_fit_on_a_mesh(trained):
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+    # jax.make_mesh's default Explicit axes are converted to Auto (hexad.sharding.auto_axes)
+    mesh = jax.make_mesh((8,), ("data",))
     p, losses = bd.fit(
         jax.random.key(0),
         trained.clean,

@@ -5,21 +5,25 @@ decoy-plus-hidden backdoor whose hidden half is activated by sanitisation itself
 
 - Triggers and poisoning: :func:`patch_trigger` (BadNets), :func:`blend_trigger`,
   :func:`warp_trigger` (WaNet), :func:`apply_trigger`, :func:`poison` (all-to-one).
-- Model and training: :class:`SmallCNN`, :func:`fit`, :func:`make_trainer`, :func:`minimize`.
+- Models and training: :class:`SmallCNN`, :class:`PreActResNet`, :func:`fit`,
+  :func:`make_trainer`, :func:`minimize`.
 - Metrics: :func:`accuracy`, :func:`attack_success_rate`, :func:`robust_accuracy`,
   :func:`defense_effectiveness_rating`.
 - DTB: :class:`DTBConfig`, :class:`DTBProblem`, :func:`dtb_objective` (first-order or unrolled
   hypergradient, gate, multi-round surrogate), :func:`make_dtb`, :func:`implant`.
 - Defenses (BackdoorBench protocol): :func:`finetune` (FT), :func:`fine_pruning` (FP),
   :func:`nad`, :func:`anp`, :func:`neural_cleanse` (NC), :func:`ibau`, :func:`clp`,
-  :func:`ft_sam`, :func:`rnp`, :func:`mcr`; detectors :func:`activation_clustering` (AC) and
-  :func:`spectral_signatures` (SS); :func:`compose` for multi-round sanitisation;
-  :data:`DEFENSES` maps short names to the post-training ones.
+  :func:`ft_sam`, :func:`rnp`, :func:`mcr`, :func:`sau` (SAU), :func:`abl` (ABL, on the
+  defender's training set); detectors :func:`activation_clustering` (AC) and
+  :func:`spectral_signatures` (SS): 14 defenses; :func:`compose` for multi-round
+  sanitisation; :data:`DEFENSES` maps short names to the model-repair ones.
 """
 
 from hexad.backdoor._defenses import (
     DEFENSES,
+    ABLOutput,
     NCOutput,
+    abl,
     activation_clustering,
     anp,
     clp,
@@ -32,6 +36,7 @@ from hexad.backdoor._defenses import (
     nad,
     neural_cleanse,
     rnp,
+    sau,
     spectral_signatures,
 )
 from hexad.backdoor._dtb import (
@@ -46,7 +51,7 @@ from hexad.backdoor._dtb import (
     make_dtb,
     sanitise_surrogate,
 )
-from hexad.backdoor._models import SmallCNN, apply_channel_mask, conv_layers
+from hexad.backdoor._models import PreActResNet, SmallCNN, apply_channel_mask, conv_layers
 from hexad.backdoor._train import (
     Trainer,
     TrainInfo,
@@ -75,8 +80,10 @@ from hexad.backdoor._triggers import (
 )
 
 __all__ = [
+    "ABLOutput",
     "DEFENSES",
     "NCOutput",
+    "abl",
     "activation_clustering",
     "anp",
     "clp",
@@ -89,6 +96,7 @@ __all__ = [
     "nad",
     "neural_cleanse",
     "rnp",
+    "sau",
     "spectral_signatures",
     "DTB",
     "DTBBatch",
@@ -103,6 +111,7 @@ __all__ = [
     "BlendTrigger",
     "PatchTrigger",
     "Poisoned",
+    "PreActResNet",
     "SmallCNN",
     "TrainInfo",
     "TrainState",

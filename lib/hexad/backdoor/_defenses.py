@@ -6,8 +6,9 @@ and return sanitised parameters. Hyper-parameters default to BackdoorBench's, wi
 turned into optimiser steps on our tiny models. Detection defenses (AC, SS) take the
 (possibly poisoned) training set and return a boolean ``[n]`` flag per sample.
 
-Implemented (paper in each docstring): FT, FP, NAD, ANP, NC, I-BAU, CLP, FT-SAM, RNP, MCR
-(model repair) and AC, SS (poison detection). Loops run through :func:`minimize` (host-driven
+Implemented (paper in each docstring): FT, FP, NAD, ANP, NC, I-BAU, CLP, FT-SAM, RNP, MCR,
+SAU (model repair), ABL (isolation + unlearning on the training set the defender holds) and
+AC, SS (poison detection): 14 in all. Loops run through :func:`minimize` (host-driven
 jitted chunks; do not wrap these functions in ``jax.jit``).
 """
 
@@ -26,8 +27,10 @@ from hexad.backdoor._train import accuracy, cross_entropy, minimize
 from hexad.backdoor._triggers import check_images
 
 __all__ = [
+    "ABLOutput",
     "DEFENSES",
     "NCOutput",
+    "abl",
     "activation_clustering",
     "anp",
     "clp",
@@ -40,6 +43,7 @@ __all__ = [
     "nad",
     "neural_cleanse",
     "rnp",
+    "sau",
     "spectral_signatures",
 ]
 
@@ -572,6 +576,200 @@ def mcr(
     return bez(c, t)
 
 
+class ABLOutput(NamedTuple):
+    """Anti-Backdoor Learning's result.
+
+    Attributes:
+      params: parameters after isolation, fine-tuning on the rest and unlearning.
+      isolated: ``[n]`` bool, the samples isolated as suspected poisons.
+      losses: ``[n]`` per-sample cross-entropy under the LGA model (the isolation score).
+    """
+
+    params: Any
+    isolated: jax.Array
+    losses: jax.Array
+
+
+def abl(
+    key,
+    model,
+    params,
+    x_train,
+    y_train,
+    gamma=0.5,
+    lga_steps=100,
+    lr=0.1,
+    isolation_ratio=0.01,
+    finetune_steps=100,
+    unlearn_steps=20,
+    unlearn_lr=5e-4,
+    batch_size=64,
+) -> ABLOutput:
+    """Returns :class:`ABLOutput`: Anti-Backdoor Learning (ABL; Li et al., NeurIPS 2021,
+    arXiv 2110.11571), on the (possibly poisoned) training set the defender holds.
+
+    1. LGA: ``lga_steps`` of SGD (momentum 0.9, ``lr`` 0.1 as BackdoorBench's ABL) from
+       ``params`` on the local gradient ascent
+       loss ``sign(L - gamma) * L`` of each minibatch's mean cross-entropy ``L`` (paper
+       eq. 3): clean samples are held near loss ``gamma`` while backdoor samples, learned
+       much faster, fall below it.
+    2. Isolation: the ``isolation_ratio`` fraction of samples with the lowest loss under the
+       LGA model (paper sec. 3.3; BackdoorBench's default 1%).
+    3. Fine-tuning on the rest (``finetune_steps``, BackdoorBench's ``finetuning_ascent_model``).
+    4. Unlearning: ``unlearn_steps`` of gradient *ascent* on the isolated samples'
+       cross-entropy (paper eq. 4), SGD with momentum at ``unlearn_lr`` (BackdoorBench 5e-4).
+
+    ABL is a training-time defense: pass a fresh initialisation as ``params`` to train from
+    scratch as in the paper, or a suspect model to sanitise it with the same data.
+
+    Args:
+      key: PRNG key.
+      model: :class:`SmallCNN` or :class:`PreActResNet` (static).
+      params: initial parameters.
+      x_train: ``[n, H, W, C]`` training images (may contain poisons); y_train: ``[n]``.
+      gamma: LGA loss threshold.
+      lga_steps, lr: LGA steps and SGD step size (static); also used for fine-tuning.
+      isolation_ratio: fraction isolated, in (0, 1).
+      finetune_steps: steps on the non-isolated samples (0 = skip).
+      unlearn_steps, unlearn_lr: unlearning steps and step size.
+      batch_size: minibatch size (static).
+
+    Example, with an initialisation ``p0`` and a training set ``x, y``:
+
+        out = abl(jax.random.key(0), model, p0, x, y)
+    """
+    _check(model, params, x_train, y_train)
+    if not 0.0 < isolation_ratio < 1.0:
+        raise ValueError(f"isolation_ratio: expected a number in (0, 1), got {isolation_ratio!r}")
+    k1, k2, k3 = jax.random.split(key, 3)
+    ce = _ce_loss(model)
+
+    def lga(p, k, batch):
+        loss = ce(p, k, batch)
+        return jnp.sign(jax.lax.stop_gradient(loss) - gamma) * loss
+
+    sgd = optax.sgd(lr, momentum=0.9)
+    p, _ = minimize(k1, params, lga, (x_train, y_train), sgd, lga_steps, batch_size)
+    per_sample = jax.jit(
+        lambda p, x, y: optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y)
+    )
+    losses = per_sample(p, x_train, y_train)
+    n = x_train.shape[0]
+    n_iso = max(1, int(round(isolation_ratio * n)))
+    iso_idx = np.argsort(np.asarray(losses))[:n_iso]
+    isolated = np.zeros(n, bool)
+    isolated[iso_idx] = True
+    rest = np.flatnonzero(~isolated)
+    if finetune_steps > 0:
+        p, _ = minimize(k2, p, ce, (x_train[rest], y_train[rest]), sgd, finetune_steps, batch_size)
+    neg = lambda p_, k, b: -ce(p_, k, b)
+    p, _ = minimize(
+        k3,
+        p,
+        neg,
+        (x_train[iso_idx], y_train[iso_idx]),
+        optax.sgd(unlearn_lr, momentum=0.9),
+        unlearn_steps,
+        min(batch_size, n_iso),
+    )
+    return ABLOutput(p, jnp.asarray(isolated), losses)
+
+
+def sau(
+    key,
+    model,
+    params,
+    x_clean,
+    y_clean,
+    eps=0.2,
+    adv_lr=0.2,
+    adv_steps=5,
+    beta_1=0.01,
+    beta_2=1.0,
+    lmd_1=1.0,
+    lmd_2=0.0,
+    lmd_3=1.0,
+    n_steps=100,
+    lr=1e-3,
+    batch_size=32,
+):
+    """Returns params after Shared Adversarial Unlearning (SAU; Wei et al., NeurIPS 2023,
+    arXiv 2307.10562).
+
+    Each step first finds, for the batch, *shared* adversarial examples of the original
+    (backdoored, frozen) model ``h0`` and the model being purified ``h``: ``adv_steps``
+    signed-gradient steps of size ``adv_lr`` on a per-sample perturbation in the L-inf ball
+    of radius ``eps`` (started at ``+eps``), minimising
+    ``beta_1 * L_adv + beta_2 * L_share``, where ``L_adv`` is minus the cross-entropy of both
+    models on the samples each does not yet misclassify and ``L_share`` the Jensen-Shannon
+    divergence of their predictions on the samples not yet shared (paper sec. 4; the
+    reference implementation's losses). Then one Adam step on
+    ``lmd_1 CE(h(x), y) + lmd_2 CE(h(x + delta), y) + lmd_3 L_sar``, with ``L_sar`` the mean
+    over samples ``h0`` is fooled on of ``-log(1 - p_h(y0' | x + delta))``, ``y0'`` ``h0``'s
+    adversarial label (paper eq. 9): ``h`` unlearns agreeing with ``h0`` on them.
+    BackdoorBench's defaults (eps 0.2, 5 PGD steps of 0.2, beta 0.01 / 1, lmd 1 / 0 / 1);
+    its 100 epochs of Adam at 1e-4 become ``n_steps`` steps at ``lr`` here.
+
+    Example, with trained ``params`` and a clean split ``xc, yc``:
+
+        p = sau(jax.random.key(0), model, params, xc, yc)
+    """
+    _check(model, params, x_clean, y_clean)
+    ref = params
+
+    def shared_pert(p, xb, yb):
+        lab = jnp.argmax(model.apply(p, xb), -1)
+        lab_ref = jnp.argmax(model.apply(ref, xb), -1)
+
+        def obj(d):
+            lg = model.apply(p, xb + d)
+            lg_ref = model.apply(ref, xb + d)
+            pl, pl_ref = jnp.argmax(lg, -1), jnp.argmax(lg_ref, -1)
+            succ, succ_ref = pl != lab, pl_ref != lab_ref
+            shared = succ & succ_ref & (pl == pl_ref)
+            ce_ = optax.softmax_cross_entropy_with_integer_labels
+            adv = jnp.sum(jnp.where(succ, 0.0, ce_(lg, yb))) + jnp.sum(
+                jnp.where(succ_ref, 0.0, ce_(lg_ref, yb))
+            )
+            adv = -adv / (2 * xb.shape[0])
+            pm = jnp.clip(jax.nn.softmax(lg, -1), 1e-8)
+            pr = jnp.clip(jax.nn.softmax(lg_ref, -1), 1e-8)
+            mix = 0.5 * (pm + pr)
+            js = 0.5 * jnp.sum(pm * (jnp.log(pm) - jnp.log(mix)), -1) + 0.5 * jnp.sum(
+                pr * (jnp.log(pr) - jnp.log(mix)), -1
+            )
+            share = jnp.sum(jnp.where(shared, 0.0, js)) / xb.shape[0]
+            return beta_1 * adv + beta_2 * share
+
+        d = jnp.full_like(xb, eps)
+        for _ in range(adv_steps):
+            d = jnp.clip(d - adv_lr * jnp.sign(jax.grad(obj)(d)), -eps, eps)
+        return jax.lax.stop_gradient(d)
+
+    def loss(p, k, batch):
+        del k
+        xb, yb = batch
+        xa = xb + shared_pert(jax.lax.stop_gradient(p), xb, yb)
+        logits, per_logits = model.apply(p, xb), model.apply(p, xa)
+        lab_ref = jnp.argmax(model.apply(ref, xb), -1)
+        pl_ref = jnp.argmax(model.apply(ref, xa), -1)
+        fooled = (pl_ref != yb) & (pl_ref != lab_ref)
+        pos = jnp.take_along_axis(jax.nn.softmax(per_logits, -1), pl_ref[:, None], -1)[:, 0]
+        # the reference code's two numerically different forms of -log(1 - pos), averaged
+        terms = -jnp.log(1e-6 + jnp.minimum(1.0 - pos, 0.999)) - jnp.log(
+            1.0 + 1e-6 - jnp.maximum(pos, 0.001)
+        )
+        l_sar = jnp.sum(jnp.where(fooled, terms, 0.0)) / 2 / xb.shape[0]
+        return (
+            lmd_1 * cross_entropy(logits, yb)
+            + lmd_2 * cross_entropy(per_logits, yb)
+            + lmd_3 * l_sar
+        )
+
+    p, _ = minimize(key, params, loss, (x_clean, y_clean), optax.adam(lr), n_steps, batch_size)
+    return p
+
+
 # --------------------------------------------------------------------------------------------
 # Poison detection on the training set
 # --------------------------------------------------------------------------------------------
@@ -666,6 +864,10 @@ def _nc_params(key, model, params, x_clean, y_clean):
     return neural_cleanse(key, model, params, x_clean, y_clean).params
 
 
+def _abl_params(key, model, params, x_train, y_train):
+    return abl(key, model, params, x_train, y_train).params
+
+
 DEFENSES: Mapping[str, Callable] = {
     "ft": finetune,
     "fp": fine_pruning,
@@ -677,6 +879,10 @@ DEFENSES: Mapping[str, Callable] = {
     "ftsam": ft_sam,
     "rnp": rnp,
     "mcr": mcr,
+    "sau": sau,
+    "abl": _abl_params,
 }
-"""Post-training defenses by short name, each ``(key, model, params, x_clean, y_clean) ->
-params`` with its default hyper-parameters."""
+"""Model-repair defenses by short name, each ``(key, model, params, x, y) -> params`` with its
+default hyper-parameters: ``x, y`` is the defender's clean split, except for ``"abl"``, which
+expects the training set the defender holds (poisons included) and sanitises ``params`` on
+it. With the detectors AC and SS, 14 defenses."""

@@ -1,10 +1,13 @@
 """Small flax CNNs sized for CPU, with per-neuron (channel) scales for pruning defenses.
 
-Pruning and neuron-perturbation defenses (FP, ANP, CLP, RNP) act on conv channels. The CNN
-exposes them directly: each conv layer ``conv{i}`` computes ``scale * (W * h) + bias_scale *
-b`` before its ReLU, where ``scale`` and ``bias_scale`` are per-channel vectors (ones by
-default). A mask is baked into parameters by :func:`apply_channel_mask`. There is no batch
-normalisation, so a zeroed channel is exactly zero after the ReLU.
+Pruning and neuron-perturbation defenses (FP, ANP, CLP, RNP) act on conv channels. Both
+models expose them directly: each conv layer ``conv{i}`` computes ``scale * (W * h) +
+bias_scale * b``, where ``scale`` and ``bias_scale`` are per-channel vectors (ones by
+default). A mask is baked into parameters by :func:`apply_channel_mask`. Neither model keeps
+batch statistics (no batch normalisation), so parameters are one plain pytree that every
+defense, optimiser and checkpoint handles alike. In :class:`SmallCNN` a zeroed channel is
+exactly zero after its ReLU; in :class:`PreActResNet` it zeroes that channel of the residual
+branch (the skip path still carries its input).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-__all__ = ["SmallCNN", "apply_channel_mask", "conv_layers"]
+__all__ = ["PreActResNet", "SmallCNN", "apply_channel_mask", "conv_layers"]
 
 
 def _chan(v):
@@ -69,6 +72,85 @@ class SmallCNN(nn.Module):
                 h = nn.avg_pool(h, (2, 2), (2, 2))
         h = h.reshape(h.shape[0], -1)
         h = nn.relu(nn.Dense(self.hidden, name="fc")(h))
+        feats["fc"] = h
+        logits = nn.Dense(self.num_classes, name="head")(h)
+        return (logits, feats) if features else logits
+
+
+class PreActResNet(nn.Module):
+    """A small pre-activation ResNet (He et al., arXiv 1603.05027, fig. 4e), sized for CPU.
+
+    A 3x3 stem conv ``conv0`` of ``widths[0]`` channels, then one pre-activation basic block
+    per entry of ``widths`` (stage ``s``: ``norm -> ReLU -> conv{2s+1}`` (stride 2 from the
+    second stage on) ``-> norm -> ReLU -> conv{2s+2}``, plus the skip path: identity, or a
+    1x1 conv ``short{s}`` of the pre-activated input where the shape changes, as in
+    PreAct-ResNet18 that BackdoorBench uses), then ``norm -> ReLU``, global average pooling
+    and a linear head. Normalisation is GroupNorm (Wu & He, arXiv 1803.08494) in place of
+    batch norm: it keeps no running statistics, so the model stays a pure ``apply`` of one
+    parameter pytree (masks, fine-tuning and the DTB unrolled inner loop need no mutable
+    state), and behaves the same on a batch of one.
+
+    Attributes:
+      num_classes: number of classes (static).
+      widths: channels of each stage (static); each a multiple of ``groups``.
+      groups: GroupNorm groups per layer (static).
+
+    Call as :class:`SmallCNN`: ``model.apply(params, x, scales=None, bias_scales=None,
+    features=False)``, ``x`` ``[n, H, W, C]`` -> logits ``[n, num_classes]``; with
+    ``features``, ``feats`` maps ``conv{i}`` to ``relu`` of its (scaled) output
+    ``[n, h, w, c]`` and ``"fc"`` to the pooled penultimate features ``[n, widths[-1]]``.
+
+    >>> m = PreActResNet(num_classes=10, widths=(4, 8), groups=2)
+    >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    >>> m.apply(p, jnp.zeros((2, 8, 8, 1))).shape
+    (2, 10)
+    """
+
+    num_classes: int = 10
+    widths: Sequence[int] = (8, 16, 32)
+    groups: int = 4
+
+    @nn.compact
+    def __call__(
+        self,
+        x,
+        scales: Mapping[str, jax.Array] | None = None,
+        bias_scales: Mapping[str, jax.Array] | None = None,
+        features: bool = False,
+    ):
+        for w in self.widths:
+            if w % self.groups:
+                raise ValueError(f"widths: expected multiples of groups={self.groups}, got {w}")
+        feats = {}
+
+        def conv(h, i, width, stride):
+            name = f"conv{i}"
+            z = nn.Conv(width, (3, 3), (stride, stride), padding="SAME", use_bias=False, name=name)(
+                h
+            )
+            b = self.param(f"{name}_bias", nn.initializers.zeros, (width,), z.dtype)
+            s = scales[name] if scales is not None and name in scales else 1.0
+            bs = bias_scales[name] if bias_scales is not None and name in bias_scales else 1.0
+            z = z * _chan(s) + _chan(b * bs)
+            feats[name] = nn.relu(z)
+            return z
+
+        def pre(h, name):
+            return nn.relu(nn.GroupNorm(num_groups=self.groups, name=name)(h))
+
+        h = conv(x, 0, self.widths[0], 1)
+        for s_, w in enumerate(self.widths):
+            stride = 1 if s_ == 0 else 2
+            a = pre(h, f"norm{2 * s_}")
+            if stride != 1 or h.shape[-1] != w:
+                skip = nn.Conv(w, (1, 1), (stride, stride), use_bias=False, name=f"short{s_}")(a)
+            else:
+                skip = h
+            z = conv(a, 2 * s_ + 1, w, stride)
+            z = conv(pre(z, f"norm{2 * s_ + 1}"), 2 * s_ + 2, w, 1)
+            h = z + skip
+        h = pre(h, "norm_out")
+        h = jnp.mean(h, axis=(1, 2))
         feats["fc"] = h
         logits = nn.Dense(self.num_classes, name="head")(h)
         return (logits, feats) if features else logits

@@ -13,9 +13,10 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from hexad.backdoor._triggers import apply_trigger, check_images
+from hexad.sharding import auto_axes, batch_sharding, check_divisible
 
 __all__ = [
     "TrainInfo",
@@ -78,7 +79,8 @@ def make_trainer(
     Args:
       apply_fn: ``apply_fn(params, x) -> logits`` (static).
       optimizer: an optax transformation (static).
-      mesh: optional mesh; the batch is sharded along its first axis name (data parallel).
+      mesh: optional mesh (any axis types; converted to Auto axes with
+        :func:`hexad.sharding.auto_axes`); the batch is sharded along its first axis name.
 
     >>> from hexad.backdoor import SmallCNN
     >>> m = SmallCNN(2, (2,), 4)
@@ -86,6 +88,8 @@ def make_trainer(
     >>> st = tr.init(m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1))))
     >>> st, info = tr.step(jax.random.key(1), st, jnp.zeros((4, 8, 8, 1)), jnp.zeros(4, int))
     """
+
+    spec = None if mesh is None else batch_sharding(auto_axes(mesh), mesh.axis_names[0])
 
     def loss_fn(params, x, y):
         logits = apply_fn(params, x)
@@ -96,8 +100,7 @@ def make_trainer(
 
     def step(key, state: TrainState, x, y):
         del key  # plain SGD needs no randomness; kept for the uniform step signature
-        if mesh is not None:
-            spec = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+        if spec is not None:
             x = jax.lax.with_sharding_constraint(x, spec)
             y = jax.lax.with_sharding_constraint(y, spec)
         (loss, acc), g = jax.value_and_grad(loss_fn, has_aux=True)(state.params, x, y)
@@ -214,8 +217,9 @@ def fit(
       optimizer: optax transformation (static).
       n_steps: steps (static).
       batch_size: minibatch size (static; a multiple of the mesh size when ``mesh`` is given).
-      mesh: optional data-parallel mesh with Auto axes (``jax.make_mesh(..., axis_types=
-        (AxisType.Auto,))``): each batch is sharded along its first axis name.
+      mesh: optional data-parallel mesh, e.g. :func:`hexad.sharding.data_mesh` or
+        ``jax.make_mesh`` (Explicit axes are converted with :func:`hexad.sharding.auto_axes`):
+        each batch is sharded along the mesh's first axis name.
       chunk: steps per jitted call (static), see :func:`minimize`.
 
     >>> from hexad.backdoor import SmallCNN
@@ -227,19 +231,17 @@ def fit(
     check_images(x, "x")
     if y.shape != x.shape[:1]:
         raise ValueError(f"y: expected shape [{x.shape[0]}], got {tuple(y.shape)}")
-    if mesh is not None and any(t != jax.sharding.AxisType.Auto for t in mesh.axis_types):
-        raise ValueError(f"mesh: expected Auto axis types, got {mesh.axis_types}")
-    if mesh is not None and batch_size % mesh.devices.size:
-        raise ValueError(
-            f"batch_size: expected a multiple of the mesh size {mesh.devices.size}, "
-            f"got {batch_size}"
-        )
+    spec = None
+    if mesh is not None:
+        mesh = auto_axes(mesh)
+        axis = mesh.axis_names[0]
+        check_divisible(mesh, axis, batch_size, "batch_size")
+        spec = batch_sharding(mesh, axis)
 
     def loss_fn(p, k, batch):
         del k
         xb, yb = batch
-        if mesh is not None:
-            spec = NamedSharding(mesh, PartitionSpec(mesh.axis_names[0]))
+        if spec is not None:
             xb = jax.lax.with_sharding_constraint(xb, spec)
             yb = jax.lax.with_sharding_constraint(yb, spec)
         return cross_entropy(apply_fn(p, xb), yb)
