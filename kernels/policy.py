@@ -11,7 +11,11 @@ Rows:
 - ``policy/poe action``: latency of the deployed composed action (actor forward + prior forward
   + PoE + tanh) against the frozen actor's own forward pass (+ tanh); and ``policy/poe head``:
   the actor forward + PoE with the prior's Gaussian already given, i.e. the composition's own
-  overhead. Goal: under 5% overhead (ratio <= 1.05).
+  overhead. Goal: under 5% overhead (ratio <= 1.05). ``policy/poe fused``: the composed
+  action with the actor and the prior run as one vmapped network over stacked parameters (the
+  actor's first layer zero-padded for the goal inputs), so each layer is one batched matmul.
+  ``policy/dispatch floor``: a jitted ``obs + 1`` against the actor, i.e. how much of the
+  actor's own latency is the fixed cost of calling a jitted function.
 - ``policy/pointmaze vec``: environment steps per second of gymnasium-robotics
   ``PointMaze_UMaze-v3`` in a ``SyncVectorEnv`` of ``n`` envs driven by a jitted actor. Peer:
   the same ``n`` envs stepped one by one in a Python loop (no vector env).
@@ -199,9 +203,49 @@ def _latency_cases(batch: int) -> list[Case]:
     def head(ap, obs, prior_mean, prior_std, alpha):
         return P.squash(P.poe(actor.apply(ap, obs), P.DiagGaussian(prior_mean, prior_std), alpha))
 
+    # Fused: the prior sees (obs, goal), the actor obs only. Zero-pad the actor's first-layer
+    # kernel with rows for the goal inputs, stack both parameter trees and run the two networks
+    # as one vmapped network (one batched matmul per layer instead of two matmuls).
+    def pad_actor(p):
+        p = jax.tree.map(lambda x: x, p)
+        k = p["params"]["Dense_0"]["kernel"]
+        p["params"]["Dense_0"]["kernel"] = jnp.concatenate([k, jnp.zeros((2, k.shape[1]))], 0)
+        return p
+
+    stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), pad_actor(ap), pp)
+
+    def fused(stacked, goal_obs, alpha):
+        both = jax.vmap(prior.apply, in_axes=(0, None))(stacked, goal_obs)
+        a = jax.tree.map(lambda x: x[0], both)
+        p = jax.tree.map(lambda x: x[1], both)
+        return P.squash(P.poe(a, p, alpha))
+
+    def floor(obs):
+        return obs + 1.0
+
     alpha = jnp.float32(0.5)
     common = dict(unit="actions", items=float(batch), peer=own, peer_args=(ap, obs))
     return [
+        Case(
+            name=f"policy/poe fused b={batch}",
+            fn=fused,
+            args=(stacked, goal_obs, alpha),
+            shapes=f"[{batch},{OBS}+2] hid{HID}x2 x2 stacked",
+            peer_name="frozen actor forward",
+            goal="overhead < 5% (ratio <= 1.05)",
+            repeats=50,
+            **common,
+        ),
+        Case(
+            name=f"policy/dispatch floor b={batch}",
+            fn=floor,
+            args=(obs,),
+            shapes=f"[{batch},{OBS}]",
+            peer_name="frozen actor forward",
+            goal="none: the share of the actor's latency that is jit dispatch",
+            repeats=50,
+            **common,
+        ),
         Case(
             name=f"policy/poe action b={batch}",
             fn=composed,

@@ -67,6 +67,7 @@ def test_sac_temperature_gradient_sign(small_sac):
     assert float(new.log_alpha) > float(state.log_alpha)
 
 
+@pytest.mark.slow  # about 13 s of CPU: the default run stays within the folder's budget
 def test_sac_solves_a_one_step_bandit():
     # Terminal one-step problem: reward -|a - a*|^2, so Q(s, a) = r(a) exactly and the
     # optimal squashed mean is a*; a small temperature keeps the policy close to it.

@@ -1,0 +1,93 @@
+"""Smoke test of experiments.policy_locomotion at a tiny size: runs, writes every key, resumes."""
+
+import json
+
+import pytest
+
+from experiments import policy_locomotion as study
+
+
+def _tiny():
+    return study.STUDY.make_config(
+        True,
+        {
+            "envs": ("Hopper-v5",),
+            "data_steps": 32,
+            "data_hidden": 8,
+            "data_per_level": 64,
+            "data_start_steps": 16,
+            "data_snapshot_every": 16,
+            "data_eval_steps": 10,
+            "hidden": 8,
+            "iql_steps": 20,
+            "bc_steps": 10,
+            "train_chunk": 10,
+            "batch_size": 16,
+            "alphas": (0.0, 0.5, 1.0),
+            "n_kl_states": 16,
+            "n_episodes": 1,
+            "episode_steps": 10,
+            "n_envs": 4,
+            "guide_cql_steps": 10,
+            "guide_shifts": (0.5,),
+        },
+    )
+
+
+def _smoke(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEXAD_CACHE", str(tmp_path / "cache"))
+    cfg = _tiny()
+    ckpt = tmp_path / "ckpt"
+    summary = study.STUDY.execute(
+        cfg, out_dir=tmp_path / "run", checkpoint_dir=ckpt, show_progress=False
+    )
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved == summary
+    pre = "hopper_"
+    for k in (
+        "actor_score",
+        "actor_return",
+        "target_velocity",
+        "random_return",
+        "ideal_return",
+        "cql_guided_score",
+        "cql_guided_shift",
+    ):
+        assert pre + k in summary
+    assert summary[pre + "ideal_return"] == 10.0  # Hopper's healthy bonus x episode_steps
+    for q in study.PRIORS:
+        for k in (
+            "poe_kl_budget_alpha",
+            "poe_kl_budget_score",
+            "poe_kl_state_score",
+            "oracle_score",
+            "oracle_alpha",
+            "additive_score",
+            "additive_oracle_score",
+            "prior_only_score",
+        ):
+            assert f"{pre}{k}_{q}" in summary
+        assert len(summary[f"{pre}poe_score_curve_{q}"]) == 3
+        assert 0.0 <= summary[f"{pre}poe_kl_budget_alpha_{q}"] <= 1.0
+        # The sweep's endpoints are the actor (alpha 0) and the prior alone (alpha 1).
+        assert summary[f"{pre}poe_score_curve_{q}"][0] == summary[pre + "actor_score"]
+        assert summary[f"{pre}poe_score_curve_{q}"][-1] == summary[f"{pre}prior_only_score_{q}"]
+    assert (tmp_path / "run" / "score_vs_alpha.png").is_file()
+    return cfg, ckpt, summary
+
+
+def test_locomotion_study_smoke(tmp_path, monkeypatch):
+    _smoke(tmp_path, monkeypatch)
+
+
+@pytest.mark.slow  # a second evaluation pass, about 10 s of CPU
+def test_locomotion_study_resume(tmp_path, monkeypatch):
+    cfg, ckpt, summary = _smoke(tmp_path, monkeypatch)
+    # --resume restores the frozen actor and priors through hexad.cachex and skips training.
+    again = study.STUDY.execute(
+        cfg, out_dir=tmp_path / "run2", checkpoint_dir=ckpt, resume=True, show_progress=False
+    )
+    summary.pop("runtime_s")
+    again.pop("runtime_s")
+    assert again == summary
+    assert not (tmp_path / "run2" / "metrics.jsonl").exists()
