@@ -40,8 +40,9 @@ shared disk, not the PFS model, sets CacheX's times.
 PFS model defaults: 1 GB/s per node, 10 ms latency, lognormal sigma 0.5, 64 writers; with
 ``contention = 0.5`` each writer runs 32.5x slower (about a 2 GB/s PFS shared by 64 writers).
 
-Runtime: ``--quick`` about 1 min on 2 CPU cores (2 ranks, 8 saves of 2 MiB every 0.4 s);
-full about 4 min (4 ranks, 24 saves of 4 MiB every 1 s).
+Runtime: ``--quick`` about 1 min on 2 CPU cores (2 ranks, 8 saves of 2 MiB every 0.4 s;
+measured 35 s); full about 3-4 min (4 ranks, 24 saves of 4 MiB every 1 s; measured 2 min 50 s
+on 2 cores shared at load ~15).
 
 summary.json keys (the headline keys are the contended condition; the same keys with the
 suffix ``_uncontended`` hold the contention-free condition):

@@ -22,7 +22,8 @@ body) for ``model_saves`` saves of ``model_writers`` writers under ``contention`
 compared with the truth, and ``C*_p(n)`` is computed against the stage-and-replicate time
 ``t_stage`` (p99 of the replica-durable times measured in the clean saves of this run).
 
-Runtime: ``--quick`` about 1 min on 2 CPU cores (1 run per fault); full about 4 min (5 runs).
+Runtime: ``--quick`` about 1 min on 2 CPU cores (1 run per fault); full about 4 min (5 runs;
+measured 3.5 min on 2 cores shared at load ~15).
 
 ``--set faults=bit_flip,node_wiped`` restricts the faults.
 
