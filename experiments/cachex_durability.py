@@ -3,18 +3,20 @@
 Command:  python -m experiments.cachex_durability [--quick] [--out DIR] [--seed N] [--set k=v]
 
 What it measures. For each fault, ``runs_per_fault`` runs: a trainer saves ``n_good`` steps
-through CacheX (node-local tier, a neighbour replica server on loopback, a PFS directory),
-then the fault strikes during or after the next save; a fresh manager then restores. Faults:
-SIGKILL of the trainer process during T0 staging, after the T1 local write, and after the
-replica acknowledgement but before orbax's commit; SIGKILL of the drainer during the PFS
-drain; a rank killed before the PFS rename (only some done markers); the node's whole local
-storage wiped; the neighbour dead; the neighbour slow; disk full during the local write; a
-truncated and a bit-flipped local data file. For each run the study verifies every tier by
-brute force to find the newest complete step anywhere, and counts a restore *exact* when it
-returns that step bit-exact, *corrupt* when it returns bytes that are not exactly some saved
-step's state (the goal is zero), and the steps lost against plain orbax (a local-only orbax
-manager, which commits the same local steps but has no replica or PFS copy; negative = CacheX
-kept steps orbax lost).
+through CacheX (node-local tier, a neighbour replica server on loopback, a PFS directory), then
+the fault strikes during or after the next save; a fresh manager then restores. Faults: SIGKILL
+of the trainer process during T0 staging, after the T1 local write, and after the replica
+acknowledgement but before orbax's commit; SIGKILL of the drainer during the PFS drain; a rank
+killed before the PFS rename (only some done markers); the node's whole local storage wiped;
+the neighbour dead; the neighbour slow; disk full during the local write; a truncated and a
+bit-flipped local data file; the PFS down for good while the trainer keeps saving (every drain
+fails, is retried with backoff until its failure is final, and the undrained steps stay pinned
+in the local tier beyond ``max_to_keep``). For each run the study verifies every tier by brute
+force to find the newest complete step anywhere, and counts a restore *exact* when it returns
+that step bit-exact, *corrupt* when it returns bytes that are not exactly some saved step's
+state (the goal is zero), and the steps lost against plain orbax (a local-only orbax manager,
+which commits the same local steps but has no replica or PFS copy; negative = CacheX kept steps
+orbax lost).
 
 Then the durability model: per-rank PFS write times are drawn from the PFS model (lognormal
 body) for ``model_saves`` saves of ``model_writers`` writers under ``contention``; the model fit
@@ -67,6 +69,7 @@ FAULTS = (
     "disk_full",
     "truncated_file",
     "bit_flip",
+    "pfs_down",
 )
 
 
@@ -213,6 +216,19 @@ def _one_run(fault: str, run_dir: Path, seed: int, cfg: Config, t_stage: list) -
                 newest_dir.write_bytes(newest_dir.read_bytes()[:-100])
             elif fault == "bit_flip":
                 _flip(newest_dir)
+            elif fault == "pfs_down":
+                for s in range(n + 1):
+                    (pfs / f".tmp-{s}").write_bytes(b"")  # the PFS refuses every drain
+                m.save(n, state(seed, n))
+                m.wait_until_finished()
+                dcfg, t_now = m.drainer_config, time.time()
+                for k in range(dcfg.retry_max_attempts * (n + 1)):  # every retry falls due
+                    _pfs.drain_once(dcfg, now=t_now + 3600.0 * (k + 1))
+                final = m.durability(n).get("pfs_error", {})
+                if final.get("attempts") != dcfg.retry_max_attempts or m.all_steps() != list(
+                    range(n + 1)
+                ):
+                    raise RuntimeError("pfs_down: a drain failure was not final or not pinned")
         orbax_newest = _orbax_newest(local)
         if fault == "node_wiped":
             orbax_newest = -1  # a local-only orbax loses everything with the node's storage

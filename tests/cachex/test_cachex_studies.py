@@ -33,15 +33,22 @@ def test_cachex_durability_smoke(tmp_path):
     cfg = cachex_durability.STUDY.make_config(
         True,
         {
-            "faults": ("kill_after_replica_ack", "bit_flip", "node_wiped", "kill_before_rename"),
+            "faults": (
+                "kill_after_replica_ack",
+                "bit_flip",
+                "node_wiped",
+                "kill_before_rename",
+                "pfs_down",
+            ),
             "n_good": 2,
             "model_saves": 200,
         },
     )
     s = cachex_durability.STUDY.execute(cfg, out_dir=tmp_path, show_progress=False)
-    assert s["fault_runs"] == 4
+    assert s["fault_runs"] == 5
     assert s["fault_corrupt_restores"] == 0
-    assert s["fault_exact_restores"] == 4
+    assert s["fault_exact_restores"] == 5
+    assert s["pfs_down_lost_vs_orbax"] == 0  # undrained steps stay pinned locally
     assert s["node_wiped_lost_vs_orbax"] < 0  # orbax alone loses the wiped node's steps
     for k in ("c_star_p99_n64", "model_mu_fit", "t_stage_p99_s", "stage_path_chosen"):
         assert k in s
