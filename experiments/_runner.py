@@ -59,6 +59,13 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def checkpoint_root() -> Path:
+    """The folder under which studies checkpoint by default: ``$HEXAD_CHECKPOINTS`` if set,
+    else the repository's ``checkpoints/``."""
+    env = os.environ.get("HEXAD_CHECKPOINTS")
+    return Path(env) if env else REPO_ROOT / "checkpoints"
+
+
 # --------------------------------------------------------------------------------------------
 # Configs and --set overrides
 # --------------------------------------------------------------------------------------------
@@ -204,7 +211,8 @@ class Context:
       out_dir: the run's output folder (``runs/<study>/<timestamp>/`` unless ``--out``).
       seed: the ``--seed`` value; ``ctx.key()`` turns it into a JAX key.
       quick: whether ``--quick`` was given.
-      checkpoint_dir: ``checkpoints/<study>/<run>/`` unless ``--ckpt``.
+      checkpoint_dir: ``checkpoints/<study>/<run>/`` unless ``--ckpt`` (the root is
+        ``$HEXAD_CHECKPOINTS`` when set; the test suite points it at a temporary folder).
       resume: whether ``--resume`` was given (restore the newest durable step).
       show_progress: whether to draw tqdm bars.
     """
@@ -359,7 +367,7 @@ class Study:
         out_dir = Path(out_dir) if out_dir is not None else REPO_ROOT / "runs" / self.name / stamp
         out_dir.mkdir(parents=True, exist_ok=True)
         if checkpoint_dir is None:
-            checkpoint_dir = REPO_ROOT / "checkpoints" / self.name / out_dir.name
+            checkpoint_dir = checkpoint_root() / self.name / out_dir.name
         ctx = Context(
             name=self.name,
             out_dir=out_dir,

@@ -34,6 +34,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_gpu)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _checkpoints_in_tmp(tmp_path_factory):
+    """Studies run by tests checkpoint under a temporary folder, never the repository's."""
+    old = os.environ.get("HEXAD_CHECKPOINTS")
+    os.environ["HEXAD_CHECKPOINTS"] = str(tmp_path_factory.mktemp("checkpoints"))
+    yield
+    if old is None:
+        os.environ.pop("HEXAD_CHECKPOINTS", None)
+    else:
+        os.environ["HEXAD_CHECKPOINTS"] = old
+
+
 @pytest.fixture
 def key():
     """A fixed PRNG key; split it, never reuse it."""

@@ -139,3 +139,25 @@ def test_demo_cli_help():
         [sys.executable, "-m", "experiments.demo", "--help"], capture_output=True, text=True
     )
     assert proc.returncode == 0 and "report.md" in proc.stdout
+
+
+def test_checkpoint_root_follows_env(tmp_path, monkeypatch):
+    seen = {}
+
+    def run(cfg, ctx):
+        seen["ckpt"] = ctx.checkpoint_dir
+        return {}
+
+    study = _runner.Study("toyckpt", _Cfg, run)
+    monkeypatch.setenv("HEXAD_CHECKPOINTS", str(tmp_path / "ck"))
+    study.execute(study.make_config(True, {}), out_dir=tmp_path / "r1", show_progress=False)
+    assert seen["ckpt"] == tmp_path / "ck" / "toyckpt" / "r1"
+    monkeypatch.delenv("HEXAD_CHECKPOINTS")
+    assert _runner.checkpoint_root() == _runner.REPO_ROOT / "checkpoints"
+    study.execute(
+        study.make_config(True, {}),
+        out_dir=tmp_path / "r2",
+        checkpoint_dir=tmp_path / "mine",
+        show_progress=False,
+    )
+    assert seen["ckpt"] == tmp_path / "mine"
