@@ -25,7 +25,11 @@ expert is ``n_per_level`` transitions of that snapshot's stochastic policy. Extr
 ``infos/x_velocity [N]``, ``infos/reward_forward [N]`` (so a shifted objective can be computed
 from the data), and scalars ``meta/policy_return`` (the snapshot's deterministic return),
 ``meta/snapshot_step``, ``meta/random_return``, ``meta/expert_return``. Generate with
-``python -m hexad.data.offline_rl locomotion --env HalfCheetah-v5 [--steps N]``.
+``python -m hexad.data.offline_rl locomotion --env HalfCheetah-v5 [--steps N]``. With the
+defaults (20k online steps, 64-wide networks, snapshots every 2000 steps, 500-step evaluation
+episodes) we measured, as deterministic 500-step returns: HalfCheetah random -84, medium 311
+(step 16k), expert 748 (step 20k, 1.75 m/s); Hopper random 12, medium 187 (step 4k), expert
+368 (step 20k). These are far below D4RL's experts: the CPU budget allowed 20k SAC steps.
 
 Files are generated once and cached under ``$HEXAD_CACHE`` (default ``~/.cache/hexad``) in
 ``offline_rl/``; a file with missing fields or non-finite values is refused.
