@@ -15,7 +15,13 @@ Models: RWEFM on the sphere (uniform noise clouds) and the Euclidean baseline on
 ``R^{n_pcs}`` (Gaussian noise fitted to the data, samples normalised onto the sphere at the
 end); same network, budget and sampler (see :mod:`experiments.rwefm_synthetic`).
 
+Training checkpoints through ``hexad.cachex`` every ``ckpt_every`` chunks (default
+``checkpoints/<study>/<run>/<model>/``, or ``--ckpt DIR``); ``--resume`` restores each model's
+newest durable chunk and continues with the same per-chunk keys, so a resumed run reproduces
+the uninterrupted one.
+
 Command:  python -m experiments.rwefm_singlecell [--quick] [--out DIR] [--seed N] [--set k=v ...]
+          [--resume] [--ckpt DIR]
 Runtime:  --quick measured at 76 s of CPU (user+sys), mostly compilation (9 min of wall time on
           a shared, heavily loaded 2-core machine); the full study has not been timed yet.
 
@@ -61,6 +67,7 @@ class Config:
     sampler_steps: int = 100
     method: str = "midpoint"
     eval_epsilon: float = 0.01
+    ckpt_every: int = 10
 
 
 def _clouds(rng, x, types, n_clouds, n_points, concentration):

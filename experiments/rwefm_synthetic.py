@@ -15,7 +15,13 @@ weights; on ``T^2`` a mixture of wrapped normals with uniform centres and scales
 
 then generates ``n_test`` clouds with each and compares them with ``n_test`` held-out clouds.
 
+Training checkpoints through ``hexad.cachex`` every ``ckpt_every`` chunks (default
+``checkpoints/<study>/<run>/<model>/``, or ``--ckpt DIR``); ``--resume`` restores each model's
+newest durable chunk and continues with the same per-chunk keys, so a resumed run reproduces
+the uninterrupted one.
+
 Command:  python -m experiments.rwefm_synthetic [--quick] [--out DIR] [--seed N] [--set k=v ...]
+          [--resume] [--ckpt DIR]
 Runtime:  --quick measured at 188 s of CPU (user+sys), most of it XLA compilation of the four
           training steps (on a shared 2-core machine under heavy load it took 32 min of wall
           time); the full study has not been timed yet (3000 steps x 4 models).
@@ -37,6 +43,7 @@ summary.json keys, for ``m`` in ``s2``, ``t2``:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 
@@ -46,6 +53,7 @@ import numpy as np
 import optax
 
 from experiments import _runner
+from hexad import cachex
 from hexad.geometry import Euclidean, Sphere, Torus
 from hexad.rwefm import (
     CloudBatch,
@@ -84,6 +92,7 @@ class Config:
     sampler_steps: int = 100
     method: str = "midpoint"
     eval_epsilon: float = 0.01
+    ckpt_every: int = 10
 
 
 def _data(key, name, n, cfg):
@@ -96,35 +105,103 @@ def _data(key, name, n, cfg):
     )
 
 
+@functools.cache
+def _chunk_fn(manifold, width, depth, heads, lr, steps, epsilon, ot_pairing, batch, chunk):
+    """The model, optimizer, and one jitted training chunk per setting (compiled once per shape).
+
+    ``run(state, key, train, noise)`` takes ``chunk`` steps on minibatches of ``batch`` clouds
+    drawn from ``train`` without replacement. The data and the noise model are arguments, so
+    runs with the same settings and shapes (a resumed run, the demo's studies) share one
+    compilation.
+    """
+    model = VectorField(manifold, width=width, depth=depth, heads=heads)
+    opt = optax.adam(optax.cosine_decay_schedule(lr, steps, alpha=0.1))
+
+    def run(state, key, train, noise):
+        tr = make_trainer(manifold, model, opt, noise, epsilon=epsilon, ot_pairing=ot_pairing)
+        weights = jnp.ones(train.shape[:2], train.dtype)
+
+        def body(st, k):
+            ki, ks = jax.random.split(k)
+            idx = jax.random.choice(ki, train.shape[0], (batch,), replace=False)
+            st, info = tr.step(ks, st, CloudBatch(train[idx], weights[idx]))
+            return st, info.loss
+
+        return jax.lax.scan(body, state, jax.random.split(key, chunk))
+
+    return model, opt, jax.jit(run)
+
+
 def _train(key, manifold, noise, train, cfg, ctx, tag):
-    model = VectorField(manifold, width=cfg.width, depth=cfg.depth, heads=cfg.heads)
-    opt = optax.adam(optax.cosine_decay_schedule(cfg.lr, cfg.steps, alpha=0.1))
+    """Trains one model in jitted chunks; checkpoints every ``ckpt_every`` chunks (--resume).
+
+    The state and the last chunk's mean loss go through :class:`hexad.cachex.CacheXManager`
+    into ``ctx.checkpoint_dir / tag``; chunk ``c`` draws its keys from ``fold_in(key, c)``, so
+    a resumed run takes exactly the steps of an uninterrupted one.
+    """
+    model, opt, chunk = _chunk_fn(
+        manifold,
+        cfg.width,
+        cfg.depth,
+        cfg.heads,
+        cfg.lr,
+        cfg.steps,
+        cfg.epsilon,
+        cfg.ot_pairing,
+        cfg.batch,
+        cfg.chunk,
+    )
     tr = make_trainer(manifold, model, opt, noise, epsilon=cfg.epsilon, ot_pairing=cfg.ot_pairing)
     weights = jnp.ones(train.shape[:2], train.dtype)
     k0, key = jax.random.split(key)
     state = tr.init(k0, CloudBatch(train[: cfg.batch], weights[: cfg.batch]))
 
-    @jax.jit
-    def chunk(state, key):
-        def body(st, k):
-            ki, ks = jax.random.split(k)
-            idx = jax.random.choice(ki, train.shape[0], (cfg.batch,), replace=False)
-            st, info = tr.step(ks, st, CloudBatch(train[idx], weights[idx]))
-            return st, info.loss
-
-        return jax.lax.scan(body, state, jax.random.split(key, cfg.chunk))
-
     n_chunks = max(cfg.steps // cfg.chunk, 1)
-    losses = None
-    for c in ctx.progress(range(n_chunks), desc=f"train {tag}"):
-        state, losses = chunk(state, jax.random.fold_in(key, c))
-        ctx.log(model=tag, step=(c + 1) * cfg.chunk, loss=float(jnp.mean(losses)))
-    return model, state.params, float(jnp.mean(losses))
+    if cfg.ckpt_every < 1:
+        raise ValueError(f"ckpt_every: expected an int >= 1, got {cfg.ckpt_every}")
+    saved = {"state": state, "loss": jnp.zeros((), jnp.float32)}
+    mngr = None if ctx.checkpoint_dir is None else cachex.CacheXManager(ctx.checkpoint_dir / tag)
+    try:
+        start = 0
+        if mngr is not None:
+            start, saved = cachex.resume(mngr, saved, ctx.resume)
+        state, loss = saved["state"], saved["loss"]
+        for c in ctx.progress(range(start, n_chunks), desc=f"train {tag}"):
+            state, losses = chunk(state, jax.random.fold_in(key, c), train, noise)
+            loss = jnp.mean(losses)
+            if mngr is not None and ((c + 1) % cfg.ckpt_every == 0 or c + 1 == n_chunks):
+                mngr.save(c, {"state": state, "loss": loss})
+            ctx.log(model=tag, step=(c + 1) * cfg.chunk, loss=float(loss))
+        if mngr is not None:
+            mngr.wait_until_finished()
+    finally:
+        if mngr is not None:
+            mngr.close()
+    return model, state.params, float(loss)
+
+
+@functools.cache
+def _distance_fn(manifold, epsilon):
+    """One jitted cloud-distance matrix per (manifold, epsilon), shared by every evaluation
+    of a run (and by the studies of one ``experiments.demo`` process): compiled once per shape."""
+
+    def dist(xs, ys):
+        a = jnp.ones(xs.shape[:2], xs.dtype)
+        b = jnp.ones(ys.shape[:2], ys.dtype)
+        return cloud_distances(manifold, xs, a, ys, b, epsilon=epsilon)
+
+    return jax.jit(dist)
+
+
+@functools.cache
+def _sampler_fn(manifold, width, depth, heads, n_steps, method):
+    """One jitted sampler per network and sampler settings (compiled once per shape)."""
+    model = VectorField(manifold, width=width, depth=depth, heads=heads)
+    return jax.jit(make_sampler(manifold, model, n_steps=n_steps, method=method).sample)
 
 
 def _evaluate(manifold, gen, test, cfg):
-    w = jnp.ones(gen.shape[:2], gen.dtype)
-    dist = jax.jit(lambda a, b: cloud_distances(manifold, a, w, b, w, epsilon=cfg.eval_epsilon))
+    dist = _distance_fn(manifold, cfg.eval_epsilon)
     d_gt, d_gg, d_tt = dist(gen, test), dist(gen, gen), dist(test, test)
     return {
         "w2": float(set_w2(d_gt)),
@@ -185,21 +262,17 @@ def compare(keys, manifold, train, test, test2, cfg, ctx, tag=None):
     ambient = Euclidean(manifold.dim)
     label = "" if tag is None else f"{tag}-"
     t0 = time.perf_counter()
-    model_r, params_r, loss_r = _train(
+    _, params_r, loss_r = _train(
         kr, manifold, NoiseModel(manifold), train, cfg, ctx, f"{label}rwefm"
     )
     noise_e = fit_noise(ambient, CloudBatch(train, jnp.ones(train.shape[:2], train.dtype)))
-    model_e, params_e, loss_e = _train(ke, ambient, noise_e, train, cfg, ctx, f"{label}euclid")
+    _, params_e, loss_e = _train(ke, ambient, noise_e, train, cfg, ctx, f"{label}euclid")
     seconds = time.perf_counter() - t0
 
     shape = (cfg.n_test, cfg.n_points)
     mask = jnp.ones(shape, bool)
-    samp_r = jax.jit(
-        make_sampler(manifold, model_r, n_steps=cfg.sampler_steps, method=cfg.method).sample
-    )
-    samp_e = jax.jit(
-        make_sampler(ambient, model_e, n_steps=cfg.sampler_steps, method=cfg.method).sample
-    )
+    net = (cfg.width, cfg.depth, cfg.heads, cfg.sampler_steps, cfg.method)
+    samp_r, samp_e = _sampler_fn(manifold, *net), _sampler_fn(ambient, *net)
     gen_r = samp_r(params_r, NoiseModel(manifold).sample(k1, shape), mask)
     raw_e = samp_e(params_e, noise_e.sample(k2, shape), mask)
     gen_e = manifold.proj(raw_e)

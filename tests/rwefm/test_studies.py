@@ -1,10 +1,11 @@
-"""Smoke tests of the RWEFM studies at tiny size: they run end to end and report every key."""
+"""Smoke tests of the RWEFM studies at tiny size: they run end to end and report every key;
+an interrupted protein run resumed from its checkpoint reproduces the uninterrupted one."""
 
 import json
 
 import pytest
 
-from experiments import rwefm_singlecell, rwefm_synthetic
+from experiments import _runner, rwefm_protein, rwefm_singlecell, rwefm_synthetic
 
 TINY = {
     "n_train": 8,
@@ -19,21 +20,111 @@ TINY = {
     "sampler_steps": 2,
     "ot_pairing": False,
 }
+KEYS = ("rwefm_w2", "euclid_w2", "rwefm_1nna", "euclid_1nna", "on_manifold_max_err")
 
 
 @pytest.mark.slow  # ~30 s of CPU: four trainer and sampler compilations
 def test_synthetic_study_smoke(tmp_path):
     cfg = rwefm_synthetic.STUDY.make_config(True, {**TINY, "manifolds": ("t2",)})
-    summary = rwefm_synthetic.STUDY.execute(cfg, out_dir=tmp_path, show_progress=False)
-    for k in ("rwefm_w2", "euclid_w2", "rwefm_1nna", "euclid_1nna", "on_manifold_max_err"):
+    summary = rwefm_synthetic.STUDY.execute(
+        cfg, out_dir=tmp_path, checkpoint_dir=tmp_path / "ckpt", show_progress=False
+    )
+    for k in KEYS:
         assert f"t2_{k}" in summary
     assert summary["t2_on_manifold_max_err"] == 0.0
     assert json.loads((tmp_path / "summary.json").read_text())["t2_rwefm_w2"] >= 0.0
 
 
+@pytest.mark.slow  # ~15 s of CPU; the protein study covers the same shared routine by default
 def test_singlecell_study_smoke(tmp_path):
     cfg = rwefm_singlecell.STUDY.make_config(True, {**TINY, "n_pcs": 3})
-    summary = rwefm_singlecell.STUDY.execute(cfg, out_dir=tmp_path, show_progress=False)
-    for k in ("rwefm_w2", "euclid_w2", "rwefm_1nna", "euclid_1nna", "on_manifold_max_err"):
+    summary = rwefm_singlecell.STUDY.execute(
+        cfg, out_dir=tmp_path, checkpoint_dir=tmp_path / "ckpt", show_progress=False
+    )
+    for k in KEYS:
         assert k in summary
     assert summary["on_manifold_max_err"] < 1e-5
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _protein_cfg():
+    # two chunks per model, a checkpoint after each; the bundled torsion sample
+    return rwefm_protein.STUDY.make_config(True, {**TINY, "steps": 4, "ckpt_every": 1, "stride": 6})
+
+
+def _figures_equal(a, b):
+    for k in (*KEYS, "rwefm_mmd", "rwefm_final_loss", "euclid_final_loss"):
+        # same parameters, same keys, same compiled functions: CPU XLA is deterministic
+        assert a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-7), k
+
+
+def _trained_models(out_dir):
+    path = out_dir / "metrics.jsonl"
+    if not path.is_file():  # nothing logged
+        return []
+    rows = [json.loads(s) for s in path.read_text().splitlines()]
+    return [(r["model"], r["step"]) for r in rows if "model" in r]
+
+
+@pytest.mark.slow  # ~48 s of CPU (one study run, compilation); the default budget is ~100 s
+def test_protein_study_smoke_and_resume_of_a_finished_run(tmp_path):
+    cfg = _protein_cfg()
+    full = rwefm_protein.STUDY.execute(
+        cfg, out_dir=tmp_path / "a", checkpoint_dir=tmp_path / "ckpt", show_progress=False
+    )
+    for k in (*KEYS, "data_w2", "n_train_clouds", "n_test_clouds", "frame_ps"):
+        assert k in full
+    assert full["on_manifold_max_err"] == 0.0  # the torus exp wraps exactly
+    assert full["n_test_clouds"] == 4 and full["frame_ps"] == 0.5
+    assert (tmp_path / "a" / "ramachandran.png").is_file()
+    assert _trained_models(tmp_path / "a") == [
+        ("rwefm", 2),
+        ("rwefm", 4),
+        ("euclid", 2),
+        ("euclid", 4),
+    ]
+    # --resume of a finished run restores both models and trains nothing
+    again = rwefm_protein.STUDY.execute(
+        cfg,
+        out_dir=tmp_path / "b",
+        checkpoint_dir=tmp_path / "ckpt",
+        resume=True,
+        show_progress=False,
+    )
+    assert _trained_models(tmp_path / "b") == []
+    _figures_equal(again, full)
+
+
+@pytest.mark.slow  # ~70 s of CPU: three runs of the study
+def test_protein_study_interrupted_and_resumed_equals_uninterrupted(tmp_path, monkeypatch):
+    cfg = _protein_cfg()
+    full = rwefm_protein.STUDY.execute(
+        cfg, out_dir=tmp_path / "a", checkpoint_dir=tmp_path / "a_ckpt", show_progress=False
+    )
+    # interrupt RWEFM's training right after its first chunk was checkpointed ...
+    log = _runner.Context.log
+
+    def interrupt(self, **m):
+        if m.get("model") == "rwefm" and m.get("step") == 2:
+            raise _Interrupted
+        return log(self, **m)
+
+    monkeypatch.setattr(_runner.Context, "log", interrupt)
+    with pytest.raises(_Interrupted):
+        rwefm_protein.STUDY.execute(
+            cfg, out_dir=tmp_path / "b", checkpoint_dir=tmp_path / "b_ckpt", show_progress=False
+        )
+    monkeypatch.setattr(_runner.Context, "log", log)
+    # ... and resume: RWEFM trains only its second chunk, the baseline from scratch
+    resumed = rwefm_protein.STUDY.execute(
+        cfg,
+        out_dir=tmp_path / "b",
+        checkpoint_dir=tmp_path / "b_ckpt",
+        resume=True,
+        show_progress=False,
+    )
+    assert _trained_models(tmp_path / "b") == [("rwefm", 4), ("euclid", 2), ("euclid", 4)]
+    _figures_equal(resumed, full)
