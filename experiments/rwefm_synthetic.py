@@ -22,9 +22,9 @@ the uninterrupted one.
 
 Command:  python -m experiments.rwefm_synthetic [--quick] [--out DIR] [--seed N] [--set k=v ...]
           [--resume] [--ckpt DIR]
-Runtime:  --quick measured at 188 s of CPU (user+sys), most of it XLA compilation of the four
-          training steps (on a shared 2-core machine under heavy load it took 32 min of wall
-          time); the full study has not been timed yet (3000 steps x 4 models).
+Runtime:  --quick measured at 130 s of CPU (127 s user + 3 s sys; 210 s of wall time at load
+          6-12 on a shared 2-core machine), most of it XLA compilation of the four training
+          chunks and sampling; the full study has not been timed yet (3000 steps x 4 models).
 
 summary.json keys, for ``m`` in ``s2``, ``t2``:
   ``{m}_rwefm_w2``, ``{m}_euclid_w2``: symmetric nearest-cloud Sinkhorn W2 on M between
