@@ -23,8 +23,8 @@ phase boundary need several times the iterations of easy ones.
 
 Command:  python -m experiments.cvxclust_phase [--quick] [--out DIR] [--seed N] [--set k=v]
           [--resume [--ckpt DIR]] (per grid row, through ``hexad.cachex.ItemCheckpoint``)
-Runtime:  --quick (n=40, 4x4 grid, 3 trials) about 20-40 s on 2 busy CPU cores; full (n=80,
-          7x7 grid, 10 trials) 27 min measured on 2 cores shared with other jobs (load ~19).
+Runtime:  --quick (n=40, 4x4 grid, 3 trials) 61 s measured on 2 busy CPU cores; full (n=80,
+          7x7 grid, 10 trials) 19 min (1131 s) measured on 2 cores shared with other jobs.
 
 summary.json keys:
   ``dpq_grid``, ``sep_grid``: the grid axes (rows: dpq, columns: sep).

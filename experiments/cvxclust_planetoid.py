@@ -23,9 +23,11 @@ Zachary's karate club (networkx; the two factions, one labelled node each: 0 and
 smoke case: graph-only program (first ``mu_scales`` entry) and label propagation.
 
 Command:  python -m experiments.cvxclust_planetoid [--quick] [--out DIR] [--seed N] [--set k=v]
-Runtime:  --quick runs the karate club only (about 20 s); the full run (karate, Cora,
-          Citeseer: four n x n solves with n = 2708 and 3327, 150 iterations each) took 11.5 min
-          on 2 CPU cores shared with other jobs (load ~19).
+Runtime:  --quick runs the karate club only (about 25 s); the full run (karate, Cora,
+          Citeseer: eight n x n solves with n = 2708 and 3327, 300 iterations each) took
+          26.7 min on 2 CPU cores shared with other jobs. None of the eight solves met
+          ``tol`` in 300 iterations and every one filled the rank-48 subspace
+          (``*_rank_saturated``): the accuracies are of uncertified iterates, not of optima.
 
 summary.json keys: ``karate_acc``, ``karate_lp_acc`` (accuracy on the 32 unlabelled members);
 for ``d`` in ``cora``, ``citeseer`` (full run only) and ``p`` in ``""`` (joint) and ``"_graph"``
