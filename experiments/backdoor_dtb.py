@@ -1,21 +1,31 @@
 """DTB vs BadNets vs a naive two-backdoor model, against every implemented defense.
 
 Security research: measures whether sanitisation activates a defense-triggered backdoor.
-On scikit-learn's digits (upsampled to ``size``), three models are built from the same
-initialisation: (1) BadNets with the decoy patch (poison rate ``poison_rate``); (2) a naive
-two-backdoor model trained on clean + decoy-to-target + hidden-to-true-label, i.e. DTB's
-objective without the bi-level term (``w_hidden_post = 0``); (3) DTB (first-order or unrolled
-hypergradient, ``inner_steps`` unrolled steps of clean fine-tuning + decoy unlearning in the
-surrogate). Each model is then sanitised by every post-training defense in
-``hexad.backdoor.DEFENSES`` (FT, FP, NAD, ANP, NC, I-BAU, CLP, FT-SAM, RNP, MCR) and by the
-two-round compositions in ``compositions``, with the defender's clean split (5% of the
-training set, disjoint from nothing the attacker sees: the attacker's surrogate uses its own
-training images). Decoy: a checkerboard patch at the bottom-right; hidden: a blend trigger.
+On scikit-learn's digits (upsampled to ``size``), three models (``model``: ``cnn``, the
+SmallCNN, or ``preact``, a GroupNorm PreAct-ResNet with one block per entry of ``widths``)
+are built from the same initialisation: (1) BadNets with the decoy patch (poison rate
+``poison_rate``); (2) a naive two-backdoor model trained on clean + decoy-to-target +
+hidden-to-true-label, i.e. DTB's objective without the bi-level term (``w_hidden_post = 0``);
+(3) DTB (first-order or unrolled hypergradient, ``inner_steps`` unrolled steps of clean
+fine-tuning + decoy unlearning in the surrogate). Each model is then sanitised by every
+model-repair defense in ``defenses`` (all 12 of ``hexad.backdoor.DEFENSES`` by default: FT,
+FP, NAD, ANP, NC, I-BAU, CLP, FT-SAM, RNP, MCR, SAU, ABL) and by the two-round compositions
+in ``compositions``, with the defender's clean split (5% of the training set; the attacker's
+surrogate uses its own training images). ABL, a training-time defense, sanitises on the
+training set the defender holds instead: the BadNets decoy-poisoned one. The two detectors
+in ``detectors`` (AC, SS) flag samples of that decoy-poisoned set under each model. Decoy: a
+checkerboard patch at the bottom-right; hidden: a blend trigger.
 
 Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [--set k=v ...]
-Runtime:  --quick (8x8 digits, 4 defenses, 1 composition) measured 146 s of CPU time (user),
-          i.e. about 1.5-2.5 min on 2 free cores (11 min wall on a machine shared by six jobs);
-          full (16x16 digits, 10 defenses, 3 compositions) not yet timed, estimated 30-60 min.
+          [--resume] [--ckpt DIR]
+          The three trained models are checkpointed through hexad.cachex in ``--ckpt``
+          (default ``checkpoints/backdoor_dtb/<run>/``); ``--resume`` restores them and
+          re-runs only the defense evaluation.
+Runtime:  --quick (8x8 digits, 4 defenses, 1 composition, both detectors) measured 146 s of
+          CPU time (user) last session, before the metrics were jitted once per run; not
+          re-timed on a free machine this session (the shared machine ran at load 10-20).
+          Full (16x16 digits, 12 defenses, 3 compositions) not yet timed, estimated 30-60 min
+          on 2 free cores.
 Defaults use the unrolled hypergradient: with the first-order one the quick model ended with
 clean accuracy 0.77 and a hidden ASR of 0.34 *before* any defense (not dormant); unrolled
 gave 0.89 / 0.06 at w_hidden_post = 1.
@@ -30,8 +40,12 @@ summary.json keys (ASRs on the test split, non-target samples only):
   ``naive_hidden_asr_after_mean``: the same for the naive two-backdoor model;
   ``badnets_clean_acc``, ``badnets_asr_before``, ``badnets_asr_after_<d>``,
   ``badnets_asr_after_mean``, ``badnets_der_mean``: BadNets (decoy trigger) and its mean DER;
-  ``dtb_der_decoy_mean``: DTB's mean DER on the decoy; ``defense_eval_s``: wall seconds of
-  the DTB model's whole defense evaluation; ``defenses``: the names evaluated.
+  ``dtb_der_decoy_mean``: DTB's mean DER on the decoy;
+  ``<det>_tpr``, ``<det>_fpr`` (DTB), ``naive_<det>_tpr``/``_fpr``,
+  ``badnets_<det>_tpr``/``_fpr`` for ``<det>`` in ``detectors``: the fraction of decoy
+  poisons / of clean samples the detector flags;
+  ``defense_eval_s``: wall seconds of the DTB model's whole defense and detector
+  evaluation; ``defenses``: the names evaluated; ``runtime_s``.
 Plot ``asr.png``: hidden vs decoy ASR before (star) and after each defense, DTB and naive.
 """
 
@@ -161,7 +175,11 @@ def _train_models(cfg, ctx, model, p0, problem, x, y, pois, keys) -> dict:
         )
     )
     models = {"badnets": badnets}
-    for tag, c in (("naive", dataclasses.replace(base, w_hidden_post=0.0)), ("dtb", base)):
+    # The naive model's post-sanitisation term has weight 0, so its gradient is exactly zero
+    # whatever the surrogate: inner_steps=0 drops the unrolled inner loop from its compile
+    # and its steps (its logged *_after diagnostics are then taken at theta itself).
+    naive = dataclasses.replace(base, w_hidden_post=0.0, inner_steps=0, rounds=1)
+    for tag, c in (("naive", naive), ("dtb", base)):
         models[tag], _ = bd.implant(
             keys[4],
             model,

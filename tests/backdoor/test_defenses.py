@@ -36,6 +36,7 @@ def test_ft_lowers_badnets_asr(trained):
     assert _acc(trained, p) > 0.8
 
 
+@pytest.mark.slow
 def test_nc_recovers_the_patch_location_and_unlearns(trained):
     out = bd.neural_cleanse(
         jax.random.key(0),
@@ -131,6 +132,7 @@ def test_abl_isolates_poisons_far_above_chance(trained):
         bd.abl(jax.random.key(0), trained.model, p0, pois.x, pois.y, isolation_ratio=1.0)
 
 
+@pytest.mark.slow
 def test_sau_lowers_badnets_asr(trained):
     before = _asr(trained, trained.bad)
     p = bd.sau(

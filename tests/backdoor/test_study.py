@@ -1,15 +1,16 @@
-"""Smoke test of experiments.backdoor_dtb at a tiny size (PreAct-ResNet): it runs, writes every
-key, and ``--resume`` restores the three trained models through hexad.cachex instead of
+"""Smoke test of experiments.backdoor_dtb at a tiny size: it runs and writes every key; and
+(slow) ``--resume`` restores the three trained PreAct-ResNets through hexad.cachex instead of
 retraining, reproducing the summary."""
 
 import json
 
+import pytest
+
 from experiments import backdoor_dtb
 
 TINY = {
-    "model": "preact",
     "widths": (4,),
-    "groups": 2,
+    "hidden": 8,
     "train_steps": 2,
     "dtb_steps": 1,
     "inner_steps": 1,
@@ -21,11 +22,10 @@ TINY = {
 }
 
 
-def test_backdoor_dtb_smoke_and_resume(tmp_path):
+def test_backdoor_dtb_smoke(tmp_path):
     cfg = backdoor_dtb.STUDY.make_config(True, TINY)
-    ckpt = tmp_path / "ckpt"
     s = backdoor_dtb.STUDY.execute(
-        cfg, out_dir=tmp_path / "run1", checkpoint_dir=ckpt, show_progress=False
+        cfg, out_dir=tmp_path, checkpoint_dir=tmp_path / "ckpt", show_progress=False
     )
     for k in (
         "clean_acc",
@@ -49,8 +49,16 @@ def test_backdoor_dtb_smoke_and_resume(tmp_path):
             f"badnets_asr_after_{d}",
         ):
             assert 0.0 <= s[k] <= 1.0
-    assert (tmp_path / "run1" / "asr.png").is_file()
+    assert (tmp_path / "asr.png").is_file()
 
+
+@pytest.mark.slow
+def test_backdoor_dtb_resume_skips_training(tmp_path):
+    cfg = backdoor_dtb.STUDY.make_config(True, {**TINY, "model": "preact", "groups": 2})
+    ckpt = tmp_path / "ckpt"
+    s = backdoor_dtb.STUDY.execute(
+        cfg, out_dir=tmp_path / "run1", checkpoint_dir=ckpt, show_progress=False
+    )
     s2 = backdoor_dtb.STUDY.execute(
         cfg, out_dir=tmp_path / "run2", checkpoint_dir=ckpt, resume=True, show_progress=False
     )
