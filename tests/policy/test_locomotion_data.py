@@ -5,27 +5,11 @@ import pytest
 
 from hexad.data import offline_rl as D
 
-KW = dict(
-    total_steps=48,
-    n_envs=2,
-    hidden=8,
-    batch_size=16,
-    start_steps=16,
-    snapshot_every=16,
-    n_eval_episodes=1,
-    eval_steps=10,
-    n_per_level=40,
-    episode_steps=15,
-)
-
 
 @pytest.fixture(scope="module")
-def levels(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("loco")
-    return folder, {
-        lv: D.locomotion_dataset("Hopper-v5", lv, path_dir=folder, **KW)
-        for lv in D.LOCOMOTION_LEVELS
-    }
+def levels(tiny_hopper_cache):
+    root, data, _ = tiny_hopper_cache
+    return root / "offline_rl", data
 
 
 def test_levels_fields_and_consistency(levels):
@@ -46,21 +30,24 @@ def test_levels_fields_and_consistency(levels):
         ctrl = d["rewards"] - 1.0 - d["infos/reward_forward"]
         assert np.all(ctrl <= 1e-5)
         np.testing.assert_allclose(d["infos/reward_forward"], d["infos/x_velocity"], rtol=1e-5)
-        assert 0 <= float(d["meta/snapshot_step"]) <= 48
+        assert 0 <= float(d["meta/snapshot_step"]) <= 32
     assert data["random"]["meta/snapshot_step"] == 0
     assert data["expert"]["meta/policy_return"] == data["expert"]["meta/expert_return"]
     # medium-replay is the replay buffer up to the medium snapshot (uniform actions first).
-    assert data["medium-replay"]["observations"].shape[0] == data["medium"]["meta/snapshot_step"]
+    # (at least one vector step of the 4 envs when the medium snapshot is the initial one).
+    rows = data["medium-replay"]["observations"].shape[0]
+    assert rows == max(int(data["medium"]["meta/snapshot_step"]), 4)
 
 
-def test_cached_and_refusals(levels, tmp_path):
+def test_cached_and_refusals(levels, tmp_path, tiny_hopper_cache):
     folder, data = levels
-    again = D.locomotion_dataset("Hopper-v5", "medium", path_dir=folder, **KW)  # no retraining
+    kw = tiny_hopper_cache[2]
+    again = D.locomotion_dataset("Hopper-v5", "medium", path_dir=folder, **kw)  # no retraining
     np.testing.assert_array_equal(again["actions"], data["medium"]["actions"])
     with pytest.raises(ValueError, match="level"):
-        D.locomotion_dataset("Hopper-v5", "medium-expert", path_dir=folder, **KW)
+        D.locomotion_dataset("Hopper-v5", "medium-expert", path_dir=folder, **kw)
     with pytest.raises(ValueError, match="env_id"):
-        D.locomotion_dataset("Walker2d-v4", "medium", path_dir=folder, **KW)
+        D.locomotion_dataset("Walker2d-v4", "medium", path_dir=folder, **kw)
     bad = {k: v for k, v in data["medium"].items() if k != "terminals"}
     np.savez(tmp_path / "bad.npz", **bad)
     with pytest.raises(ValueError, match="terminals"):

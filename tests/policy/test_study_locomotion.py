@@ -12,7 +12,7 @@ def _tiny():
         True,
         {
             "envs": ("Hopper-v5",),
-            "data_steps": 32,
+            "data_steps": 32,  # = conftest.TINY_HOPPER
             "data_hidden": 8,
             "data_per_level": 64,
             "data_start_steps": 16,
@@ -34,8 +34,9 @@ def _tiny():
     )
 
 
-def _smoke(tmp_path, monkeypatch):
-    monkeypatch.setenv("HEXAD_CACHE", str(tmp_path / "cache"))
+def _smoke(tmp_path, monkeypatch, cache_root):
+    # The tiny data set of conftest.tiny_hopper_cache: the same settings, so no SAC run here.
+    monkeypatch.setenv("HEXAD_CACHE", str(cache_root))
     cfg = _tiny()
     ckpt = tmp_path / "ckpt"
     summary = study.STUDY.execute(
@@ -76,13 +77,13 @@ def _smoke(tmp_path, monkeypatch):
     return cfg, ckpt, summary
 
 
-def test_locomotion_study_smoke(tmp_path, monkeypatch):
-    _smoke(tmp_path, monkeypatch)
+def test_locomotion_study_smoke(tmp_path, monkeypatch, tiny_hopper_cache):
+    _smoke(tmp_path, monkeypatch, tiny_hopper_cache[0])
 
 
 @pytest.mark.slow  # a second evaluation pass, about 10 s of CPU
-def test_locomotion_study_resume(tmp_path, monkeypatch):
-    cfg, ckpt, summary = _smoke(tmp_path, monkeypatch)
+def test_locomotion_study_resume(tmp_path, monkeypatch, tiny_hopper_cache):
+    cfg, ckpt, summary = _smoke(tmp_path, monkeypatch, tiny_hopper_cache[0])
     # --resume restores the frozen actor and priors through hexad.cachex and skips training.
     again = study.STUDY.execute(
         cfg, out_dir=tmp_path / "run2", checkpoint_dir=ckpt, resume=True, show_progress=False

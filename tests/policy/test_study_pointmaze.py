@@ -2,10 +2,12 @@
 
 import json
 
+import pytest
+
 from experiments import policy_pointmaze as study
 
 
-def test_pointmaze_study_smoke(tmp_path, monkeypatch):
+def _smoke(tmp_path, monkeypatch):
     monkeypatch.setenv("HEXAD_CACHE", str(tmp_path / "cache"))
     cfg = study.STUDY.make_config(
         True,
@@ -51,6 +53,16 @@ def test_pointmaze_study_smoke(tmp_path, monkeypatch):
             assert 0.0 <= summary[f"{pre}poe_kl_budget_alpha_{q}"] <= 1.0
     assert (tmp_path / "run" / "return_vs_alpha.png").is_file()
     assert "scripted_oracle_success" in summary
+    return cfg, ckpt, summary
+
+
+def test_pointmaze_study_smoke(tmp_path, monkeypatch):
+    _smoke(tmp_path, monkeypatch)
+
+
+@pytest.mark.slow  # a second evaluation pass; keeps the folder's default run near its budget
+def test_pointmaze_study_resume(tmp_path, monkeypatch):
+    cfg, ckpt, summary = _smoke(tmp_path, monkeypatch)
     # --resume restores the frozen actors and priors through hexad.cachex and skips training:
     # the deterministic evaluation then reproduces every figure.
     again = study.STUDY.execute(

@@ -1,0 +1,29 @@
+"""Shared fixtures of the policy tests: one tiny generated Hopper data set for the session."""
+
+import pytest
+
+from hexad.data import offline_rl as D
+
+# Settings the locomotion study can also name (its data_* fields), so the study's smoke test
+# reads these cached files instead of training SAC again. With 32 online steps and SAC's batch
+# of 256 no update runs here; SAC's update is tested in test_online.py.
+TINY_HOPPER = dict(
+    total_steps=32,
+    hidden=8,
+    n_per_level=64,
+    start_steps=16,
+    snapshot_every=16,
+    eval_steps=10,
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_hopper_cache(tmp_path_factory):
+    """``(HEXAD_CACHE root, {level: data}, settings)``: tiny Hopper levels generated once."""
+    root = tmp_path_factory.mktemp("hexad_cache")
+    folder = root / "offline_rl"
+    data = {
+        lv: D.locomotion_dataset("Hopper-v5", lv, path_dir=folder, **TINY_HOPPER)
+        for lv in D.LOCOMOTION_LEVELS
+    }
+    return root, data, TINY_HOPPER
