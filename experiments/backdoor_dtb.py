@@ -21,11 +21,12 @@ Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [-
           The three trained models are checkpointed through hexad.cachex in ``--ckpt``
           (default ``checkpoints/backdoor_dtb/<run>/``); ``--resume`` restores them and
           re-runs only the defense evaluation.
-Runtime:  --quick (8x8 digits, 4 defenses, 1 composition, both detectors) measured 146 s of
-          CPU time (user) last session, before the metrics were jitted once per run; not
-          re-timed on a free machine this session (the shared machine ran at load 10-20).
-          Full (16x16 digits, 12 defenses, 3 compositions) not yet timed, estimated 30-60 min
-          on 2 free cores.
+Runtime:  --quick (8x8 digits, 4 defenses, 1 composition, both detectors) measured 121 s user
+          + 3 s system CPU, 140 s wall, on a shared 2-core machine at load ~10.
+          Full-scale defense set at the --quick model size (``--quick --set defenses=ft,fp,
+          nad,anp,nc,ibau,clp,ftsam,rnp,mcr,sau,abl --set compositions=ft+ft,nc+ft,fp+nad``):
+          309 s user CPU, 26.5 min wall at load 10-20. Full (16x16 digits, 12 defenses, 3
+          compositions, 600 training steps) not yet timed.
 Defaults use the unrolled hypergradient: with the first-order one the quick model ended with
 clean accuracy 0.77 and a hidden ASR of 0.34 *before* any defense (not dormant); unrolled
 gave 0.89 / 0.06 at w_hidden_post = 1.
