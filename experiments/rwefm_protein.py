@@ -24,11 +24,11 @@ wrapped into ``[-pi, pi)`` at the end); same network, budget and sampler (the sh
 
 Command:  python -m experiments.rwefm_protein [--quick] [--out DIR] [--seed N] [--set k=v ...]
           [--resume] [--ckpt DIR]
-Runtime:  --quick (bundled sample, no simulation) measured at 150 s of CPU (68 s user + 82 s
-          sys; the sys share came from a machine swapping under another process's memory;
-          25 min of wall time at load 16-20 on 2 cores), most of it compilation; the full study
-          first simulates 12 trajectories of 105k steps (about 30-45 s each on one loaded core,
-          cached afterwards) and then trains two models for 3000 steps (not yet timed).
+Runtime:  --quick (bundled sample, no simulation) measured at 63 s of CPU (60 s user + 2 s
+          sys, 69 s of wall time on a shared 2-core machine at load ~3), most of it
+          compilation; the full study first simulates 12 trajectories of 105k steps (30-90 s
+          each on one loaded core, cached afterwards) and then trains two models for 3000
+          steps (not yet timed).
 
 summary.json keys: ``rwefm_w2``, ``euclid_w2`` (symmetric nearest-cloud Sinkhorn W2 on T^2
 between generated and held-out clouds; lower is better), ``rwefm_1nna``, ``euclid_1nna``

@@ -22,8 +22,9 @@ the uninterrupted one.
 
 Command:  python -m experiments.rwefm_singlecell [--quick] [--out DIR] [--seed N] [--set k=v ...]
           [--resume] [--ckpt DIR]
-Runtime:  --quick measured at 76 s of CPU (user+sys), mostly compilation (9 min of wall time on
-          a shared, heavily loaded 2-core machine); the full study has not been timed yet.
+Runtime:  --quick measured at 53 s of CPU (51 s user + 2 s sys, 52 s of wall time on a
+          shared 2-core machine at low load), mostly compilation; the full study has not been
+          timed yet.
 
 summary.json keys: ``rwefm_w2``, ``euclid_w2`` (symmetric nearest-cloud Sinkhorn W2 on the
 sphere between generated and held-out clouds), ``rwefm_1nna``, ``euclid_1nna`` (1-NN

@@ -22,8 +22,8 @@ the uninterrupted one.
 
 Command:  python -m experiments.rwefm_synthetic [--quick] [--out DIR] [--seed N] [--set k=v ...]
           [--resume] [--ckpt DIR]
-Runtime:  --quick measured at 130 s of CPU (127 s user + 3 s sys; 210 s of wall time at load
-          6-12 on a shared 2-core machine), most of it XLA compilation of the four training
+Runtime:  --quick measured at 131 s of CPU (128 s user + 3 s sys; 120 s of wall time on a
+          shared 2-core machine at load ~3), most of it XLA compilation of the four training
           chunks and sampling; the full study has not been timed yet (3000 steps x 4 models).
 
 summary.json keys, for ``m`` in ``s2``, ``t2``:
@@ -111,8 +111,8 @@ def _chunk_fn(manifold, width, depth, heads, lr, steps, epsilon, ot_pairing, bat
 
     ``run(state, key, train, noise)`` takes ``chunk`` steps on minibatches of ``batch`` clouds
     drawn from ``train`` without replacement. The data and the noise model are arguments, so
-    runs with the same settings and shapes (a resumed run, the demo's studies) share one
-    compilation.
+    runs in one process with the same settings and shapes (e.g. an interrupted and a resumed
+    run in the tests) share one compilation.
     """
     model = VectorField(manifold, width=width, depth=depth, heads=heads)
     opt = optax.adam(optax.cosine_decay_schedule(lr, steps, alpha=0.1))
@@ -183,7 +183,7 @@ def _train(key, manifold, noise, train, cfg, ctx, tag):
 @functools.cache
 def _distance_fn(manifold, epsilon):
     """One jitted cloud-distance matrix per (manifold, epsilon), shared by every evaluation
-    of a run (and by the studies of one ``experiments.demo`` process): compiled once per shape."""
+    of a run and by later runs in the same process: compiled once per shape."""
 
     def dist(xs, ys):
         a = jnp.ones(xs.shape[:2], xs.dtype)
