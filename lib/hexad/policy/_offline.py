@@ -140,6 +140,16 @@ def _polyak(target, online, tau: float):
     return jax.tree.map(lambda t, o: (1.0 - tau) * t + tau * o, target, online)
 
 
+def _descend(optimizer: optax.GradientTransformation, loss_fn, params, opt_state):
+    """One optimiser step on ``loss_fn(params) -> (loss, aux)``.
+
+    Returns ``(new_params, new_opt_state, loss, aux)``.
+    """
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, loss, aux
+
+
 # --------------------------------------------------------------------------------------------
 # Behaviour cloning
 # --------------------------------------------------------------------------------------------
@@ -313,24 +323,20 @@ def iql(
             v = value.apply(vp, obs)
             return jnp.mean(expectile_loss(target_q - v, expectile)), v
 
-        (v_loss, v), v_grads = jax.value_and_grad(value_loss, has_aux=True)(state.value_params)
-        v_upd, value_opt_state = value_optimizer.update(
-            v_grads, state.value_opt_state, state.value_params
+        value_params, value_opt_state, v_loss, v = _descend(
+            value_optimizer, value_loss, state.value_params, state.value_opt_state
         )
-        value_params = optax.apply_updates(state.value_params, v_upd)
 
         adv = target_q - jax.lax.stop_gradient(value.apply(value_params, obs))
         weights = jnp.minimum(jnp.exp(temperature * adv), max_weight)
 
         def actor_loss(ap):
             dist = actor.apply(ap, obs)
-            return -jnp.mean(weights * gaussian_log_prob(dist, act, squash))
+            return -jnp.mean(weights * gaussian_log_prob(dist, act, squash)), None
 
-        a_loss, a_grads = jax.value_and_grad(actor_loss)(state.actor_params)
-        a_upd, actor_opt_state = actor_optimizer.update(
-            a_grads, state.actor_opt_state, state.actor_params
+        actor_params, actor_opt_state, a_loss, _ = _descend(
+            actor_optimizer, actor_loss, state.actor_params, state.actor_opt_state
         )
-        actor_params = optax.apply_updates(state.actor_params, a_upd)
 
         next_v = value.apply(value_params, batch.next_observations)
         backup = batch.rewards + discount * (1.0 - batch.terminals) * next_v
@@ -340,11 +346,9 @@ def iql(
             q1, q2 = critic.apply(cp, obs, act)
             return jnp.mean(jnp.square(q1 - backup) + jnp.square(q2 - backup)), q1
 
-        (c_loss, q1), c_grads = jax.value_and_grad(critic_loss, has_aux=True)(state.critic_params)
-        c_upd, critic_opt_state = critic_optimizer.update(
-            c_grads, state.critic_opt_state, state.critic_params
+        critic_params, critic_opt_state, c_loss, q1 = _descend(
+            critic_optimizer, critic_loss, state.critic_params, state.critic_opt_state
         )
-        critic_params = optax.apply_updates(state.critic_params, c_upd)
         target = _polyak(state.target_critic_params, critic_params, tau)
 
         new_state = IQLState(
@@ -491,13 +495,9 @@ def cql(
             gap = jnp.mean(lse1 - q1) + jnp.mean(lse2 - q2)
             return td + cql_weight * gap, (gap, q1)
 
-        (c_loss, (gap, q1)), c_grads = jax.value_and_grad(critic_loss, has_aux=True)(
-            state.critic_params
+        critic_params, critic_opt_state, c_loss, (gap, q1) = _descend(
+            critic_optimizer, critic_loss, state.critic_params, state.critic_opt_state
         )
-        c_upd, critic_opt_state = critic_optimizer.update(
-            c_grads, state.critic_opt_state, state.critic_params
-        )
-        critic_params = optax.apply_updates(state.critic_params, c_upd)
 
         def actor_loss(ap):
             dist = actor.apply(ap, obs)
@@ -505,11 +505,9 @@ def cql(
             q1, q2 = critic.apply(critic_params, obs, a)
             return jnp.mean(entropy_coef * logp - jnp.minimum(q1, q2)), -jnp.mean(logp)
 
-        (a_loss, ent), a_grads = jax.value_and_grad(actor_loss, has_aux=True)(state.actor_params)
-        a_upd, actor_opt_state = actor_optimizer.update(
-            a_grads, state.actor_opt_state, state.actor_params
+        actor_params, actor_opt_state, a_loss, ent = _descend(
+            actor_optimizer, actor_loss, state.actor_params, state.actor_opt_state
         )
-        actor_params = optax.apply_updates(state.actor_params, a_upd)
         target = _polyak(state.target_critic_params, critic_params, tau)
         new_state = CQLState(
             actor_params, critic_params, target, actor_opt_state, critic_opt_state, state.step + 1

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import optax
 
 from hexad.policy._networks import sample_action
-from hexad.policy._offline import Batch, OfflineAlgorithm, _check_unit, _polyak
+from hexad.policy._offline import Batch, OfflineAlgorithm, _check_unit, _descend, _polyak
 
 __all__ = ["SACInfo", "SACState", "sac", "soft_td_target"]
 
@@ -152,22 +152,18 @@ def sac(
             q1, q2 = critic.apply(cp, obs, act)
             return jnp.mean(jnp.square(q1 - backup) + jnp.square(q2 - backup)), q1
 
-        (c_loss, q1), c_grads = jax.value_and_grad(critic_loss, has_aux=True)(state.critic_params)
-        c_upd, critic_opt_state = critic_optimizer.update(
-            c_grads, state.critic_opt_state, state.critic_params
+        critic_params, critic_opt_state, c_loss, q1 = _descend(
+            critic_optimizer, critic_loss, state.critic_params, state.critic_opt_state
         )
-        critic_params = optax.apply_updates(state.critic_params, c_upd)
 
         def actor_loss(ap):
             a, logp = sample_action(k_actor, actor.apply(ap, obs))
             q1, q2 = critic.apply(critic_params, obs, a)
             return jnp.mean(alpha * logp - jnp.minimum(q1, q2)), logp
 
-        (a_loss, logp), a_grads = jax.value_and_grad(actor_loss, has_aux=True)(state.actor_params)
-        a_upd, actor_opt_state = actor_optimizer.update(
-            a_grads, state.actor_opt_state, state.actor_params
+        actor_params, actor_opt_state, a_loss, logp = _descend(
+            actor_optimizer, actor_loss, state.actor_params, state.actor_opt_state
         )
-        actor_params = optax.apply_updates(state.actor_params, a_upd)
 
         logp = jax.lax.stop_gradient(logp)
         alpha_grad = jax.grad(lambda la: -la * jnp.mean(logp + target_entropy))(state.log_alpha)
