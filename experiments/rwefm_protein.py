@@ -49,13 +49,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import _runner
-from experiments.rwefm_synthetic import QUICK, compare
+from experiments.rwefm_synthetic import QUICK, TrainConfig, compare
 from hexad.data import protein
 from hexad.geometry import Torus
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(TrainConfig):
     data: str = "generate"
     temperatures: tuple[float, ...] = (300.0, 400.0, 500.0)
     seeds: tuple[int, ...] = (1, 2, 3, 4)
@@ -64,22 +64,6 @@ class Config:
     equil_steps: int = 5000
     solvent: str = "obc"
     stride: int = 16
-    n_train: int = 512
-    n_test: int = 64
-    n_points: int = 64
-    steps: int = 3000
-    chunk: int = 50
-    batch: int = 32
-    lr: float = 1e-3
-    width: int = 64
-    depth: int = 3
-    heads: int = 4
-    epsilon: float = 0.1
-    ot_pairing: bool = True
-    sampler_steps: int = 100
-    method: str = "midpoint"
-    eval_epsilon: float = 0.01
-    ckpt_every: int = 10
 
 
 def _load(cfg: Config, ctx: _runner.Context) -> protein.Torsions:

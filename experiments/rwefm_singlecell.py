@@ -43,32 +43,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import _runner
-from experiments.rwefm_synthetic import QUICK, compare
+from experiments.rwefm_synthetic import QUICK, TrainConfig, compare
 from hexad.data import load_pbmc68k
 from hexad.geometry import Sphere
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(TrainConfig):
     n_pcs: int = 8
     test_fraction: float = 0.3
-    n_train: int = 512
-    n_test: int = 64
-    n_points: int = 64
     concentration: float = 5.0
-    steps: int = 3000
-    chunk: int = 50
-    batch: int = 32
-    lr: float = 1e-3
-    width: int = 64
-    depth: int = 3
-    heads: int = 4
-    epsilon: float = 0.1
-    ot_pairing: bool = True
-    sampler_steps: int = 100
-    method: str = "midpoint"
-    eval_epsilon: float = 0.01
-    ckpt_every: int = 10
 
 
 def _clouds(rng, x, types, n_clouds, n_points, concentration):

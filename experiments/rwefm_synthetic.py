@@ -72,14 +72,13 @@ from hexad.rwefm import (
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-    manifolds: tuple[str, ...] = ("s2", "t2")
+class TrainConfig:
+    """The cloud sizes, network, training and evaluation settings all three RWEFM studies share
+    (each study's ``Config`` adds its data settings); :func:`compare` reads these."""
+
     n_train: int = 512
     n_test: int = 64
     n_points: int = 64
-    n_modes: int = 3
-    kappa_range: tuple[float, float] = (10.0, 40.0)
-    scale_range: tuple[float, float] = (0.15, 0.5)
     steps: int = 3000
     chunk: int = 50
     batch: int = 32
@@ -93,6 +92,14 @@ class Config:
     method: str = "midpoint"
     eval_epsilon: float = 0.01
     ckpt_every: int = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(TrainConfig):
+    manifolds: tuple[str, ...] = ("s2", "t2")
+    n_modes: int = 3
+    kappa_range: tuple[float, float] = (10.0, 40.0)
+    scale_range: tuple[float, float] = (0.15, 0.5)
 
 
 def _data(key, name, n, cfg):
