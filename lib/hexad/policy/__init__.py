@@ -2,7 +2,8 @@
 
 Closed forms (diagonal-Gaussian PoE, KL-regularised solution, KL, additive and prior-only
 adaptation, KL-budget selectors) and the offline-RL stack they compose (BC, IQL, CQL,
-goal-conditioned priors) in the init/step shape, and online SAC for the behaviour policies.
+goal-conditioned priors, successor features + GPI) in the init/step shape, and online SAC for
+the behaviour policies.
 """
 
 from hexad.policy._gaussian import (
@@ -40,6 +41,15 @@ from hexad.policy._offline import (
 )
 from hexad.policy._online import SACInfo, SACState, sac, soft_td_target
 from hexad.policy._priors import degrade_params, future_goal_indices, trajectory_ends
+from hexad.policy._sf import (
+    SFBatch,
+    SFInfo,
+    SFState,
+    SuccessorFeatures,
+    gpi,
+    sf_td,
+    task_weights,
+)
 from hexad.policy._steering import q_steer
 
 __all__ = [
@@ -64,6 +74,13 @@ __all__ = [
     "future_goal_indices",
     "trajectory_ends",
     "q_steer",
+    "SFBatch",
+    "SFInfo",
+    "SFState",
+    "SuccessorFeatures",
+    "gpi",
+    "sf_td",
+    "task_weights",
     "SACInfo",
     "SACState",
     "sac",
