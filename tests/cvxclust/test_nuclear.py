@@ -81,6 +81,32 @@ def test_over_relaxed_admm_matches_scs(small):
     _check_against_scs(solve, cc.graph_problem(a, 1.5, nonedge_weight=0.6))
 
 
+def test_certificate_closes_at_the_optimum_and_brackets_it_elsewhere(solve, small):
+    a, y = small
+    feats = y[:, None] + np.random.default_rng(2).normal(size=(12, 3))
+    labeled = np.zeros(12, bool)
+    labeled[[0, 4, 8, 9]] = True
+    p = cc.joint_problem(
+        2.0, adjacency=a, features=feats, labels=y, labeled=labeled, num_classes=3, alpha=0.5
+    )
+    cert = jax.jit(cc.nuclear_certificate)
+    out = solve(p)
+    c = cert(p, out.l, out.rho * out.dual)
+    # Converged to tol 1e-7: the duality gap closes to the same order (float64).
+    assert 0.0 <= float(c.gap) and float(c.rel_gap) <= 1e-6
+    np.testing.assert_allclose(float(c.primal), float(out.objective), rtol=1e-12)
+    # Weak duality on an unconverged iterate (5 iterations): dual <= optimum <= primal, with
+    # the optimum from SCS at eps 1e-9 (its own error well below the 1e-6 slack).
+    early = cc.NuclearSolver(tol=1e-12, max_iters=5)(p)
+    c = cert(p, early.l, early.rho * early.dual)
+    ref = _scs_value(p)
+    assert float(c.dual) <= ref + 1e-6 and ref <= float(c.primal) + 1e-6
+    assert float(c.rel_gap) > 1e-3  # and says it is not certified
+    # Any multiplier gives a valid lower bound (it is projected onto the dual-feasible set).
+    junk = np.random.default_rng(3).normal(size=(12, 12)) * 10
+    assert float(cert(p, early.l, junk).dual) <= ref + 1e-6
+
+
 def test_linear_reward_is_per_atom_model_fit():
     # <X X^T, L> = sum_i lambda_i max_theta (2 e_i^T X theta - ||theta||^2) for
     # L = sum_i lambda_i e_i e_i^T (module docstring); K_x is X X^T without its diagonal.
@@ -187,6 +213,14 @@ def test_one_trace_per_jitted_solve(small):
 
     for mu in (0.5, 1.0, 3.0):
         f(cc.graph_problem(a, mu))
+
+    @jax.jit
+    @chex.assert_max_traces(n=1)
+    def cert(p, l, y):
+        return cc.nuclear_certificate(p, l, y)
+
+    for mu in (0.5, 1.0):
+        cert(cc.graph_problem(a, mu), jnp.eye(12), jnp.zeros((12, 12)))
 
 
 def test_non_convergence_is_reported(small):

@@ -8,7 +8,8 @@ shape (``solver(problem, init=None) -> Output``, a ``lax.while_loop`` with a tol
   :func:`clusterpath`, :func:`fused_clusters`.
 - :class:`NuclearProblem` / :class:`NuclearSolver`: nuclear-norm graph clustering (full,
   weighted, partially observed; :func:`graph_problem`) and the joint program of graph, features
-  and labels (:func:`joint_problem`); :func:`matrix_clusters`, :func:`assign_labels`.
+  and labels (:func:`joint_problem`); :func:`matrix_clusters`, :func:`assign_labels`, and a
+  duality-gap certificate of any candidate (:func:`nuclear_certificate`).
 """
 
 from hexad.cvxclust._fusion import (
@@ -29,6 +30,7 @@ from hexad.cvxclust._graphs import (
     knn_gaussian_weights,
 )
 from hexad.cvxclust._nuclear import (
+    NuclearCertificate,
     NuclearOutput,
     NuclearProblem,
     NuclearSolver,
@@ -39,6 +41,7 @@ from hexad.cvxclust._nuclear import (
     joint_problem,
     label_similarity,
     matrix_clusters,
+    nuclear_certificate,
     nuclear_objective,
     recovery_error,
 )
@@ -48,6 +51,7 @@ __all__ = [
     "FusionPath",
     "FusionProblem",
     "FusionSolver",
+    "NuclearCertificate",
     "NuclearOutput",
     "NuclearProblem",
     "NuclearSolver",
@@ -66,6 +70,7 @@ __all__ = [
     "knn_gaussian_weights",
     "label_similarity",
     "matrix_clusters",
+    "nuclear_certificate",
     "nuclear_objective",
     "recovery_error",
     "with_labels",
