@@ -22,7 +22,17 @@ space only). All methods act deterministically (tanh of the composed pre-tanh me
 - IQL-guided steering (no prior): the frozen actor's action moved by ``guide_steps`` steps of
   gradient ascent on a goal-conditioned IQL critic (trained offline on the same data, reward 1
   on reaching the commanded goal), within a trust region swept over ``guide_shifts``; the best
-  shift is reported (swept like the oracle alpha, so also an upper reference).
+  shift is reported (swept like the oracle alpha, so also an upper reference);
+- CQL-guided steering: the same, with a goal-conditioned CQL critic (``guide_cql_steps``
+  updates, ``guide_action_samples`` samples per log-sum-exp) on the same relabelled data;
+- SF + GPI (Barreto et al. 2017, arXiv 1606.05312), per prior quality: the library is the
+  prior commanded with each of the J free-cell centres of the maze (fixed goals, not the
+  deployment ones) plus the frozen actor. Features ``phi(s') = [exp(-|xy(s') - c_j|)]_j, 1``;
+  the successor features of all 3 J + 2 library policies (every prior and both actors) are
+  learned by TD on the task data (``sf_steps`` updates, ``sf_discount``); the task weights of
+  a deployment goal g come from least squares (ridge ``sf_ridge``) of its dense reward
+  ``exp(-|xy(s') - g|)`` on phi over ``n_kl_states`` data transitions; the action is
+  ``argmax`` over the J + 1 library actions at s of ``max_k psi^k(s, a) . w(g)``.
 
 Success: final distance to the goal <= 0.45; return: sum over steps of exp(-distance)
 (gymnasium-robotics' dense reward). Every method sees the same goals and start seeds.
@@ -47,7 +57,11 @@ summary.json keys (Q in good / degraded / random; every key also exists with the
 ``additive_return_Q`` (at the KL-budget alpha); ``additive_oracle_success_Q``,
 ``additive_oracle_return_Q``, ``additive_oracle_alpha_Q``; ``prior_only_success_Q``,
 ``prior_only_return_Q``; ``poe_return_curve_Q``, ``additive_return_curve_Q``,
-``poe_success_curve_Q`` (lists over ``alphas``); and once: ``alphas``,
+``poe_success_curve_Q`` (lists over ``alphas``); ``sfgpi_success_Q``, ``sfgpi_return_Q``;
+``cql_guided_success``, ``cql_guided_return``, ``cql_guided_shift``,
+``cql_guided_return_curve``; and once: ``alphas``, ``sf_final_loss`` (last TD loss),
+``sf_reward_fit_r2`` (mean R^2 of the deployment rewards' least-squares fit on phi),
+``sf_library_size`` (J + 1 members per GPI),
 ``scripted_oracle_success``, ``scripted_oracle_return`` (the data's oracle on the same goals),
 ``dataset_reward_frac``, ``iql_final_critic_loss``, ``prior_final_nll``, ``runtime_s``.
 """
@@ -68,7 +82,7 @@ from hexad.data import offline_rl as D
 
 PRIORS = ("good", "degraded", "random")
 ACTORS = ("", "incompetent_")
-POE, ADDITIVE, KL_STATE, GUIDED = 0, 1, 2, 3
+POE, ADDITIVE, KL_STATE, GUIDED, CQL_GUIDED, SFGPI = 0, 1, 2, 3, 4, 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +110,12 @@ class Config:
     guide_steps: int = 10
     guide_step_size: float = 1.0
     guide_shifts: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
+    guide_cql_steps: int = 10_000
+    guide_action_samples: int = 4
+    sf_steps: int = 10_000
+    sf_batch_size: int = 128
+    sf_discount: float = 0.99
+    sf_ridge: float = 1e-4
 
 
 def _train(ctx, algo, data, n_steps, key, desc, batch_size, chunk, snapshot_at=0):
@@ -109,6 +129,36 @@ def _train(ctx, algo, data, n_steps, key, desc, batch_size, chunk, snapshot_at=0
         if (i + 1) * chunk == snapshot_at:
             snapshot = state
     return state, infos, snapshot
+
+
+def anchor_goals(geom: D.MazeGeometry) -> np.ndarray:
+    """``[J, 2]`` the centres of the maze's free cells: the SF library's fixed goals."""
+    return np.stack([geom.cell_center(rc) for rc in geom.free]).astype(np.float32)
+
+
+def sf_features(next_obs, anchors):
+    """``[N, J + 1]`` phi(s'): ``exp(-|xy(s') - c_j|)`` per anchor ``c_j``, and a constant 1."""
+    d = jnp.linalg.norm(next_obs[:, None, :2] - anchors[None], axis=-1)
+    return jnp.concatenate([jnp.exp(-d), jnp.ones((next_obs.shape[0], 1), d.dtype)], -1)
+
+
+def library_actions(actor_net, prior_net, actor_params, prior_params, anchors, obs):
+    """``[B, K, 2]`` deterministic actions of the SF library at ``obs [B, o]``.
+
+    Members, in order: each prior (good, degraded, random) commanded with each anchor goal
+    (``K_p = J`` per prior), then each frozen actor (competent, incompetent).
+    """
+    b, j = obs.shape[0], anchors.shape[0]
+    og = jnp.concatenate(
+        [
+            jnp.broadcast_to(obs[:, None, :], (b, j, obs.shape[-1])),
+            jnp.broadcast_to(anchors[None], (b, j, 2)),
+        ],
+        -1,
+    )
+    acts = [jnp.tanh(prior_net.apply(pp, og).mean) for pp in prior_params]  # [B, J, 2] each
+    acts += [jnp.tanh(actor_net.apply(ap, obs).mean)[:, None, :] for ap in actor_params]
+    return jnp.concatenate(acts, axis=1)
 
 
 def _train_all(ctx, cfg, data, gdata, actor_net, prior_net, hid, keys):
@@ -149,11 +199,38 @@ def _train_all(ctx, cfg, data, gdata, actor_net, prior_net, hid, keys):
         terminals=reached,
     )
     guide, _, _ = _train(ctx, iql, gc_data, cfg.guide_iql_steps, keys[4], "gc_iql", bs, ch)
-    diag = jnp.stack([iql_info.critic_loss[-1], prior_info.loss[-1]])
+    # The CQL-guided baseline: a goal-conditioned CQL critic on the same relabelled data.
+    cql = P.cql(prior_net, P.TwinCritic(hid), opt, opt, n_action_samples=cfg.guide_action_samples)
+    cql_guide, _, _ = _train(ctx, cql, gc_data, cfg.guide_cql_steps, keys[5], "gc_cql", bs, ch)
+    # SF + GPI: successor features of the whole library, learned by TD on the task data.
+    actors = (iql_state.actor_params, weak.actor_params)
+    anchors = jnp.asarray(anchor_goals(D.MazeGeometry()))
+    sf_net = P.SuccessorFeatures(
+        len(PRIORS) * anchors.shape[0] + len(ACTORS), anchors.shape[0] + 1, hid
+    )
+    sf = P.sf_td(
+        sf_net,
+        opt,
+        lambda s: library_actions(actor_net, prior_net, actors, priors, anchors, s),
+        discount=cfg.sf_discount,
+    )
+    sf_data = P.SFBatch(
+        data.observations,
+        data.actions,
+        sf_features(data.next_observations, anchors),
+        data.next_observations,
+        data.terminals,
+    )
+    sf_state, sf_info, _ = _train(
+        ctx, sf, sf_data, cfg.sf_steps, keys[6], "sf", cfg.sf_batch_size, ch
+    )
+    diag = jnp.stack([iql_info.critic_loss[-1], prior_info.loss[-1], sf_info.loss[-1]])
     return {
-        "actors": (iql_state.actor_params, weak.actor_params),
+        "actors": actors,
         "priors": priors,
         "guide": guide.critic_params,
+        "cql_guide": cql_guide.critic_params,
+        "sf": sf_state.params,
         "diag": diag,
     }
 
@@ -166,6 +243,9 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     hid = (cfg.hidden, cfg.hidden)
     actor_net, prior_net = P.GaussianActor(2, hid), P.GaussianActor(2, hid)
     critic_net = P.TwinCritic(hid)
+    anchors = jnp.asarray(anchor_goals(D.MazeGeometry()))
+    n_anchor = anchors.shape[0]
+    sf_net = P.SuccessorFeatures(len(PRIORS) * n_anchor + len(ACTORS), n_anchor + 1, hid)
 
     gdata = data._replace(observations=jnp.concatenate([data.observations, goals_data], -1))
     # Frozen actors and priors checkpoint through hexad.cachex; --resume skips the training.
@@ -173,7 +253,9 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         "actors": (actor_net.init(keys[0], data.observations[:1]),) * 2,
         "priors": (prior_net.init(keys[1], gdata.observations[:1]),) * 3,
         "guide": critic_net.init(keys[4], gdata.observations[:1], data.actions[:1]),
-        "diag": jnp.zeros(2),
+        "cql_guide": critic_net.init(keys[5], gdata.observations[:1], data.actions[:1]),
+        "sf": sf_net.init(keys[6], data.observations[:1], data.actions[:1]),
+        "diag": jnp.zeros(3),
     }
     mngr = cachex.CacheXManager(ctx.checkpoint_dir)
     try:
@@ -185,6 +267,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     finally:
         mngr.close()
     actor_params, prior_params, guide = frozen["actors"], frozen["priors"], frozen["guide"]
+    cql_guide, sf_params = frozen["cql_guide"], frozen["sf"]
 
     rng = np.random.default_rng(ctx.seed)
     task_goal = raw["task_goal"]
@@ -205,6 +288,26 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         for pi, pp in enumerate(prior_params)
     }
 
+    # SF task weights of a goal g: least squares of exp(-|xy(s') - g|) on phi(s') over
+    # n_kl_states data transitions, w(g) = M r_g with M = (Phi^T Phi + ridge n I)^-1 Phi^T.
+    phi_ls = sf_features(data.next_observations[idx], anchors)  # [n, F]
+    n_ls, n_f = phi_ls.shape
+    ls_map = jnp.linalg.solve(
+        phi_ls.T @ phi_ls + cfg.sf_ridge * n_ls * jnp.eye(n_f), phi_ls.T
+    )  # [F, n]
+    xy_ls = data.next_observations[idx, :2]
+
+    def goal_rewards(goal):  # [B, 2] -> [B, n]
+        return jnp.exp(-jnp.linalg.norm(xy_ls[None] - goal[:, None], axis=-1))
+
+    r_eval = goal_rewards(jnp.asarray(ep_goals, jnp.float32))  # [n_episodes, n]
+    fit = r_eval @ ls_map.T @ phi_ls.T
+    ls_r2 = 1.0 - jnp.sum(jnp.square(r_eval - fit), 1) / jnp.sum(
+        jnp.square(r_eval - r_eval.mean(1, keepdims=True)), 1
+    )
+    psi_fn = lambda s_, a_: sf_net.apply(sf_params, s_, a_)  # noqa: E731
+    n_lib = len(PRIORS) * n_anchor + len(ACTORS)
+
     @jax.jit
     def composed(obs, goal, spec):
         a_id, p_id, mode, alpha = (
@@ -224,15 +327,36 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
             (mode == ADDITIVE)[:, None], P.additive(a, p, alpha).mean, P.poe(a, p, alpha).mean
         )
         gobs = jnp.concatenate([obs, goal], -1)
-        q_fn = lambda s_, a_: jnp.minimum(*critic_net.apply(guide, s_, a_))  # noqa: E731
-        shift = jnp.where(mode == GUIDED, alpha, 1.0)
-        steered = P.q_steer(q_fn, gobs, a.mean, cfg.guide_step_size, cfg.guide_steps, shift)
-        return jnp.where((mode == GUIDED)[:, None], steered, jnp.tanh(mean))
+        shift = jnp.where((mode == GUIDED) | (mode == CQL_GUIDED), alpha, 1.0)
+        steered = []
+        for params in (guide, cql_guide):
+            q_fn = lambda s_, a_, p_=params: jnp.minimum(*critic_net.apply(p_, s_, a_))  # noqa: E731
+            steered.append(
+                P.q_steer(q_fn, gobs, a.mean, cfg.guide_step_size, cfg.guide_steps, shift)
+            )
+        # GPI over one prior's anchor policies and one actor, with w(goal) per row.
+        lib = library_actions(actor_net, prior_net, actor_params, prior_params, anchors, obs)
+        w = goal_rewards(goal) @ ls_map.T  # [B, F]
+        gpi_act = jnp.zeros_like(mean)
+        for ai in range(len(ACTORS)):
+            for pi in range(len(PRIORS)):
+                members = np.zeros(n_lib, bool)
+                members[pi * n_anchor : (pi + 1) * n_anchor] = True
+                members[len(PRIORS) * n_anchor + ai] = True
+                act_k, _ = P.gpi(psi_fn, obs, lib[:, members], w, policy_mask=members)
+                hit = (a_id == ai) & (p_id == pi)
+                gpi_act = jnp.where(hit[:, None], act_k, gpi_act)
+        out = jnp.tanh(mean)
+        out = jnp.where((mode == GUIDED)[:, None], steered[0], out)
+        out = jnp.where((mode == CQL_GUIDED)[:, None], steered[1], out)
+        return jnp.where((mode == SFGPI)[:, None], gpi_act, out)
 
     methods = []  # (actor id, prior id, mode, alpha)
     for ai in range(len(ACTORS)):
         methods += [(ai, 0, GUIDED, sh) for sh in cfg.guide_shifts]
+        methods += [(ai, 0, CQL_GUIDED, sh) for sh in cfg.guide_shifts]
         for pi in range(len(PRIORS)):
+            methods.append((ai, pi, SFGPI, 0.0))
             methods += [(ai, pi, POE, a) for a in cfg.alphas]
             methods += [(ai, pi, ADDITIVE, a) for a in cfg.alphas]
             methods += [
@@ -276,16 +400,20 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         "dataset_reward_frac": float(raw["rewards"].mean()),
         "iql_final_critic_loss": float(frozen["diag"][0]),
         "prior_final_nll": float(frozen["diag"][1]),
+        "sf_final_loss": float(frozen["diag"][2]),
+        "sf_reward_fit_r2": float(jnp.mean(ls_r2)),
+        "sf_library_size": n_anchor + 1,
     }
     for ai, pre in enumerate(ACTORS):
         out[pre + "actor_success"] = stat("success", (ai, 0, POE, 0.0))
         out[pre + "actor_return"] = stat("return", (ai, 0, POE, 0.0))
-        g_ret = [stat("return", (ai, 0, GUIDED, sh)) for sh in cfg.guide_shifts]
-        g_best = int(np.argmax(g_ret))
-        out[pre + "iql_guided_return_curve"] = g_ret
-        out[pre + "iql_guided_shift"] = cfg.guide_shifts[g_best]
-        out[pre + "iql_guided_return"] = g_ret[g_best]
-        out[pre + "iql_guided_success"] = stat("success", (ai, 0, GUIDED, cfg.guide_shifts[g_best]))
+        for mode, name in ((GUIDED, "iql_guided"), (CQL_GUIDED, "cql_guided")):
+            g_ret = [stat("return", (ai, 0, mode, sh)) for sh in cfg.guide_shifts]
+            g_best = int(np.argmax(g_ret))
+            out[f"{pre}{name}_return_curve"] = g_ret
+            out[f"{pre}{name}_shift"] = cfg.guide_shifts[g_best]
+            out[f"{pre}{name}_return"] = g_ret[g_best]
+            out[f"{pre}{name}_success"] = stat("success", (ai, 0, mode, cfg.guide_shifts[g_best]))
         for pi, q in enumerate(PRIORS):
             ka = kl_alpha[ai, pi]
             curves = {}
@@ -296,6 +424,8 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
             best_add = int(np.argmax(curves["additive"]))
             out.update(
                 {
+                    f"{pre}sfgpi_success_{q}": stat("success", (ai, pi, SFGPI, 0.0)),
+                    f"{pre}sfgpi_return_{q}": stat("return", (ai, pi, SFGPI, 0.0)),
                     f"{pre}poe_kl_budget_alpha_{q}": ka,
                     f"{pre}poe_kl_budget_success_{q}": stat("success", (ai, pi, POE, ka)),
                     f"{pre}poe_kl_budget_return_{q}": stat("return", (ai, pi, POE, ka)),
@@ -366,6 +496,8 @@ STUDY = _runner.Study(
         "hidden": 64,
         "iql_steps": 2000,
         "guide_iql_steps": 2000,
+        "guide_cql_steps": 2000,
+        "sf_steps": 2000,
         "bc_steps": 2000,
         "alphas": (0.0, 0.25, 0.5, 0.75, 1.0),
         "n_kl_states": 512,

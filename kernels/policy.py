@@ -11,7 +11,9 @@ Rows:
 - ``policy/poe action``: latency of the deployed composed action (actor forward + prior forward
   + PoE + tanh) against the frozen actor's own forward pass (+ tanh); and ``policy/poe head``:
   the actor forward + PoE with the prior's Gaussian already given, i.e. the composition's own
-  overhead. Goal: under 5% overhead (ratio <= 1.05). ``policy/poe fused``: the composed
+  overhead. Goal: under 5% overhead (ratio <= 1.05); met only by the head, not by the whole
+  composed action, which runs the prior's network too (about two actor passes; measured 1.31x
+  at batch 1 and 1.89x at batch 256 in session 2). ``policy/poe fused``: the composed
   action with the actor and the prior run as one vmapped network over stacked parameters (the
   actor's first layer zero-padded for the goal inputs), so each layer is one batched matmul.
   ``policy/dispatch floor``: a jitted ``obs + 1`` against the actor, i.e. how much of the
@@ -36,6 +38,14 @@ from hexad import policy as P
 from kernels._harness import Case
 
 OBS, ACT, HID, BATCH = 17, 6, 256, 256
+# The issue's bar for the composed action, and why it is out of reach: the prior is a second
+# network of the actor's size that reads the state, so its forward pass cannot be hoisted out
+# and the composed action costs about two actor passes where compute dominates. The PoE head
+# itself (``policy/poe head``) is the part that can and must meet the bar.
+_TWO_NETWORKS = (
+    "issue: overhead < 5% (ratio <= 1.05); not reachable: two networks' forwards, "
+    "floor ~2x where compute dominates"
+)
 
 
 def _dataset(n: int) -> P.Batch:
@@ -232,7 +242,7 @@ def _latency_cases(batch: int) -> list[Case]:
             args=(stacked, goal_obs, alpha),
             shapes=f"[{batch},{OBS}+2] hid{HID}x2 x2 stacked",
             peer_name="frozen actor forward",
-            goal="overhead < 5% (ratio <= 1.05)",
+            goal=_TWO_NETWORKS,
             repeats=50,
             **common,
         ),
@@ -252,7 +262,7 @@ def _latency_cases(batch: int) -> list[Case]:
             args=(ap, pp, obs, goal_obs, alpha),
             shapes=f"[{batch},{OBS}] hid{HID}x2",
             peer_name="frozen actor forward",
-            goal="overhead < 5% (ratio <= 1.05)",
+            goal=_TWO_NETWORKS,
             repeats=50,
             **common,
         ),

@@ -26,6 +26,9 @@ def _smoke(tmp_path, monkeypatch):
             "n_envs": 4,
             "guide_iql_steps": 10,
             "guide_shifts": (0.5,),
+            "guide_cql_steps": 10,
+            "sf_steps": 10,
+            "sf_batch_size": 16,
         },
     )
     ckpt = tmp_path / "ckpt"
@@ -37,6 +40,7 @@ def _smoke(tmp_path, monkeypatch):
     for pre in ("", "incompetent_"):
         assert 0.0 <= summary[pre + "actor_success"] <= 1.0
         assert 0.0 <= summary[pre + "iql_guided_success"] <= 1.0
+        assert 0.0 <= summary[pre + "cql_guided_success"] <= 1.0
         for q in study.PRIORS:
             for k in (
                 "poe_kl_budget_success",
@@ -47,12 +51,16 @@ def _smoke(tmp_path, monkeypatch):
                 "additive_success",
                 "additive_oracle_success",
                 "prior_only_success",
+                "sfgpi_success",
+                "sfgpi_return",
             ):
                 assert f"{pre}{k}_{q}" in summary
             assert len(summary[f"{pre}poe_return_curve_{q}"]) == 3
             assert 0.0 <= summary[f"{pre}poe_kl_budget_alpha_{q}"] <= 1.0
     assert (tmp_path / "run" / "return_vs_alpha.png").is_file()
     assert "scripted_oracle_success" in summary
+    assert summary["sf_library_size"] == 8  # UMaze's 7 free cells + the actor
+    assert summary["sf_reward_fit_r2"] <= 1.0
     return cfg, ckpt, summary
 
 
