@@ -30,6 +30,9 @@ def _tiny():
             "n_envs": 4,
             "guide_cql_steps": 10,
             "guide_shifts": (0.5,),
+            "sf_velocities": 2,
+            "sf_steps": 10,
+            "sf_batch_size": 16,
         },
     )
 
@@ -53,9 +56,17 @@ def _smoke(tmp_path, monkeypatch, cache_root):
         "ideal_return",
         "cql_guided_score",
         "cql_guided_shift",
+        "zero_return",
+        "best_method",
+        "sf_reward_fit_r2",
     ):
         assert pre + k in summary
     assert summary[pre + "ideal_return"] == 10.0  # Hopper's healthy bonus x episode_steps
+    # 0 = the zero-action policy's shifted return, 100 = the exact-tracking bound.
+    gap = summary[pre + "ideal_return"] - summary[pre + "zero_return"]
+    want = 100.0 * (summary[pre + "actor_return"] - summary[pre + "zero_return"]) / gap
+    assert summary[pre + "actor_score"] == pytest.approx(want, rel=1e-9)
+    assert summary[pre + "best_score"] >= summary[pre + "actor_score"]
     for q in study.PRIORS:
         for k in (
             "poe_kl_budget_alpha",
@@ -66,6 +77,9 @@ def _smoke(tmp_path, monkeypatch, cache_root):
             "additive_score",
             "additive_oracle_score",
             "prior_only_score",
+            "prior_only_return",
+            "sfgpi_score",
+            "sfgpi_return",
         ):
             assert f"{pre}{k}_{q}" in summary
         assert len(summary[f"{pre}poe_score_curve_{q}"]) == 3
