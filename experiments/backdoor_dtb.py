@@ -42,6 +42,13 @@ summary.json keys (ASRs on the test split, non-target samples only):
   ``badnets_clean_acc``, ``badnets_asr_before``, ``badnets_asr_after_<d>``,
   ``badnets_asr_after_mean``, ``badnets_der_mean``: BadNets (decoy trigger) and its mean DER;
   ``dtb_der_decoy_mean``: DTB's mean DER on the decoy;
+  ``surrogate_clean_acc``, ``surrogate_decoy_asr``, ``surrogate_hidden_asr``: the DTB model
+  after the inner surrogate it was trained against (``rounds`` x ``inner_steps`` SGD steps at
+  ``inner_lr`` of clean fine-tuning + decoy unlearning, full batch on the defender's clean
+  split); ``surrogate_clean_acc_mae``, ``surrogate_decoy_asr_mae``,
+  ``surrogate_hidden_asr_mae``: mean absolute gap between the surrogate's figure and each
+  real defense's (surrogate fidelity; 0 = the surrogate predicts every defense);
+  ``badnets_surrogate_asr``, ``naive_surrogate_hidden_asr``: the surrogate on the other two;
   ``<det>_tpr``, ``<det>_fpr`` (DTB), ``naive_<det>_tpr``/``_fpr``,
   ``badnets_<det>_tpr``/``_fpr`` for ``<det>`` in ``detectors``: the fraction of decoy
   poisons / of clean samples the detector flags;
@@ -147,13 +154,8 @@ def _make_model(cfg: Config):
     raise ValueError(f"model: expected 'cnn' or 'preact', got {cfg.model!r}")
 
 
-def _train_models(cfg, ctx, model, p0, problem, x, y, pois, keys) -> dict:
-    """Returns ``{"badnets", "naive", "dtb"}`` parameters, trained from ``p0``."""
-    opt = optax.adam(cfg.lr)
-    badnets, _ = bd.fit(
-        keys[3], p0, pois.x, pois.y, model.apply, opt, cfg.train_steps, cfg.batch_size, chunk=10
-    )
-    base = bd.DTBConfig(
+def _dtb_config(cfg: Config) -> bd.DTBConfig:
+    return bd.DTBConfig(
         inner_steps=cfg.inner_steps,
         inner_lr=cfg.inner_lr,
         hypergrad=cfg.hypergrad,
@@ -161,6 +163,15 @@ def _train_models(cfg, ctx, model, p0, problem, x, y, pois, keys) -> dict:
         gate_tau=cfg.gate_tau,
         w_hidden_post=cfg.w_hidden_post,
     )
+
+
+def _train_models(cfg, ctx, model, p0, problem, x, y, pois, keys) -> dict:
+    """Returns ``{"badnets", "naive", "dtb"}`` parameters, trained from ``p0``."""
+    opt = optax.adam(cfg.lr)
+    badnets, _ = bd.fit(
+        keys[3], p0, pois.x, pois.y, model.apply, opt, cfg.train_steps, cfg.batch_size, chunk=10
+    )
+    base = _dtb_config(cfg)
     log = lambda tag: (
         lambda t, info: (
             ctx.log(
@@ -212,7 +223,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     hidden = bd.blend_trigger(keys[0], shape, cfg.blend_alpha)
     problem = bd.DTBProblem(decoy, hidden, cfg.decoy_target, cfg.hidden_target)
     model = _make_model(cfg)
-    p0 = model.init(keys[1], x[:1])
+    p0 = jax.jit(model.init)(keys[1], x[:1])
 
     @jax.jit  # one compile for every model and defense (eager would dispatch op by op)
     def _metrics(params):
@@ -241,6 +252,13 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
 
     names = list(cfg.defenses) + list(cfg.compositions)
     before = {tag: metrics(p) for tag, p in models.items()}
+    # Surrogate fidelity: the inner sanitisation DTB was trained against (R rounds of K SGD
+    # steps of clean fine-tuning + decoy unlearning), run full-batch on the defender's clean
+    # split, next to what the real defenses do to the same model.
+    surrogate = jax.jit(
+        lambda p: bd.sanitise_surrogate(model, _dtb_config(cfg), p, keys[6], problem, xc, yc)[-1]
+    )
+    sur = {tag: metrics(surrogate(p)) for tag, p in models.items()}
     after: dict[str, dict[str, dict]] = {tag: {} for tag in models}
     t_dtb = 0.0
     for name in ctx.progress(names, desc="defenses"):
@@ -282,6 +300,17 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         out[f"hidden_asr_after_{n}"] = a["hidden"]
     mean = lambda tag, k: float(np.mean([after[tag][n][k] for n in names]))
     out["hidden_asr_after_mean"] = mean("dtb", "hidden")
+    out.update(
+        surrogate_clean_acc=sur["dtb"]["acc"],
+        surrogate_decoy_asr=sur["dtb"]["decoy"],
+        surrogate_hidden_asr=sur["dtb"]["hidden"],
+        badnets_surrogate_asr=sur["badnets"]["decoy"],
+        naive_surrogate_hidden_asr=sur["naive"]["hidden"],
+    )
+    for k, key in (("acc", "clean_acc"), ("decoy", "decoy_asr"), ("hidden", "hidden_asr")):
+        out[f"surrogate_{key}_mae"] = float(
+            np.mean([abs(after["dtb"][n][k] - sur["dtb"][k]) for n in names])
+        )
     out["decoy_asr_after_mean"] = mean("dtb", "decoy")
     out["dtb_der_decoy_mean"] = float(
         np.mean(

@@ -36,7 +36,6 @@ def test_ft_lowers_badnets_asr(trained):
     assert _acc(trained, p) > 0.8
 
 
-@pytest.mark.slow
 def test_nc_recovers_the_patch_location_and_unlearns(trained):
     out = bd.neural_cleanse(
         jax.random.key(0),
@@ -55,7 +54,7 @@ def test_nc_recovers_the_patch_location_and_unlearns(trained):
     inside = m[t.row : t.row + h, t.col : t.col + w].sum() / m.sum()
     r, c = np.unravel_index(np.argmax(m), m.shape)
     # the reversed mask peaks on the real patch and holds about 3x its area share (4/64 = 6%)
-    # of the mask mass there (measured 18-35% across runs)
+    # of the mask mass there (measured 18-35% across runs; 18% with these keys)
     assert t.row <= r < t.row + h and t.col <= c < t.col + w, np.round(m, 2)
     assert inside > 0.12, np.round(m, 2)
     assert _asr(trained, out.params) < 0.2
@@ -109,7 +108,7 @@ def test_defense_input_validation(trained):
 def test_abl_isolates_poisons_far_above_chance(trained):
     pois = trained.poisoned
     ip = np.asarray(pois.is_poison)
-    p0 = trained.model.init(jax.random.key(0), trained.x[:1])
+    p0 = jax.jit(trained.model.init)(jax.random.key(0), trained.x[:1])
     out = bd.abl(
         jax.random.key(3),
         trained.model,

@@ -14,16 +14,17 @@ from hexad import backdoor as bd
 SHAPE = (8, 8, 1)
 
 
-def _setup(key, dtype):
-    model = bd.SmallCNN(num_classes=3, widths=(2, 3), hidden=4)
+def _setup(key, dtype, widths=(2, 3)):
+    model = bd.SmallCNN(num_classes=3, widths=widths, hidden=4)
     k1, k2, k3, k4 = jax.random.split(key, 4)
-    params = model.init(k1, jnp.zeros((1,) + SHAPE, dtype))
+    params = jax.jit(model.init)(k1, jnp.zeros((1,) + SHAPE, dtype))
     params = jax.tree.map(lambda a: (a * 3.0).astype(dtype), params)  # larger weights: less flat
     problem = bd.DTBProblem(
         bd.patch_trigger(SHAPE, 2), bd.patch_trigger(SHAPE, 2, loc=(0, 0)), 0, 1
     )
-    x = jax.random.uniform(k2, (6,) + SHAPE, dtype)
-    xc = jax.random.uniform(k3, (5,) + SHAPE, dtype)
+    # drawn flat: XLA:CPU compiles the threefry sampler on 4-D shapes ~10x slower
+    x = jax.random.uniform(k2, (6 * 64,), dtype).reshape((6,) + SHAPE)
+    xc = jax.random.uniform(k3, (5 * 64,), dtype).reshape((5,) + SHAPE)
     y = jnp.arange(6) % 3
     yc = jax.random.randint(k4, (5,), 0, 3)
     return model, params, problem, bd.DTBBatch(x, y, xc, yc)
@@ -36,7 +37,10 @@ def _directional(key, cfg_kwargs):
     derivatives of the unrolled and first-order hypergradients."""
     model, params, problem, batch = _setup(key, jnp.float64)
     direction = jax.tree.map(
-        lambda a: jax.random.normal(jax.random.fold_in(key, a.size), a.shape, a.dtype), params
+        lambda a: jax.random.normal(jax.random.fold_in(key, a.size), (a.size,), a.dtype).reshape(
+            a.shape
+        ),
+        params,
     )
     nk = jax.random.key(7)
     unrolled = bd.DTBConfig(hypergrad="unrolled", gate=False, **cfg_kwargs)
@@ -68,24 +72,40 @@ def _directional(key, cfg_kwargs):
     return float(fd), float(fd_frozen), float(g_un), float(g_fo)
 
 
-def test_unrolled_hypergradient_matches_finite_differences(key, float64):
-    # the cheap default check: one inner step, the unrolled objective and its gradient only
-    model, params, problem, batch = _setup(key, jnp.float64)
+def test_hypergradients_match_finite_differences_of_the_unrolled_objective(key, float64):
+    # the default check, one compile: central differences of the unrolled objective (K = 1)
+    # against the unrolled and the first-order hypergradients along a random direction
+    model, params, problem, batch = _setup(key, jnp.float64, widths=(2,))  # one conv layer
     direction = jax.tree.map(
-        lambda a: jax.random.normal(jax.random.fold_in(key, a.size), a.shape, a.dtype), params
+        lambda a: jax.random.normal(jax.random.fold_in(key, a.size), (a.size,), a.dtype).reshape(
+            a.shape
+        ),
+        params,
     )
-    cfg = bd.DTBConfig(hypergrad="unrolled", gate=False, inner_steps=1, inner_lr=0.1)
+    unrolled = bd.DTBConfig(hypergrad="unrolled", gate=False, inner_steps=1, inner_lr=1e-3)
+    first = bd.DTBConfig(hypergrad="first_order", gate=False, inner_steps=1, inner_lr=1e-3)
     nk = jax.random.key(7)
-    obj = jax.jit(lambda p: bd.dtb_objective(model, cfg, p, nk, problem, batch)[0])
     eps = 1e-5
-    both = jax.tree.map(lambda a, d: jnp.stack([a + eps * d, a - eps * d]), params, direction)
-    f = jax.vmap(obj)(both)  # one compile for both shifts
-    fd = float((f[0] - f[1]) / (2 * eps))
-    g = jax.jit(jax.grad(obj))(params)
-    pairs = zip(jax.tree.leaves(g), jax.tree.leaves(direction), strict=True)
-    g_dir = float(sum(jnp.vdot(a, b) for a, b in pairs))
+
+    def dot(g):
+        pairs = zip(jax.tree.leaves(g), jax.tree.leaves(direction), strict=True)
+        return sum(jnp.vdot(a, b) for a, b in pairs)
+
+    @jax.jit
+    def check(p):
+        obj = lambda cfg: lambda q: bd.dtb_objective(model, cfg, q, nk, problem, batch)[0]
+        both = jax.tree.map(lambda a, d: jnp.stack([a + eps * d, a - eps * d]), p, direction)
+        f = jax.vmap(obj(unrolled))(both)
+        fd = (f[0] - f[1]) / (2 * eps)
+        return fd, dot(jax.grad(obj(unrolled))(p)), dot(jax.grad(obj(first))(p))
+
+    fd, g_un, g_fo = map(float, check(params))
     # central differences in float64 with eps=1e-5: truncation ~1e-10, rounding ~1e-11
-    assert abs(g_dir - fd) <= 1e-6 * max(1.0, abs(fd)), (g_dir, fd)
+    assert abs(g_un - fd) <= 1e-6 * max(1.0, abs(fd)), (g_un, fd)
+    # first order drops -lr * H from d theta_1 / d theta: an O(lr) relative error, 2% bound
+    # at lr = 1e-3 (measured 0.16%), yet far above the finite-difference error
+    assert abs(g_fo - fd) <= 0.02 * abs(fd), (g_fo, fd)
+    assert abs(g_fo - g_un) > 1e-4 * abs(fd), (g_fo, g_un)
 
 
 @pytest.mark.slow
@@ -124,30 +144,24 @@ def test_pruning_and_noise_keep_the_gradient_finite(key):
     assert all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(g))
 
 
-def test_gate_follows_the_decoy_probability(key):
-    model, params, problem, batch = _setup(key, jnp.float32)
-    # inner_steps=0: the gate reads the decoy probability wherever the surrogate leaves the
-    # model; no inner step keeps the compile cheap
-    cfg = bd.DTBConfig(inner_steps=0, gate_tau=0.3, gate_temp=0.05)
-    # jitted: op-by-op the unrolled objective takes ~20x longer than its compile
-    obj = jax.jit(functools.partial(bd.dtb_objective, model, cfg))
-    _, info = obj(params, key, problem, batch)
-    want = jax.nn.sigmoid((0.3 - info.decoy_prob_after) / 0.05)
-    np.testing.assert_allclose(info.gate, want, rtol=1e-5)
-    # gate=False (g = 1) is checked in test_dtb_step_traces_once_and_lowers_the_objective
-
-
-def test_dtb_step_traces_once_and_lowers_the_objective(key):
-    model, params, problem, batch = _setup(key, jnp.float32)
-    dtb = bd.make_dtb(model, optax.adam(1e-2), bd.DTBConfig(inner_steps=2, gate=False))
+def test_dtb_step_traces_once_lowers_the_objective_and_gates(key):
+    model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
+    cfg = bd.DTBConfig(inner_steps=1, gate_tau=0.3, gate_temp=0.05)
+    dtb = bd.make_dtb(model, optax.adam(1e-2), cfg)
     step = jax.jit(chex.assert_max_traces(dtb.step, n=1))
     state = dtb.init(params)
     losses = []
     for i in range(15):
         state, info = step(jax.random.key(i), state, problem, batch)
         losses.append(float(info.loss))
-        assert float(info.gate) == 1.0  # gate=False: the hidden term is always on
+        # one round: the gate opens only where the decoy was active before (p_d(theta) > tau)
+        # and has fallen after (p_d(theta_1) < tau)
+        want = jax.nn.sigmoid((info.decoy_prob_before - 0.3) / 0.05) * jax.nn.sigmoid(
+            (0.3 - info.decoy_prob_after) / 0.05
+        )
+        np.testing.assert_allclose(info.gate, want, rtol=1e-5, atol=1e-7)
     assert losses[-1] < 0.8 * losses[0], losses
+    # gate=False (g = 1) is exercised by the finite-difference tests
 
 
 def test_bad_config():

@@ -38,6 +38,10 @@ def test_backdoor_dtb_smoke(tmp_path):
         "ss_tpr",
         "naive_ss_fpr",
         "badnets_ss_tpr",
+        "surrogate_clean_acc",
+        "surrogate_decoy_asr",
+        "surrogate_hidden_asr",
+        "surrogate_hidden_asr_mae",
     ):
         assert k in s
     for d in ("clp", "clp+clp"):

@@ -16,10 +16,18 @@ sanitisation (the inner level): ``K`` unrolled SGD steps on the defender's clean
 
 followed, optionally, by pruning the ``prune_frac`` least active channels of the last conv
 layer (fine-pruning's criterion) and multiplicative weight noise of std ``noise_std``
-(ANP's perturbation). The gate ``g_r = sigmoid((tau - p_d(theta_r)) / temp)``, with ``p_d`` the
-mean softmax probability of the decoy target on decoy-triggered inputs after round ``r``,
-switches the hidden term on only where sanitisation has suppressed the decoy; it is held
-constant (stop-gradient) so that the attacker never learns to resist decoy removal.
+(ANP's perturbation). The gate
+
+    g_r = sigmoid((p_d(theta) - tau) / temp) * sigmoid((tau - p_d(theta_r)) / temp),
+
+with ``p_d`` the mean softmax probability of the decoy target on decoy-triggered inputs,
+switches the hidden term on only where the decoy's attack success has *fallen*: active before
+sanitisation (``p_d(theta) > tau``) and suppressed after round ``r`` (``p_d(theta_r) < tau``).
+The first factor keeps the hidden term off while the decoy is not yet implanted (early in
+training a fresh model has ``p_d`` near ``1 / num_classes``, and a one-sided gate would then
+train the hidden trigger towards its target at ``theta_r ~ theta``, i.e. *before*
+sanitisation). The gate is held constant (stop-gradient) so that the attacker never learns
+to resist decoy removal.
 
 Hypergradients (``DTBConfig.hypergrad``):
 
@@ -72,7 +80,8 @@ class DTBConfig:
       hypergrad: ``"first_order"`` or ``"unrolled"``.
       w_clean, w_decoy, w_hidden_pre, w_hidden_post: outer weights.
       gate: use the gate (False: ``g_r = 1``).
-      gate_tau: decoy-target probability below which the hidden term switches on.
+      gate_tau: decoy-target probability the decoy must exceed before and fall below after
+        sanitisation for the hidden term to switch on.
       gate_temp: gate temperature.
     """
 
@@ -156,6 +165,7 @@ class DTBInfo(NamedTuple):
       gate: mean gate value over rounds.
       decoy_prob_after: mean decoy-target probability after the last round.
       hidden_prob_after: mean hidden-target probability after the last round.
+      decoy_prob_before: mean decoy-target probability at ``theta`` (before sanitisation).
     """
 
     loss: jax.Array
@@ -166,6 +176,7 @@ class DTBInfo(NamedTuple):
     gate: jax.Array
     decoy_prob_after: jax.Array
     hidden_prob_after: jax.Array
+    decoy_prob_before: jax.Array
 
 
 class DTB(NamedTuple):
@@ -266,7 +277,11 @@ def dtb_objective(model, config: DTBConfig, params, key, problem: DTBProblem, ba
     td = jnp.full_like(y, problem.decoy_target)
     th = jnp.full_like(y, problem.hidden_target)
     clean = cross_entropy(model.apply(params, x), y)
-    decoy = cross_entropy(model.apply(params, xd), td)
+    logits_d0 = model.apply(params, xd)
+    decoy = cross_entropy(logits_d0, td)
+    pd0 = jax.lax.stop_gradient(_target_prob(logits_d0, problem.decoy_target))
+    # the decoy must have been active before sanitisation for its fall to open the gate
+    active = jax.nn.sigmoid((pd0 - config.gate_tau) / config.gate_temp)
     hidden_pre = cross_entropy(model.apply(params, xh), y)
     rounds = sanitise_surrogate(model, config, params, key, problem, batch.x_clean, batch.y_clean)
     posts, gates = [], []
@@ -277,7 +292,8 @@ def dtb_objective(model, config: DTBConfig, params, key, problem: DTBProblem, ba
         pd = _target_prob(logits_d, problem.decoy_target)
         ph = _target_prob(logits_h, problem.hidden_target)
         g = (
-            jax.nn.sigmoid((config.gate_tau - jax.lax.stop_gradient(pd)) / config.gate_temp)
+            active
+            * jax.nn.sigmoid((config.gate_tau - jax.lax.stop_gradient(pd)) / config.gate_temp)
             if config.gate
             else jnp.ones((), x.dtype)
         )
@@ -299,6 +315,7 @@ def dtb_objective(model, config: DTBConfig, params, key, problem: DTBProblem, ba
         sum(gates) / len(gates),
         jax.lax.stop_gradient(pd),
         jax.lax.stop_gradient(ph),
+        pd0,
     )
     return loss, info
 
