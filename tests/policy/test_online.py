@@ -36,7 +36,7 @@ def _batch(key, n=32):
     return P.Batch(obs, act, jnp.ones(n), obs + 0.1, jnp.zeros(n))
 
 
-def test_sac_step_shapes_and_one_trace(small_sac):
+def test_sac_step_shapes_and_one_trace(small_sac, fast_compile):
     b = _batch(jax.random.key(0))
     state = small_sac.init(jax.random.key(1), b)
     step = jax.jit(chex.assert_max_traces(small_sac.step, n=1))
@@ -53,7 +53,7 @@ def test_sac_step_shapes_and_one_trace(small_sac):
     assert not np.allclose(q, tq)
 
 
-def test_sac_temperature_gradient_sign(small_sac):
+def test_sac_temperature_gradient_sign(small_sac, fast_compile):
     # With an entropy far above the target (a wide initial policy and target -100), the
     # temperature update lowers alpha: d/dlog_alpha = -(E log pi + target) < 0 -> ascent.
     actor = P.GaussianActor(2, (16,))

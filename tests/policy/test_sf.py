@@ -97,7 +97,7 @@ def test_sf_td_learns_through_make_train(tabular_problem):
     np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
 
 
-def test_sf_step_traces_once(tabular_problem):
+def test_sf_step_traces_once(tabular_problem, fast_compile):
     *_, batch, next_actions = tabular_problem
     net = P.SuccessorFeatures(K, F, hidden=(8,))
     algo = P.sf_td(net, optax.adam(1e-3), next_actions, discount=GAMMA)
@@ -155,7 +155,7 @@ def test_gpi_dominates_every_library_policy(seed, float64):
     assert np.all(v1 >= v_lib[0] - 1e-9)
 
 
-def test_task_weights_exact_and_per_state_gpi():
+def test_task_weights_exact_and_per_state_gpi(fast_compile):
     rng = np.random.default_rng(3)
     phi = jnp.asarray(rng.normal(size=(50, 4)), jnp.float32)
     w = jnp.asarray([0.5, -1.0, 2.0, 0.0])

@@ -91,7 +91,7 @@ def _smoke(tmp_path, monkeypatch, cache_root):
     return cfg, ckpt, summary
 
 
-def test_locomotion_study_smoke(tmp_path, monkeypatch, tiny_hopper_cache):
+def test_locomotion_study_smoke(tmp_path, monkeypatch, tiny_hopper_cache, fast_compile):
     _smoke(tmp_path, monkeypatch, tiny_hopper_cache[0])
 
 

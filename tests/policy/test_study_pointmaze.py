@@ -64,7 +64,7 @@ def _smoke(tmp_path, monkeypatch):
     return cfg, ckpt, summary
 
 
-def test_pointmaze_study_smoke(tmp_path, monkeypatch):
+def test_pointmaze_study_smoke(tmp_path, monkeypatch, fast_compile):
     _smoke(tmp_path, monkeypatch)
 
 
