@@ -41,6 +41,19 @@ the identity against a numerical maximisation over ``theta_i``. Any other per-at
 paper (for example logistic) would not reduce to a linear term in ``L`` and is not
 implemented.
 
+What ``mu`` does on ``B``. For ``L in B``, ``||L||_* = tr L + 2 ||L_-||_* = n + 2 ||L_-||_*``
+(``L_-`` the negative-eigenvalue part; the diagonal is fixed at 1), so ``mu`` only penalises
+negative eigenvalues: a larger ``mu`` removes negative directions and drives the solution to
+the PSD cone (the paper's atomic form has ``lambda_i >= 0``, where ``mu sum_i lambda_i =
+mu tr L = mu n`` is constant), but it cannot push the rank below that of the PSD-constrained
+optimum, which the data set. Measured on Cora (planetoid study, ``tol = 1e-3``, rank-256
+eigen step): graph + labels at ``mu = sqrt(n) / 2`` kept 227 of 2708 eigenvalues (the step
+certified exact), while rank-48 and rank-128 steps kept every direction (``rank_saturated``);
+the joint program at ``mu = sqrt(n) / 2`` saturated rank 256, at ``mu = 2 sqrt(n)`` it kept
+71. A subspace smaller than the optimum's rank cannot be the exact prox.
+:func:`nuclear_certificate` bounds the suboptimality of any iterate by a duality gap,
+independently of how it was computed.
+
 Solver: ADMM on ``L = Z`` (Boyd et al. 2011): the ``L`` step thresholds eigenvalues
 (the prox of ``mu ||.||_*`` on symmetric matrices), the ``Z`` step is a soft threshold towards
 ``A`` followed by the box projection (exact, because the entrywise problem is one-dimensional
