@@ -107,7 +107,7 @@ QUICK = {
     "dtb_steps": 300,
     "inner_steps": 3,
     "defenses": ("ft", "fp", "nc", "clp"),
-    "compositions": ("nc+ft",),
+    "compositions": ("ft+ft",),
     "defense_steps": 30,
 }
 
@@ -168,8 +168,10 @@ def _dtb_config(cfg: Config) -> bd.DTBConfig:
 def _train_models(cfg, ctx, model, p0, problem, x, y, pois, keys) -> dict:
     """Returns ``{"badnets", "naive", "dtb"}`` parameters, trained from ``p0``."""
     opt = optax.adam(cfg.lr)
+    # chunk=1: for a few hundred steps one compiled step dispatched per step costs less CPU
+    # than compiling a 10-step unrolled chunk (measured 4.7 s vs 9.3 s for 200 quick steps)
     badnets, _ = bd.fit(
-        keys[3], p0, pois.x, pois.y, model.apply, opt, cfg.train_steps, cfg.batch_size, chunk=10
+        keys[3], p0, pois.x, pois.y, model.apply, opt, cfg.train_steps, cfg.batch_size, chunk=1
     )
     base = _dtb_config(cfg)
     log = lambda tag: (
@@ -378,4 +380,13 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
 STUDY = _runner.Study("backdoor_dtb", Config, run, quick=QUICK, doc=__doc__)
 
 if __name__ == "__main__":
-    STUDY.main()
+    import tempfile
+
+    # Each defense builds fresh closures for each of the three models, so jit would compile
+    # the same computation three times; a run-local persistent cache (a temporary folder,
+    # empty at start, deleted at exit) compiles each identical one once.
+    with tempfile.TemporaryDirectory() as tmp:
+        jax.config.update("jax_compilation_cache_dir", tmp)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        STUDY.main()

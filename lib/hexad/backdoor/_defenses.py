@@ -58,8 +58,10 @@ def _check(model, params, x, y):
         raise TypeError("params: expected flax parameters {'params': ...} of a SmallCNN")
 
 
-def _ce_loss(model, scales=None):
-    def loss(p, key, batch):
+def _ce_loss(model):
+    """Cross-entropy loss for :func:`minimize` with channel masks passed as its ``consts``."""
+
+    def loss(p, key, batch, scales=None):
         del key
         xb, yb = batch
         return cross_entropy(model.apply(p, xb, scales, scales), yb)
@@ -88,7 +90,7 @@ def finetune(key, model, params, x_clean, y_clean, n_steps=100, lr=0.01, batch_s
     _check(model, params, x_clean, y_clean)
     opt = optax.sgd(lr, momentum=0.9)
     p, _ = minimize(
-        key, params, _ce_loss(model, masks), (x_clean, y_clean), opt, n_steps, batch_size
+        key, params, _ce_loss(model), (x_clean, y_clean), opt, n_steps, batch_size, consts=masks
     )
     return apply_channel_mask(p, masks) if masks else p
 
@@ -125,17 +127,18 @@ def fine_pruning(
     act = np.asarray(_mean_activation(model, params, x_clean, layer))
     order = np.argsort(act)
     c = act.shape[0]
+    # params as an argument, not a closed-over constant (see minimize's consts)
     acc_fn = jax.jit(
-        lambda m: accuracy(
-            lambda p, x: model.apply(p, x, {layer: m}, {layer: m}), params, x_clean, y_clean
+        lambda q, m: accuracy(
+            lambda p, x: model.apply(p, x, {layer: m}, {layer: m}), q, x_clean, y_clean
         )
     )
-    base = float(acc_fn(jnp.ones(c)))
+    base = float(acc_fn(params, jnp.ones(c)))
     mask = np.ones(c, np.float32)
     for n in range(1, int(max_ratio * c) + 1):
         trial = mask.copy()
         trial[order[:n]] = 0.0
-        if float(acc_fn(jnp.asarray(trial))) < base - acc_drop:
+        if float(acc_fn(params, jnp.asarray(trial))) < base - acc_drop:
             break
         mask = trial
     return finetune(
@@ -177,15 +180,15 @@ def nad(
     teacher = finetune(k1, model, params, x_clean, y_clean, teacher_steps, lr, batch_size)
     layers = conv_layers(params)
 
-    def loss(p, k, batch):
+    def loss(p, k, batch, teacher_):
         xb, yb = batch
         logits, fs = model.apply(p, xb, features=True)
-        _, ft = model.apply(teacher, xb, features=True)
+        _, ft = model.apply(teacher_, xb, features=True)
         at = sum(jnp.mean((_attention(fs[l]) - _attention(ft[l])) ** 2) for l in layers)
         return cross_entropy(logits, yb) + beta * at
 
     opt = optax.sgd(lr, momentum=0.9)
-    p, _ = minimize(k2, params, loss, (x_clean, y_clean), opt, n_steps, batch_size)
+    p, _ = minimize(k2, params, loss, (x_clean, y_clean), opt, n_steps, batch_size, consts=teacher)
     return p
 
 
@@ -321,20 +324,29 @@ def neural_cleanse(
     def stamp(x, m, p):
         return (1 - m[..., None]) * x + m[..., None] * p
 
-    def rev_loss(uv, k, batch):
+    def rev_loss(uv, k, batch, params_):
         del k
         xb, _ = batch
         u, v = uv
         m, p = jax.nn.sigmoid(u), jax.nn.sigmoid(v)
 
         def one(t, mt, pt):
-            logits = model.apply(params, stamp(xb, mt[None], pt[None]))
+            logits = model.apply(params_, stamp(xb, mt[None], pt[None]))
             return cross_entropy(logits, jnp.full((xb.shape[0],), t)) + lam * jnp.sum(mt)
 
         return jnp.sum(jax.vmap(one)(jnp.arange(K), m, p))
 
     uv0 = (jnp.full((K, H, W), -2.0), jnp.zeros((K, H, W, C)))
-    uv, _ = minimize(k1, uv0, rev_loss, (x_clean, y_clean), optax.adam(lr), n_steps, batch_size)
+    uv, _ = minimize(
+        k1,
+        uv0,
+        rev_loss,
+        (x_clean, y_clean),
+        optax.adam(lr),
+        n_steps,
+        batch_size,
+        consts=params,
+    )
     masks, patterns = jax.nn.sigmoid(uv[0]), jax.nn.sigmoid(uv[1])
     norms = jnp.sum(masks, axis=(1, 2))
     med = jnp.median(norms)
@@ -345,12 +357,13 @@ def neural_cleanse(
         return NCOutput(params, masks, patterns, norms, anomaly, flagged)
     fl = jnp.asarray(np.flatnonzero(np.asarray(flagged)))
 
-    def unlearn(p, k, batch):
+    def unlearn(p, k, batch, c):
         xb, yb = batch
+        fl_, masks_, patterns_ = c
         ka, kb = jax.random.split(k)
-        which = fl[jax.random.randint(ka, (xb.shape[0],), 0, fl.shape[0])]
+        which = fl_[jax.random.randint(ka, (xb.shape[0],), 0, fl_.shape[0])]
         use = jax.random.uniform(kb, (xb.shape[0],)) < unlearn_frac
-        xs = stamp(xb, masks[which], patterns[which])
+        xs = stamp(xb, masks_[which], patterns_[which])
         xb = jnp.where(use[:, None, None, None], xs, xb)
         return cross_entropy(model.apply(p, xb), yb)
 
@@ -362,6 +375,7 @@ def neural_cleanse(
         optax.sgd(unlearn_lr, momentum=0.9),
         unlearn_steps,
         batch_size,
+        consts=(fl, masks, patterns),
     )
     return NCOutput(p, masks, patterns, norms, anomaly, flagged)
 

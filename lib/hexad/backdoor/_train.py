@@ -134,6 +134,7 @@ def minimize(
     chunk: int = 1,
     project: Callable | None = None,
     until: Callable | None = None,
+    consts=None,
 ):
     """Returns ``(params, losses [n_steps])`` after ``n_steps`` of ``optimizer``.
 
@@ -161,6 +162,10 @@ def minimize(
         e.g. clipping masks to [0, 1].
       until: optional host predicate ``until(params) -> bool`` checked after every chunk;
         the loop stops early once it holds (then fewer losses are returned).
+      consts: optional pytree of arrays held fixed (e.g. a teacher's parameters); when given,
+        the loss is called as ``loss_fn(params, key, batch, consts)``. Pass arrays here
+        rather than closing over them: closed-over arrays are compiled in as constants, so
+        the same computation on other values (another model) could not reuse a compile.
 
     >>> p, l = minimize(jax.random.key(0), jnp.ones(2), lambda p, k, b: jnp.sum(p**2 * b),
     ...                 jnp.ones(4), optax.sgd(0.25), n_steps=3, batch_size=2)
@@ -169,17 +174,18 @@ def minimize(
         if not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}: expected a positive int, got {v!r}")
 
-    def one(carry, k, data_):
+    def one(carry, k, data_, consts_):
         p, s = carry
         k1, k2 = jax.random.split(k)
-        loss, g = jax.value_and_grad(loss_fn)(p, k2, sample_batch(k1, data_, batch_size))
+        lf = loss_fn if consts is None else (lambda q, kk, b: loss_fn(q, kk, b, consts_))
+        loss, g = jax.value_and_grad(lf)(p, k2, sample_batch(k1, data_, batch_size))
         upd, s = optimizer.update(g, s, p)
         p = optax.apply_updates(p, upd)
         return ((project(p) if project is not None else p), s), loss
 
     @jax.jit
-    def run_chunk(carry, keys, data_):
-        return jax.lax.scan(lambda c, k: one(c, k, data_), carry, keys, unroll=True)
+    def run_chunk(carry, keys, data_, consts_):
+        return jax.lax.scan(lambda c, k: one(c, k, data_, consts_), carry, keys, unroll=True)
 
     carry = (params, optimizer.init(params))
     keys = jax.random.split(key, n_steps)
@@ -187,7 +193,7 @@ def minimize(
     for start in range(0, n_steps, chunk):
         # a short last chunk compiles once more, at its own length
         ks = keys[start : start + chunk]
-        carry, l = run_chunk(carry, ks, data)
+        carry, l = run_chunk(carry, ks, data, consts)
         losses.append(l)
         if until is not None and until(carry[0]):
             break
