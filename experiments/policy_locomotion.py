@@ -73,7 +73,9 @@ summary.json keys, for E in ``halfcheetah`` / ``hopper`` and Q in good / degrade
 ``E_random_return``, ``E_random_score``, ``E_zero_return`` (score 0), ``E_ideal_return``
 (score 100), ``E_best_return``, ``E_best_score``, ``E_best_method`` (the best learned method
 row, sweeps included); ``E_sf_final_loss``, ``E_sf_reward_fit_r2``, ``E_sf_velocity_grid``;
-``E_data_expert_return``, ``E_data_medium_return``,
+``E_return_se``, ``E_score_se`` (evaluation noise: the standard error of a method's mean
+over its episodes, averaged over all method rows, in return and score units; null with one
+episode); ``E_data_expert_return``, ``E_data_medium_return``,
 ``E_data_random_return`` (the SAC snapshots' own returns on the original reward),
 ``E_medium_velocity``, ``E_replay_velocity_range`` ([min, max] of the prior's hindsight goals),
 ``E_iql_final_critic_loss``, ``E_prior_final_nll``; ``E_cql_guided_score``,
@@ -429,6 +431,7 @@ def _run_env(cfg: Config, ctx, env_id: str, key) -> dict:
         pre + "best_return": ret(best_m),
         pre + "best_score": score(best_m),
         pre + "best_method": _describe(best_m),
+        pre + "return_se": _mean_se(res["shifted_return"], len(methods)),
         pre + "data_expert_return": float(med_raw["meta/expert_return"]),
         pre + "data_medium_return": float(med_raw["meta/policy_return"]),
         pre + "data_random_return": float(med_raw["meta/random_return"]),
@@ -443,6 +446,8 @@ def _run_env(cfg: Config, ctx, env_id: str, key) -> dict:
     }
     g_sc = [score((0, GUIDED, sh)) for sh in cfg.guide_shifts]
     g_best = int(np.argmax(g_sc))
+    se = out[pre + "return_se"]
+    out[pre + "score_se"] = None if se is None else 100.0 * se / (r_ideal - r_zero)
     out[pre + "cql_guided_score_curve"] = g_sc
     out[pre + "cql_guided_shift"] = cfg.guide_shifts[g_best]
     out[pre + "cql_guided_score"] = g_sc[g_best]
@@ -479,6 +484,15 @@ def _run_env(cfg: Config, ctx, env_id: str, key) -> dict:
             }
         )
     return out
+
+
+def _mean_se(values: np.ndarray, n_methods: int) -> float | None:
+    """Evaluation noise: the standard error of a method's mean over its episodes, averaged over
+    the ``n_methods`` method rows (``values`` is method-major); None with a single episode."""
+    per = np.asarray(values, np.float64).reshape(n_methods, -1)
+    if per.shape[1] < 2:
+        return None
+    return float(np.mean(per.std(axis=1, ddof=1) / np.sqrt(per.shape[1])))
 
 
 def _describe(m) -> str:

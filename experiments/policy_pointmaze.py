@@ -42,10 +42,12 @@ Command:  python -m experiments.policy_pointmaze [--quick] [--out DIR] [--seed N
           ``--ckpt`` (default ``checkpoints/policy_pointmaze/<run>/``); ``--resume`` restores
           them and re-runs only the evaluation. The data set is cached (hexad.data.offline_rl).
 Runtime:  --quick (20k transitions, 64-wide networks, 2000 updates each for IQL, the
-          goal-conditioned BC prior and the guide critic, 3 episodes per method): about 1 min
-          of CPU (55 s user+sys), 3.5 min wall measured on a shared 2-core machine (load ~17).
-          Full (100k transitions, 256-wide networks, 10000 updates each, 10 episodes per
-          method, 110 methods): 25 min wall measured under the same load.
+          goal-conditioned BC prior, the IQL and CQL guide critics and the successor
+          features, 3 episodes per method): 96 s of CPU (user+sys), 3 min wall measured on a
+          shared 2-core machine (load ~7).
+          Full (100k transitions, 256-wide networks, 10000 updates for IQL, the prior and the
+          IQL guide, 5000 for the CQL guide and the successor features, 10 episodes per
+          method, 124 methods): 883 s of CPU, 29.5 min wall measured at load ~9.
 
 summary.json keys (Q in good / degraded / random; every key also exists with the prefix
 ``incompetent_`` for the incompetent actor):
@@ -61,7 +63,9 @@ summary.json keys (Q in good / degraded / random; every key also exists with the
 ``cql_guided_success``, ``cql_guided_return``, ``cql_guided_shift``,
 ``cql_guided_return_curve``; and once: ``alphas``, ``sf_final_loss`` (last TD loss),
 ``sf_reward_fit_r2`` (mean R^2 of the deployment rewards' least-squares fit on phi),
-``sf_library_size`` (J + 1 members per GPI),
+``sf_library_size`` (J + 1 members per GPI), ``return_se``, ``success_se`` (evaluation
+noise: the standard error of a method's mean over its episodes, averaged over all method
+rows; null with one episode),
 ``scripted_oracle_success``, ``scripted_oracle_return`` (the data's oracle on the same goals),
 ``dataset_reward_frac``, ``iql_final_critic_loss``, ``prior_final_nll``, ``runtime_s``.
 """
@@ -110,9 +114,9 @@ class Config:
     guide_steps: int = 10
     guide_step_size: float = 1.0
     guide_shifts: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
-    guide_cql_steps: int = 10_000
+    guide_cql_steps: int = 5000
     guide_action_samples: int = 4
-    sf_steps: int = 10_000
+    sf_steps: int = 5000
     sf_batch_size: int = 128
     sf_discount: float = 0.99
     sf_ridge: float = 1e-4
@@ -403,6 +407,8 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         "sf_final_loss": float(frozen["diag"][2]),
         "sf_reward_fit_r2": float(jnp.mean(ls_r2)),
         "sf_library_size": n_anchor + 1,
+        "return_se": _mean_se(res["return"], len(methods)),
+        "success_se": _mean_se(res["success"], len(methods)),
     }
     for ai, pre in enumerate(ACTORS):
         out[pre + "actor_success"] = stat("success", (ai, 0, POE, 0.0))
@@ -448,6 +454,15 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
             )
     _plot(ctx, cfg, out)
     return out
+
+
+def _mean_se(values: np.ndarray, n_methods: int) -> float | None:
+    """Evaluation noise: the standard error of a method's mean over its episodes, averaged over
+    the ``n_methods`` method rows (``values`` is method-major); None with a single episode."""
+    per = np.asarray(values, np.float64).reshape(n_methods, -1)
+    if per.shape[1] < 2:
+        return None
+    return float(np.mean(per.std(axis=1, ddof=1) / np.sqrt(per.shape[1])))
 
 
 def _plot(ctx, cfg, out):

@@ -59,6 +59,7 @@ def _smoke(tmp_path, monkeypatch, cache_root):
         "zero_return",
         "best_method",
         "sf_reward_fit_r2",
+        "score_se",
     ):
         assert pre + k in summary
     assert summary[pre + "ideal_return"] == 10.0  # Hopper's healthy bonus x episode_steps

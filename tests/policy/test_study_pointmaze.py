@@ -61,6 +61,7 @@ def _smoke(tmp_path, monkeypatch):
     assert "scripted_oracle_success" in summary
     assert summary["sf_library_size"] == 8  # UMaze's 7 free cells + the actor
     assert summary["sf_reward_fit_r2"] <= 1.0
+    assert summary["return_se"] is None  # one episode per method: no standard error
     return cfg, ckpt, summary
 
 
