@@ -128,11 +128,12 @@ def fine_pruning(
     order = np.argsort(act)
     c = act.shape[0]
     # params as an argument, not a closed-over constant (see minimize's consts)
-    acc_fn = jax.jit(
-        lambda q, m: accuracy(
-            lambda p, x: model.apply(p, x, {layer: m}, {layer: m}), q, x_clean, y_clean
+    acc_jit = jax.jit(
+        lambda q, m, x, y: accuracy(
+            lambda p, x_: model.apply(p, x_, {layer: m}, {layer: m}), q, x, y
         )
     )
+    acc_fn = lambda q, m: acc_jit(q, m, x_clean, y_clean)
     base = float(acc_fn(params, jnp.ones(c)))
     mask = np.ones(c, np.float32)
     for n in range(1, int(max_ratio * c) + 1):
@@ -192,10 +193,11 @@ def nad(
     return p
 
 
-def _optimise_masks(key, m0, loss, x_clean, y_clean, lr, n_steps, batch_size):
+def _optimise_masks(key, m0, loss, x_clean, y_clean, lr, n_steps, batch_size, params):
     """Returns channel masks minimising ``loss`` by SGD with momentum, kept in ``[0, 1]``.
 
-    The mask optimisation that ANP and RNP share; ``loss(masks, batch)`` as in ``minimize``.
+    The mask optimisation that ANP and RNP share; ``loss(masks, key, batch, params)`` as in
+    ``minimize`` with the fixed model ``params`` as its ``consts``.
     """
     clip01 = lambda m: jax.tree.map(lambda a: jnp.clip(a, 0.0, 1.0), m)
     m, _ = minimize(
@@ -207,6 +209,7 @@ def _optimise_masks(key, m0, loss, x_clean, y_clean, lr, n_steps, batch_size):
         n_steps,
         batch_size,
         project=clip01,
+        consts=params,
     )
     return m
 
@@ -239,7 +242,7 @@ def anp(
     layers = conv_layers(params)
     widths = {l: params["params"][l]["kernel"].shape[-1] for l in layers}
 
-    def loss(m, k, batch):
+    def loss(m, k, batch, params_):
         xb, yb = batch
         ks = jax.random.split(k, 2 * len(layers))
         d0 = {
@@ -255,16 +258,16 @@ def anp(
             d, xi = dx
             sc = {l: m[l] + d[l] for l in layers}
             bs = {l: 1.0 + xi[l] for l in layers}
-            return cross_entropy(model.apply(params, xb, sc, bs), yb)
+            return cross_entropy(model.apply(params_, xb, sc, bs), yb)
 
         gd = jax.grad(pert_loss)((d0, x0))
         d1 = jax.tree.map(lambda a, g: jnp.clip(a + eps * jnp.sign(g), -eps, eps), (d0, x0), gd)
         d1 = jax.lax.stop_gradient(d1)
-        nat = cross_entropy(model.apply(params, xb, m, m), yb)
+        nat = cross_entropy(model.apply(params_, xb, m, m), yb)
         return alpha * nat + (1 - alpha) * pert_loss(d1)
 
     m0 = {l: jnp.ones(widths[l]) for l in layers}
-    m = _optimise_masks(key, m0, loss, x_clean, y_clean, mask_lr, n_steps, batch_size)
+    m = _optimise_masks(key, m0, loss, x_clean, y_clean, mask_lr, n_steps, batch_size, params)
     return apply_channel_mask(params, {l: (m[l] >= threshold).astype(jnp.float32) for l in layers})
 
 
@@ -508,7 +511,8 @@ def rnp(
     _check(model, params, x_clean, y_clean)
     k1, k2 = jax.random.split(key)
     neg = lambda p, k, b: -_ce_loss(model)(p, k, b)
-    acc = jax.jit(lambda p: accuracy(model.apply, p, x_clean, y_clean))
+    # data and params as arguments, not compiled-in constants (see minimize's consts)
+    acc = jax.jit(lambda p, x, y: accuracy(model.apply, p, x, y))
     unl, _ = minimize(
         k1,
         params,
@@ -517,22 +521,21 @@ def rnp(
         optax.sgd(unlearn_lr),
         unlearn_steps,
         batch_size,
-        until=lambda p: float(acc(p)) <= clean_floor,
+        until=lambda p: float(acc(p, x_clean, y_clean)) <= clean_floor,
     )
     layers = conv_layers(params)
 
-    def mloss(m, k, batch):
+    def mloss(m, k, batch, unl_):
         xb, yb = batch
-        return cross_entropy(model.apply(unl, xb, m, m), yb)
+        return cross_entropy(model.apply(unl_, xb, m, m), yb)
 
     m0 = {l: jnp.ones(params["params"][l]["kernel"].shape[-1]) for l in layers}
-    m = _optimise_masks(k2, m0, mloss, x_clean, y_clean, mask_lr, recover_steps, batch_size)
+    m = _optimise_masks(k2, m0, mloss, x_clean, y_clean, mask_lr, recover_steps, batch_size, unl)
     # prune in increasing order of recovered mask, below threshold, while the clean split
     # keeps its accuracy within acc_drop (BackdoorBench's validation-based stopping rule)
     flat = sorted((float(v), l, i) for l in layers for i, v in enumerate(np.asarray(m[l])))
-    acc_p = jax.jit(
-        lambda ms: accuracy(lambda p, x: model.apply(p, x, ms, ms), params, x_clean, y_clean)
-    )
+    acc_m = jax.jit(lambda q, ms, x, y: accuracy(lambda p, x_: model.apply(p, x_, ms, ms), q, x, y))
+    acc_p = lambda ms: acc_m(params, ms, x_clean, y_clean)
     cur = {l: np.ones(np.asarray(m[l]).shape, np.float32) for l in layers}
     base = float(acc_p({l: jnp.asarray(v) for l, v in cur.items()}))
     for v, l, i in flat:
@@ -575,19 +578,26 @@ def mcr(
     k1, k2 = jax.random.split(key)
     w0 = params
     w1 = finetune(k1, model, params, x_clean, y_clean, ft_steps, lr, batch_size)
-    bez = lambda c, s: jax.tree.map(
-        lambda a, m, b: (1 - s) ** 2 * a + 2 * s * (1 - s) * m + s**2 * b, w0, c, w1
+    bez = lambda c, s, ends: jax.tree.map(
+        lambda a, m, b: (1 - s) ** 2 * a + 2 * s * (1 - s) * m + s**2 * b, ends[0], c, ends[1]
     )
 
-    def loss(c, k, batch):
+    def loss(c, k, batch, ends):
         xb, yb = batch
-        return cross_entropy(model.apply(bez(c, jax.random.uniform(k)), xb), yb)
+        return cross_entropy(model.apply(bez(c, jax.random.uniform(k), ends), xb), yb)
 
     c0 = jax.tree.map(lambda a, b: 0.5 * (a + b), w0, w1)
     c, _ = minimize(
-        k2, c0, loss, (x_clean, y_clean), optax.sgd(lr, momentum=0.9), n_steps, batch_size
+        k2,
+        c0,
+        loss,
+        (x_clean, y_clean),
+        optax.sgd(lr, momentum=0.9),
+        n_steps,
+        batch_size,
+        consts=(w0, w1),
     )
-    return bez(c, t)
+    return bez(c, t, (w0, w1))
 
 
 class ABLOutput(NamedTuple):
