@@ -42,8 +42,10 @@ gaps of the optimum, not of certified optima. Karate (full ``eigh``, ``tol = 1e-
 certified (gap 7e-6). The gap closes with ``tol`` (measured separately on the Cora graph
 program at ``mu_scale = 1``, rank 256, warm-started in turn): ``tol`` 1e-3 / 3e-4 / 1e-4 took
 222 / +324 / +382 iterations (157 / 226 / 314 s) to relative gaps 6.0e-3 / 1.2e-3 / 4.2e-4
-at ranks 227 / 218 / 213, the last certified at ``cert_tol``: ``--set tol=1e-4 --set
-max_iters=1500`` certifies the unsaturated solves at about three times this run's cost.
+at ranks 227 / 218 / 213, the last certified at ``cert_tol``. The Cora joint program at
+``mu_scale = 4`` (cold start): ``tol`` 1e-3 / 1e-4 took 197 / +712 iterations (151 / 522 s)
+to gaps 4.7e-2 / 3.7e-3 at ranks 72 / 81, not yet certified; its gap falls about in
+proportion to ``tol``.
 
 Command:  python -m experiments.cvxclust_planetoid [--quick] [--out DIR] [--seed N] [--set k=v]
 Runtime:  --quick runs the karate club only (7-15 s); the full run (karate, Cora, Citeseer:
