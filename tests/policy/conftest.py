@@ -20,12 +20,19 @@ TINY_HOPPER = dict(
 @pytest.fixture(scope="session")
 def tiny_hopper_cache(tmp_path_factory):
     """``(HEXAD_CACHE root, {level: data}, settings)``: tiny Hopper levels generated once."""
+    import jax
+
     root = tmp_path_factory.mktemp("hexad_cache")
     folder = root / "offline_rl"
-    data = {
-        lv: D.locomotion_dataset("Hopper-v5", lv, path_dir=folder, **TINY_HOPPER)
-        for lv in D.LOCOMOTION_LEVELS
-    }
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)  # compile-bound, as below
+    try:
+        data = {
+            lv: D.locomotion_dataset("Hopper-v5", lv, path_dir=folder, **TINY_HOPPER)
+            for lv in D.LOCOMOTION_LEVELS
+        }
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
     return root, data, TINY_HOPPER
 
 

@@ -8,6 +8,9 @@ import pytest
 
 from hexad import policy as P
 
+# Small eager and jitted programs: compile-bound, so compile with most optimisations off.
+pytestmark = pytest.mark.usefixtures("fast_compile")
+
 
 def _rand_pair(key, n=64, d=3, dtype=jnp.float32):
     k = jax.random.split(key, 4)

@@ -173,7 +173,8 @@ def test_bc_step_traces_once(fast_compile):
         state, _ = step(jax.random.key(i), state, batch)
 
 
-def test_sharded_training_matches_single_device(linear_data):
+@pytest.mark.slow  # three compiles of the scanned trainer; keeps the folder in budget
+def test_sharded_training_matches_single_device(linear_data, fast_compile):
     _, data = linear_data
     # jax.make_mesh's default (Explicit) axes are accepted: make_train converts to Auto axes.
     mesh = jax.make_mesh((len(jax.devices()),), ("data",))

@@ -53,6 +53,7 @@ def test_sac_step_shapes_and_one_trace(small_sac, fast_compile):
     assert not np.allclose(q, tq)
 
 
+@pytest.mark.slow  # keeps the folder within its CPU budget; soft_td_target is tested above
 def test_sac_temperature_gradient_sign(small_sac, fast_compile):
     # With an entropy far above the target (a wide initial policy and target -100), the
     # temperature update lowers alpha: d/dlog_alpha = -(E log pi + target) < 0 -> ascent.
