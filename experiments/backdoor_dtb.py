@@ -21,15 +21,23 @@ Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [-
           The three trained models are checkpointed through hexad.cachex in ``--ckpt``
           (default ``checkpoints/backdoor_dtb/<run>/``); ``--resume`` restores them and
           re-runs only the defense evaluation.
-Runtime:  --quick (8x8 digits, 4 defenses, 1 composition, both detectors) measured 121 s user
-          + 3 s system CPU, 140 s wall, on a shared 2-core machine at load ~10.
-          Full-scale defense set at the --quick model size (``--quick --set defenses=ft,fp,
-          nad,anp,nc,ibau,clp,ftsam,rnp,mcr,sau,abl --set compositions=ft+ft,nc+ft,fp+nad``):
-          309 s user CPU, 26.5 min wall at load 10-20. Full (16x16 digits, 12 defenses, 3
-          compositions, 600 training steps) not yet timed.
-Defaults use the unrolled hypergradient: with the first-order one the quick model ended with
-clean accuracy 0.77 and a hidden ASR of 0.34 *before* any defense (not dormant); unrolled
-gave 0.89 / 0.06 at w_hidden_post = 1.
+Runtime:  --quick (8x8 digits, 4 defenses, the ft+ft composition, both detectors) measured
+          61 s user + 2 s system CPU, 123 s wall, on a shared 2-core machine at load ~8 (the
+          run-local compile cache below halves it: 107-112 s CPU without). Full (16x16
+          digits, 12 defenses, 3 compositions, 600 training steps), niced at load 9-10:
+          training ~29 min wall (~150 s CPU), then the defense evaluation (``--resume``)
+          424 s user + 8 s system CPU, 27.6 min wall.
+          Run as ``python -m`` (``__main__``), the study compiles each identical computation
+          once through a persistent JAX compile cache in a temporary folder deleted at exit;
+          ``STUDY.execute`` from Python (tests) does not.
+Measured at --quick (w_hidden_post = 3, unrolled): DTB clean accuracy 0.83 (naive 0.94),
+decoy ASR 0.95, hidden ASR 0.31 *before* any defense (not dormant); at w_hidden_post = 1
+(before the gate fix) 0.93 / 0.99 / 0.02, dormant but not activated by FT (0.006 after).
+The inner surrogate takes the quick DTB model to clean accuracy 0.34, decoy 0.62, hidden 1.0
+where FT keeps 0.88 / 0.01 / 0.24: it wrecks the model rather than sanitising it (see
+``surrogate_*`` keys). Full size: DTB 0.89 / 0.99 / 0.03 before (dormant; naive 0.975),
+surrogate 0.63 / 0.03 / 1.0, mean hidden ASR after the 15 defenses 0.063 (naive 0.012);
+only RNP (0.38) and ANP (0.19) activate the hidden trigger.
 
 summary.json keys (ASRs on the test split, non-target samples only):
   ``clean_acc``, ``decoy_asr_before``, ``hidden_asr_before``: the DTB model before defense;
