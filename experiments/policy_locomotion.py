@@ -96,6 +96,7 @@ import numpy as np
 import optax
 
 from experiments import _runner
+from experiments.policy_pointmaze import _mean_se
 from hexad import cachex
 from hexad import policy as P
 from hexad.data import offline_rl as D
@@ -485,15 +486,6 @@ def _run_env(cfg: Config, ctx, env_id: str, key) -> dict:
             }
         )
     return out
-
-
-def _mean_se(values: np.ndarray, n_methods: int) -> float | None:
-    """Evaluation noise: the standard error of a method's mean over its episodes, averaged over
-    the ``n_methods`` method rows (``values`` is method-major); None with a single episode."""
-    per = np.asarray(values, np.float64).reshape(n_methods, -1)
-    if per.shape[1] < 2:
-        return None
-    return float(np.mean(per.std(axis=1, ddof=1) / np.sqrt(per.shape[1])))
 
 
 def _describe(m) -> str:

@@ -64,14 +64,20 @@ def test_partially_observed_matches_scs(solve, small):
     _check_against_scs(solve, cc.graph_problem(a, 1.5, observed=obs))
 
 
-def test_joint_program_matches_scs(solve, small):
-    a, y = small
+def _small_joint(a, y):
+    """The 12-node joint program both SCS and certificate tests solve: noisy 1-D features of the
+    labels, 4 labelled nodes, mu 2, alpha 0.5."""
     feats = y[:, None] + np.random.default_rng(2).normal(size=(12, 3))
     labeled = np.zeros(12, bool)
     labeled[[0, 4, 8, 9]] = True
-    p = cc.joint_problem(
+    return cc.joint_problem(
         2.0, adjacency=a, features=feats, labels=y, labeled=labeled, num_classes=3, alpha=0.5
     )
+
+
+def test_joint_program_matches_scs(solve, small):
+    a, y = small
+    p = _small_joint(a, y)
     _check_against_scs(solve, p)
 
 
@@ -83,12 +89,7 @@ def test_over_relaxed_admm_matches_scs(small):
 
 def test_certificate_closes_at_the_optimum_and_brackets_it_elsewhere(solve, small):
     a, y = small
-    feats = y[:, None] + np.random.default_rng(2).normal(size=(12, 3))
-    labeled = np.zeros(12, bool)
-    labeled[[0, 4, 8, 9]] = True
-    p = cc.joint_problem(
-        2.0, adjacency=a, features=feats, labels=y, labeled=labeled, num_classes=3, alpha=0.5
-    )
+    p = _small_joint(a, y)
     cert = jax.jit(cc.nuclear_certificate)
     out = solve(p)
     c = cert(p, out.l, out.rho * out.dual)
