@@ -239,7 +239,8 @@ def pair_clouds(
       rows_per_block: noise clouds whose ``B`` point-level solves run together (static).
         ``None`` picks all ``B`` on accelerators and, on CPU, as many as keep a block near
         ``2**20`` cost entries: the ``B^2`` solves are memory-bound there, and blocks that stay
-        in cache ran 3x faster than one ``[B, B, n, m]`` batch (same result, exactly).
+        in cache ran 1.9x faster (idle machine; 3x under load) than one ``[B, B, n, m]`` batch
+        at B = 32, n = m = 64 (same result, exactly).
     """
     solver = sinkhorn.Sinkhorn(
         max_iterations=inner_iterations, min_iterations=inner_iterations, inner_iterations=1
