@@ -22,8 +22,8 @@ the uninterrupted one.
 
 Command:  python -m experiments.rwefm_synthetic [--quick] [--out DIR] [--seed N] [--set k=v ...]
           [--resume] [--ckpt DIR]
-Runtime:  --quick measured at 131 s of CPU (128 s user + 3 s sys; 120 s of wall time on a
-          shared 2-core machine at load ~3), most of it XLA compilation of the four training
+Runtime:  --quick measured at 115 s of CPU (113 s user + 3 s sys; 81 s of wall time on an
+          idle 2-core machine), most of it XLA compilation of the four training
           chunks and sampling; the full study (4 models x 1000 steps) measured at 2311 s of
           CPU (2262 user + 49 sys; 54 min of wall time at load 6-10).
 
