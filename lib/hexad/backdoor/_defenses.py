@@ -14,6 +14,7 @@ jitted chunks; do not wrap these functions in ``jax.jit``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -56,6 +57,15 @@ def _check(model, params, x, y):
         raise ValueError(f"y_clean: expected shape [{x.shape[0]}], got {tuple(y.shape)}")
     if "params" not in params:
         raise TypeError("params: expected flax parameters {'params': ...} of a SmallCNN")
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _masked_accuracy(model, params, masks, x, y):
+    """Clean accuracy of ``model`` with channel ``masks`` as both scales and bias scales
+    (``None``: unmasked). Jitted once per architecture and shapes: the model (hashable, equal by
+    value) is static, and parameters, masks and data are arguments, so the defenses reuse one
+    compile across the models they sanitise."""
+    return accuracy(lambda p, x_: model.apply(p, x_, masks, masks), params, x, y)
 
 
 def _ce_loss(model):
@@ -127,13 +137,7 @@ def fine_pruning(
     act = np.asarray(_mean_activation(model, params, x_clean, layer))
     order = np.argsort(act)
     c = act.shape[0]
-    # params as an argument, not a closed-over constant (see minimize's consts)
-    acc_jit = jax.jit(
-        lambda q, m, x, y: accuracy(
-            lambda p, x_: model.apply(p, x_, {layer: m}, {layer: m}), q, x, y
-        )
-    )
-    acc_fn = lambda q, m: acc_jit(q, m, x_clean, y_clean)
+    acc_fn = lambda q, m: _masked_accuracy(model, q, {layer: m}, x_clean, y_clean)
     base = float(acc_fn(params, jnp.ones(c)))
     mask = np.ones(c, np.float32)
     for n in range(1, int(max_ratio * c) + 1):
@@ -511,8 +515,6 @@ def rnp(
     _check(model, params, x_clean, y_clean)
     k1, k2 = jax.random.split(key)
     neg = lambda p, k, b: -_ce_loss(model)(p, k, b)
-    # data and params as arguments, not compiled-in constants (see minimize's consts)
-    acc = jax.jit(lambda p, x, y: accuracy(model.apply, p, x, y))
     unl, _ = minimize(
         k1,
         params,
@@ -521,7 +523,7 @@ def rnp(
         optax.sgd(unlearn_lr),
         unlearn_steps,
         batch_size,
-        until=lambda p: float(acc(p, x_clean, y_clean)) <= clean_floor,
+        until=lambda p: float(_masked_accuracy(model, p, None, x_clean, y_clean)) <= clean_floor,
     )
     layers = conv_layers(params)
 
@@ -534,8 +536,7 @@ def rnp(
     # prune in increasing order of recovered mask, below threshold, while the clean split
     # keeps its accuracy within acc_drop (BackdoorBench's validation-based stopping rule)
     flat = sorted((float(v), l, i) for l in layers for i, v in enumerate(np.asarray(m[l])))
-    acc_m = jax.jit(lambda q, ms, x, y: accuracy(lambda p, x_: model.apply(p, x_, ms, ms), q, x, y))
-    acc_p = lambda ms: acc_m(params, ms, x_clean, y_clean)
+    acc_p = lambda ms: _masked_accuracy(model, params, ms, x_clean, y_clean)
     cur = {l: np.ones(np.asarray(m[l]).shape, np.float32) for l in layers}
     base = float(acc_p({l: jnp.asarray(v) for l, v in cur.items()}))
     for v, l, i in flat:
