@@ -1,19 +1,19 @@
 """PoE / KL composition of a frozen offline actor with a velocity-conditioned prior on locomotion.
 
-The locomotion half of issue 6 at our scale, on gymnasium MuJoCo ``HalfCheetah-v5`` and
-``Hopper-v5``. Data: SAC behaviour policies trained online here (``hexad.data.offline_rl``,
-cached npz with D4RL names): *medium* and *medium-replay* levels; the snapshot returns that
-define them are reported. Offline, IQL trains the frozen *actor* on the medium data (the
-environment's own reward: run forward fast). A *good* prior is velocity-conditioned BC on the
-medium-replay data: its input is (observation, v), where v is the hindsight goal, the mean x
-velocity over the next ``velocity_horizon`` steps of the same trajectory. The *degraded* prior
-is the good one with parameter noise (``degrade_scale`` times each weight tensor's std); the
-*random* prior is an untrained network.
+The locomotion half of issue 6 at our scale, on gymnasium MuJoCo ``HalfCheetah-v5``, ``Hopper-v5``
+and ``Walker2d-v5``. Data: SAC behaviour policies trained online here (``hexad.data.offline_rl``,
+cached npz with D4RL names): *medium* and *medium-replay* levels; the snapshot returns that define
+them are reported. Offline, IQL trains the frozen *actor* on the medium data (the environment's own
+reward: run forward fast). A *good* prior is velocity-conditioned BC on the medium-replay data: its
+input is (observation, v), where v is the hindsight goal, the mean x velocity over the next
+``velocity_horizon`` steps of the same trajectory. The *degraded* prior is the good one with
+parameter noise (``degrade_scale`` times each weight tensor's std); the *random* prior is an
+untrained network.
 
 Shifted objective: track a target velocity ``v* = target_velocity_frac`` times the medium data's
 mean x velocity. The shifted reward replaces the environment's forward term by
-``-|x_velocity - v*|`` (keeping the control cost and Hopper's healthy bonus). All methods act
-deterministically (tanh of the composed pre-tanh mean), the prior commanded with ``v*``:
+``-|x_velocity - v*|`` (keeping the control cost and Hopper's and Walker2d's healthy bonus). All
+methods act deterministically (tanh of the composed pre-tanh mean), the prior commanded with ``v*``:
 
 - actor: the frozen actor (alpha = 0);
 - PoE over the alpha sweep ``alphas`` (alpha = 1 is the prior alone, "prior-only");
@@ -37,14 +37,14 @@ deterministically (tanh of the composed pre-tanh mean), the prior commanded with
   reward on phi over the replay data (its R^2 is reported); the action is the argmax over the
   M + 1 library actions at s of ``max_k psi^k(s, a) . w``.
 
-Normalised score: ``100 (R - R_zero) / (R_ideal - R_zero)`` on the shifted return. ``R_zero``
-is the zero-action policy (standing still / falling limp) measured on the same episodes, so a
-positive score means better tracking than not moving; ``R_ideal`` is the shifted objective's
-upper bound: exact tracking with zero control cost for every step, i.e. 0 for HalfCheetah
-and ``episode_steps`` (the healthy bonus) for Hopper. No policy reaches it; the best achieved
-score of any method is reported beside it. (Session 2 normalised 0 = uniform random, which put
-standing still at about 50 on HalfCheetah: the random policy's control cost dominates.) Every
-score also has its raw shifted return.
+Normalised score: ``100 (R - R_zero) / (R_ideal - R_zero)`` on the shifted return. ``R_zero`` is the
+zero-action policy (standing still / falling limp) measured on the same episodes, so a positive
+score means better tracking than not moving; ``R_ideal`` is the shifted objective's upper bound:
+exact tracking with zero control cost for every step, i.e. 0 for HalfCheetah and ``episode_steps``
+(the healthy bonus) for Hopper and Walker2d. No policy reaches it; the best achieved score of any
+method is reported beside it. (Session 2 normalised 0 = uniform random, which put standing still at
+about 50 on HalfCheetah: the random policy's control cost dominates.) Every score also has its raw
+shifted return.
 
 Command:  python -m experiments.policy_locomotion [--quick] [--out DIR] [--seed N] [--set k=v]
           The data are generated once (``python -m hexad.data.offline_rl locomotion --env E``
@@ -62,8 +62,8 @@ Runtime:  --quick (tiny SAC data: 3000 online steps, 64-wide networks, 1000 upda
           (``--set 'envs=(HalfCheetah-v5,)'``, data cached); Hopper alone 179 s of CPU,
           4.1 min wall at load ~7.
 
-summary.json keys, for E in ``halfcheetah`` / ``hopper`` and Q in good / degraded / random
-(every ``_score`` has a ``_return`` twin: the raw shifted return):
+summary.json keys, for E in ``halfcheetah`` / ``hopper`` / ``walker2d`` (the tasks run) and Q in
+good / degraded / random (every ``_score`` has a ``_return`` twin: the raw shifted return):
 ``E_actor_score``, ``E_actor_return`` (shifted), ``E_actor_velocity``;
 ``E_poe_kl_budget_alpha_Q``, ``E_poe_kl_budget_score_Q``; ``E_poe_kl_state_score_Q``;
 ``E_oracle_alpha_Q``, ``E_oracle_score_Q``; ``E_additive_score_Q`` (at the KL-budget alpha);
@@ -103,12 +103,12 @@ from hexad.data import offline_rl as D
 
 PRIORS = ("good", "degraded", "random")
 POE, ADDITIVE, KL_STATE, RANDOM, GUIDED, ZERO, SFGPI = 0, 1, 2, 3, 4, 5, 6
-HEALTHY_BONUS = {"HalfCheetah-v5": 0.0, "Hopper-v5": 1.0}
+HEALTHY_BONUS = {"HalfCheetah-v5": 0.0, "Hopper-v5": 1.0, "Walker2d-v5": 1.0}
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    envs: tuple[str, ...] = ("HalfCheetah-v5", "Hopper-v5")
+    envs: tuple[str, ...] = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
     data_steps: int = 20_000
     data_hidden: int = 64
     data_per_level: int = 20_000
@@ -551,6 +551,7 @@ STUDY = _runner.Study(
     Config,
     run,
     quick={
+        "envs": ("HalfCheetah-v5", "Hopper-v5"),
         "data_steps": 3000,
         "data_hidden": 64,
         "data_per_level": 5000,

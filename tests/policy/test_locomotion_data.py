@@ -70,3 +70,22 @@ def test_evaluate_locomotion_shifted_reward():
     assert np.all(np.abs(res["velocity"]) < 0.5)  # it barely moves
     # |v - 1| = 1 - v when |v| < 1: shifted return = -(20 - 20 mean v).
     np.testing.assert_allclose(res["shifted_return"], -(20 - 20 * res["velocity"]), rtol=1e-5)
+
+
+def test_walker2d_shifted_reward_keeps_healthy_bonus():
+    # Walker2d-v5 is one of the tasks; standing limp for a few steps it stays healthy, and the
+    # shifted reward is healthy bonus (1) + control cost (0) - |v - v*| per step. With v* = -10
+    # and |v| < 10, |v - v*| = v + 10, so the return is -9 L - L mean(v) exactly.
+    assert "Walker2d-v5" in D.LOCOMOTION_ENVS
+    res = D.evaluate_locomotion(
+        lambda o, s: np.zeros((o.shape[0], 6)),
+        "Walker2d-v5",
+        np.zeros((1, 1)),
+        np.arange(1),
+        n_envs=1,
+        episode_steps=5,
+        target_velocity=-10.0,
+    )
+    n = res["length"]
+    assert np.all(n == 5)
+    np.testing.assert_allclose(res["shifted_return"], -9.0 * n - n * res["velocity"], rtol=1e-5)

@@ -13,8 +13,8 @@ Fields (D4RL names): ``observations [N, 4]`` (x, y, vx, vy), ``actions [N, 2]``,
 ``timeouts [N]`` (1 at the last step of each episode), ``infos/goal [N, 2]`` (the goal the oracle
 was driving to), ``infos/qpos [N, 2]``, ``infos/qvel [N, 2]``, and ``task_goal [2]``.
 
-Locomotion (gymnasium MuJoCo ``HalfCheetah-v5``, ``Hopper-v5``), in the manner of D4RL's
-locomotion sets: a soft actor-critic (``hexad.policy.sac``) is trained online here in a
+Locomotion (gymnasium MuJoCo ``HalfCheetah-v5``, ``Hopper-v5``, ``Walker2d-v5``), in the manner
+of D4RL's locomotion sets: a soft actor-critic (``hexad.policy.sac``) is trained online here in a
 gymnasium vector env, with a deterministic evaluation and a parameter snapshot every
 ``snapshot_every`` env steps. *random* is the untrained (initial) policy, *expert* the best
 snapshot we trained (its return is recorded: at our CPU budget it is far below D4RL's experts),
@@ -29,7 +29,10 @@ from the data), and scalars ``meta/policy_return`` (the snapshot's deterministic
 defaults (20k online steps, 64-wide networks, snapshots every 2000 steps, 500-step evaluation
 episodes) we measured, as deterministic 500-step returns: HalfCheetah random -84, medium 311
 (step 16k), expert 748 (step 20k, 1.75 m/s); Hopper random 12, medium 187 (step 4k), expert
-368 (step 20k). These are far below D4RL's experts: the CPU budget allowed 20k SAC steps.
+368 (step 20k); Walker2d random -2, medium 314 (step 4k), expert 320 (step 16k; the snapshot
+returns were -2, 4, 314, 261, 290, 49, 215, 256, 320, 316, 199 every 2k steps, so medium and
+expert are nearly the same quality and medium-replay is 4000 mostly random transitions). These
+are far below D4RL's experts: the CPU budget allowed 20k SAC steps.
 
 Files are generated once and cached under ``$HEXAD_CACHE`` (default ``~/.cache/hexad``) in
 ``offline_rl/``; a file with missing fields or non-finite values is refused.
@@ -432,7 +435,7 @@ def evaluate_pointmaze(
 # Locomotion: SAC behaviour policies trained here, D4RL-style levels
 # --------------------------------------------------------------------------------------------
 
-LOCOMOTION_ENVS = ("HalfCheetah-v5", "Hopper-v5")
+LOCOMOTION_ENVS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
 LOCOMOTION_LEVELS = ("random", "medium", "expert", "medium-replay")
 
 
