@@ -9,7 +9,9 @@ shape (``solver(problem, init=None) -> Output``, a ``lax.while_loop`` with a tol
 - :class:`NuclearProblem` / :class:`NuclearSolver`: nuclear-norm graph clustering (full,
   weighted, partially observed; :func:`graph_problem`) and the joint program of graph, features
   and labels (:func:`joint_problem`); :func:`matrix_clusters`, :func:`assign_labels`, and a
-  duality-gap certificate of any candidate (:func:`nuclear_certificate`).
+  duality-gap certificate of any candidate (:func:`nuclear_certificate`);
+  :class:`SplitNuclearSolver` solves it exactly block by block (:func:`nuclear_blocks`: the
+  connected components of the pairs whose entrywise optimum is not zero).
 """
 
 from hexad.cvxclust._fusion import (
@@ -45,6 +47,7 @@ from hexad.cvxclust._nuclear import (
     nuclear_objective,
     recovery_error,
 )
+from hexad.cvxclust._split import SplitNuclearSolver, nuclear_blocks
 
 __all__ = [
     "FusionOutput",
@@ -55,6 +58,7 @@ __all__ = [
     "NuclearOutput",
     "NuclearProblem",
     "NuclearSolver",
+    "SplitNuclearSolver",
     "adjacency_from_edges",
     "assign_labels",
     "box_violation",
@@ -70,6 +74,7 @@ __all__ = [
     "knn_gaussian_weights",
     "label_similarity",
     "matrix_clusters",
+    "nuclear_blocks",
     "nuclear_certificate",
     "nuclear_objective",
     "recovery_error",
