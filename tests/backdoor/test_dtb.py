@@ -1,5 +1,6 @@
 """DTB: hypergradients against finite differences (float64), the gate, one trace per step."""
 
+import dataclasses
 import functools
 
 import chex
@@ -110,7 +111,9 @@ def test_hypergradients_match_finite_differences_of_the_unrolled_objective(key, 
 
 @pytest.mark.slow
 def test_hypergradients_match_finite_differences(key, float64):
-    fd, fd_frozen, g_un, g_fo = _directional(key, {"inner_steps": 2, "inner_lr": 0.1})
+    # momentum, minibatches of the clean split and the bounded unlearning loss, as the study
+    kw = {"inner_steps": 2, "inner_lr": 0.1, "inner_momentum": 0.9, "inner_batch": 2}
+    fd, fd_frozen, g_un, g_fo = _directional(key, {**kw, "unlearn": "bounded"})
     # central differences in float64 with eps=1e-5: truncation ~1e-10, rounding ~1e-11
     assert abs(g_un - fd) <= 1e-6 * max(1.0, abs(fd)), (g_un, fd)
     assert abs(g_fo - fd_frozen) <= 1e-6 * max(1.0, abs(fd_frozen)), (g_fo, fd_frozen)
@@ -164,7 +167,37 @@ def test_dtb_step_traces_once_lowers_the_objective_and_gates(key):
     # gate=False (g = 1) is exercised by the finite-difference tests
 
 
+def test_surrogate_is_sgd_with_momentum_on_consecutive_blocks(key):
+    # with lambda_u = 0 the surrogate is exactly optax.sgd(lr, momentum) on clean CE, step i
+    # on rows [2i, 2i + 2) mod 5 of the 5-row clean split (the third block is rows 4 and 0)
+    model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
+    cfg = bd.DTBConfig(
+        inner_steps=3, inner_lr=0.05, inner_momentum=0.9, inner_batch=2, unlearn_weight=0.0
+    )
+    xc, yc = batch.x_clean, batch.y_clean
+    got = bd.sanitise_surrogate(model, cfg, params, key, problem, xc, yc)[0]
+    opt = optax.sgd(0.05, momentum=0.9)
+    p, s = params, opt.init(params)
+    for rows in (np.array([0, 1]), np.array([2, 3]), np.array([4, 0])):
+        g = jax.grad(lambda q: bd.cross_entropy(model.apply(q, xc[rows]), yc[rows]))(p)
+        u, s = opt.update(g, s, p)
+        p = optax.apply_updates(p, u)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(p), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="inner_batch"):
+        bd.sanitise_surrogate(
+            model, dataclasses.replace(cfg, inner_batch=6), params, key, problem, xc, yc
+        )
+
+
 def test_bad_config():
+    with pytest.raises(ValueError, match="unlearn"):
+        bd.DTBConfig(unlearn="ascent")
+    with pytest.raises(ValueError, match="inner_momentum"):
+        bd.DTBConfig(inner_momentum=1.0)
+    with pytest.raises(ValueError, match="inner_batch"):
+        bd.DTBConfig(inner_batch=-1)
+
     with pytest.raises(ValueError, match="hypergrad"):
         bd.DTBConfig(hypergrad="second")
     with pytest.raises(ValueError, match="rounds"):

@@ -10,10 +10,13 @@ sanitising the model (which suppresses the decoy) activates the hidden backdoor.
              + w_hq (1/R) sum_r g_r CE(f_{theta_r}(T_h(x)), t_h)   hidden active after round r
 
 where ``theta_r = S(theta_{r-1})``, ``theta_0 = theta``, is a differentiable surrogate of
-sanitisation (the inner level): ``K`` unrolled SGD steps on the defender's clean split of
+sanitisation (the inner level): ``K`` unrolled SGD steps (heavy-ball momentum
+``inner_momentum`` and minibatches of ``inner_batch`` rows, as FT's ``optax.sgd``) on the
+defender's clean split of
 
-    CE(f(x_c), y_c) + lambda_u CE(f(T_d(x_c)), y_c)            clean fine-tuning + decoy unlearning
+    CE(f(x_c), y_c) + lambda_u U(f(T_d(x_c)), y_c)             clean fine-tuning + decoy unlearning
 
+with ``U`` the cross-entropy (``unlearn="ce"``) or the bounded ``1 - p_{y_c}`` (``"bounded"``),
 followed, optionally, by pruning the ``prune_frac`` least active channels of the last conv
 layer (fine-pruning's criterion) and multiplicative weight noise of std ``noise_std``
 (ANP's perturbation). The gate
@@ -46,6 +49,7 @@ from typing import Any, NamedTuple
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from hexad.backdoor._models import apply_channel_mask, conv_layers
@@ -73,7 +77,18 @@ class DTBConfig:
     Attributes:
       inner_steps: ``K``, unrolled SGD steps per sanitisation round.
       inner_lr: inner SGD step size.
+      inner_momentum: heavy-ball momentum ``mu`` of the inner SGD (``optax.sgd``'s: the
+        trace ``v <- g + mu v``, step ``-lr v``; FT/FP/NAD use 0.9).
+      inner_batch: rows of the clean split per inner step (0: all of them every step).
+        Step ``i`` of the ``R * K`` uses rows ``[i b, (i + 1) b)`` modulo the split's
+        size ``n`` (consecutive blocks, wrapping round), so every row is used and each step
+        sees fresh rows when ``n >= R * K * inner_batch``.
       unlearn_weight: ``lambda_u``, weight of decoy unlearning in the inner loss.
+      unlearn: ``"ce"``: unlearning loss ``CE(f(T_d(x_c)), y_c)`` (unbounded: a fully
+        active decoy gives it, and its gradient, a large scale); ``"bounded"``: the mean of
+        ``1 - p_{y_c}(T_d(x_c))`` (the MAE loss, arXiv 1712.09482), in ``[0, 1]`` with a
+        bounded gradient. Both pull decoy-triggered inputs towards their true label; neither
+        is gradient ascent.
       prune_frac: fraction of last-conv channels pruned after each round (0 = off).
       noise_std: std of multiplicative weight noise after each round (0 = off).
       rounds: ``R``, sanitisation rounds composed in the surrogate.
@@ -87,7 +102,10 @@ class DTBConfig:
 
     inner_steps: int = 5
     inner_lr: float = 0.05
+    inner_momentum: float = 0.0
+    inner_batch: int = 0
     unlearn_weight: float = 1.0
+    unlearn: str = "ce"
     prune_frac: float = 0.0
     noise_std: float = 0.0
     rounds: int = 1
@@ -109,6 +127,14 @@ class DTBConfig:
             raise ValueError(
                 f"hypergrad: expected 'first_order' or 'unrolled', got {self.hypergrad!r}"
             )
+        if self.unlearn not in ("ce", "bounded"):
+            raise ValueError(f"unlearn: expected 'ce' or 'bounded', got {self.unlearn!r}")
+        if not 0.0 <= self.inner_momentum < 1.0:
+            raise ValueError(
+                f"inner_momentum: expected a number in [0, 1), got {self.inner_momentum!r}"
+            )
+        if not isinstance(self.inner_batch, int) or self.inner_batch < 0:
+            raise ValueError(f"inner_batch: expected an int >= 0, got {self.inner_batch!r}")
         if not 0.0 <= self.prune_frac < 1.0:
             raise ValueError(f"prune_frac: expected a number in [0, 1), got {self.prune_frac!r}")
         if self.noise_std < 0 or self.inner_lr < 0 or self.gate_temp <= 0:
@@ -196,8 +222,9 @@ def _target_prob(logits, target):
 def sanitise_surrogate(model, config: DTBConfig, params, key, problem: DTBProblem, x_c, y_c):
     """Returns ``(theta_1, ..., theta_R)``: the differentiable sanitisation surrogate's rounds.
 
-    Each round is ``K`` SGD steps on clean fine-tuning + decoy unlearning, then optional
-    pruning (mask held constant) and multiplicative weight noise. With
+    Each round is ``K`` SGD steps (momentum ``inner_momentum``, ``inner_batch`` rows of the
+    clean split per step) on clean fine-tuning + decoy unlearning, then optional pruning
+    (mask held constant) and multiplicative weight noise. With
     ``config.hypergrad == "first_order"`` every inner update is stop-gradiented, so
     ``d theta_r / d theta = I``.
 
@@ -212,21 +239,40 @@ def sanitise_surrogate(model, config: DTBConfig, params, key, problem: DTBProble
     >>> # see dtb_objective
     """
     first_order = config.hypergrad == "first_order"
+    n = x_c.shape[0]
+    b = config.inner_batch or n
+    if b > n:
+        raise ValueError(f"x_c: expected at least inner_batch={b} rows, got {n}")
     xd = apply_trigger(problem.decoy, x_c)
 
-    def inner_loss(p):
-        return cross_entropy(model.apply(p, x_c), y_c) + config.unlearn_weight * cross_entropy(
-            model.apply(p, xd), y_c
-        )
+    def inner_loss(p, rows):
+        xb, yb = x_c[rows], y_c[rows]
+        loss = cross_entropy(model.apply(p, xb), yb)
+        if config.unlearn_weight == 0:
+            return loss
+        logits = model.apply(p, xd[rows])
+        if config.unlearn == "ce":
+            unl = cross_entropy(logits, yb)
+        else:
+            prob = jnp.take_along_axis(jax.nn.softmax(logits, -1), yb[:, None], axis=-1)
+            unl = jnp.mean(1.0 - prob)
+        return loss + config.unlearn_weight * unl
 
     out = []
     p = params
+    i = 0
     for r in range(config.rounds):
+        v = jax.tree.map(jnp.zeros_like, p)  # each round a fresh optimiser, as in compose
         for _ in range(config.inner_steps):
-            g = jax.grad(inner_loss)(p)
+            rows = np.arange(i * b, (i + 1) * b) % n  # static: wraps to row 0 at the end
+            i += 1
+            g = jax.grad(inner_loss)(p, slice(None) if b == n else rows)
             if first_order:
                 g = jax.lax.stop_gradient(g)
-            p = jax.tree.map(lambda a, b: a - config.inner_lr * b, p, g)
+            if config.inner_momentum > 0:
+                v = jax.tree.map(lambda t, gg: gg + config.inner_momentum * t, v, g)
+                g = v
+            p = jax.tree.map(lambda a, u: a - config.inner_lr * u, p, g)
         q = p
         if config.prune_frac > 0:
             last = conv_layers(q)[-1]
@@ -382,7 +428,9 @@ def implant(
       optimizer: optax transformation.
       n_steps: outer steps.
       batch_size: outer batch size.
-      clean_batch_size: inner batch size (default ``batch_size``).
+      clean_batch_size: clean-split rows drawn per outer step (default
+        ``rounds * inner_steps * inner_batch`` when ``config.inner_batch`` is set, so every
+        inner step sees fresh rows; else ``batch_size``).
       callback: optional ``callback(step, info)`` called on the host after each step.
 
     >>> # see tests/backdoor/test_dtb.py
@@ -391,7 +439,12 @@ def implant(
     check_images(x_clean, "x_clean", problem.decoy.image_shape)
     if not isinstance(n_steps, int) or n_steps < 1:
         raise ValueError(f"n_steps: expected a positive int, got {n_steps!r}")
-    bc = clean_batch_size or batch_size
+    per_step = config.rounds * config.inner_steps * config.inner_batch
+    bc = clean_batch_size or per_step or batch_size
+    if bc < config.inner_batch:
+        raise ValueError(
+            f"clean_batch_size: expected >= inner_batch={config.inner_batch}, got {bc}"
+        )
     dtb = make_dtb(model, optimizer, config)
 
     @jax.jit
