@@ -18,6 +18,15 @@ Rows:
   actor's first layer zero-padded for the goal inputs), so each layer is one batched matmul.
   ``policy/dispatch floor``: a jitted ``obs + 1`` against the actor, i.e. how much of the
   actor's own latency is the fixed cost of calling a jitted function.
+- ``policy/sfgpi action``: latency of the SF + GPI baseline's deployed action (Barreto et al.
+  2017, arXiv 1606.05312), as in ``experiments.policy_locomotion``: the library's ``M + 1``
+  candidate actions (the prior at ``M = 5`` commanded velocities in one batched forward, plus the
+  actor), the successor features ``psi^k(s, c) [K = 6, F = 6]`` of every candidate (one network
+  forward on ``B (M + 1)`` state-action pairs) and the argmax over ``max_k psi^k . w``. Peer: the
+  frozen actor's forward pass. ``policy/gpi head``: the same with the candidates given (the psi
+  forward and the argmax only). The issue sets no bar for the baseline; the row states its cost:
+  about ``M + 1`` prior/actor passes plus ``M + 1`` psi passes, so roughly 10x an actor pass where
+  compute dominates (batch 256) and near the dispatch floor at batch 1.
 - ``policy/pointmaze vec``: environment steps per second of gymnasium-robotics
   ``PointMaze_UMaze-v3`` in a ``SyncVectorEnv`` of ``n`` envs driven by a jitted actor. Peer:
   the same ``n`` envs stepped one by one in a Python loop (no vector env).
@@ -279,6 +288,73 @@ def _latency_cases(batch: int) -> list[Case]:
     ]
 
 
+def _sfgpi_cases(batch: int, n_cmd: int = 5) -> list[Case]:
+    actor = P.GaussianActor(ACT, (HID, HID))
+    prior = P.GaussianActor(ACT, (HID, HID))
+    n_lib = n_cmd + 1
+    sf_net = P.SuccessorFeatures(n_lib, n_cmd + 1, (HID, HID))
+    obs = jax.random.normal(jax.random.key(7), (batch, OBS))
+    ap = actor.init(jax.random.key(8), obs)
+    pp = prior.init(jax.random.key(9), jnp.zeros((1, OBS + 1)))
+    sp = sf_net.init(jax.random.key(10), obs, jnp.zeros((batch, ACT)))
+    cmds = jnp.linspace(-1.0, 1.0, n_cmd)
+    w = jax.random.normal(jax.random.key(11), (n_cmd + 1,))
+
+    def library(ap, pp, obs):
+        b = obs.shape[0]
+        og = jnp.concatenate(
+            [
+                jnp.broadcast_to(obs[:, None, :], (b, n_cmd, OBS)),
+                jnp.broadcast_to(cmds[None, :, None], (b, n_cmd, 1)),
+            ],
+            -1,
+        )
+        lib = jnp.tanh(prior.apply(pp, og).mean)  # [B, M, d]
+        return jnp.concatenate([lib, jnp.tanh(actor.apply(ap, obs).mean)[:, None, :]], 1)
+
+    def action(ap, pp, sp, obs, w):
+        psi_fn = lambda s_, a_: sf_net.apply(sp, s_, a_)  # noqa: E731
+        return P.gpi(psi_fn, obs, library(ap, pp, obs), w)[0]
+
+    def head(sp, obs, cands, w):
+        psi_fn = lambda s_, a_: sf_net.apply(sp, s_, a_)  # noqa: E731
+        return P.gpi(psi_fn, obs, cands, w)[0]
+
+    def own(ap, obs):
+        return P.squash(actor.apply(ap, obs))
+
+    cands = jax.jit(library)(ap, pp, obs)
+    goal = (
+        "none in the issue (a baseline): ~M+1 policy passes + M+1 psi passes (M=5), "
+        "~10x the actor where compute dominates"
+    )
+    common = dict(
+        unit="actions",
+        items=float(batch),
+        peer=own,
+        peer_args=(ap, obs),
+        peer_name="frozen actor forward",
+        goal=goal,
+        repeats=50,
+    )
+    return [
+        Case(
+            name=f"policy/sfgpi action b={batch}",
+            fn=action,
+            args=(ap, pp, sp, obs, w),
+            shapes=f"[{batch},{OBS}] hid{HID}x2 K={n_lib} C={n_lib} F={n_cmd + 1}",
+            **common,
+        ),
+        Case(
+            name=f"policy/gpi head b={batch}",
+            fn=head,
+            args=(sp, obs, cands, w),
+            shapes=f"[{batch},{n_lib},{ACT}] candidates K={n_lib} F={n_cmd + 1}",
+            **common,
+        ),
+    ]
+
+
 def _env_case(quick: bool) -> Case:
     import gymnasium as gym
     import gymnasium_robotics
@@ -334,5 +410,7 @@ def cases(quick: bool) -> list[Case]:
         _iql_case(quick),
         *_latency_cases(1),
         *_latency_cases(256),
+        *_sfgpi_cases(1),
+        *_sfgpi_cases(256),
         _env_case(quick),
     ]
