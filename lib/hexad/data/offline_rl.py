@@ -34,6 +34,16 @@ returns were -2, 4, 314, 261, 290, 49, 215, 256, 320, 316, 199 every 2k steps, s
 expert are nearly the same quality and medium-replay is 4000 mostly random transitions). These
 are far below D4RL's experts: the CPU budget allowed 20k SAC steps.
 
+AntMaze (gymnasium-robotics ``AntMaze_UMaze-v5``) is not provided: a scripted oracle needs a
+low-level gait. We measured one attempt on the shared 2-core CPU (session 4): a vector AntMaze
+steps about 1750 random-action env steps/s; SAC (``hexad.policy.sac``, 128-wide, 4 envs, one
+update per step) on ``Ant-v5`` with the reward "velocity along a commanded direction (given in the
+torso's frame) + healthy bonus - control cost" ran 156 env steps/s at load ~5 and after 480 s
+(75k steps) moved 0.0-0.22 m/s along a command (deterministic, 4 directions); driven by the BFS
+waypoint planner of :class:`MazeGeometry` (scaling 4) from cell (1, 1) to cell (3, 1) it reached
+the goal in 0 of 8 episodes of 700 steps (closest approach 6.5-8.1 of a 8.5 start distance; the
+path is about 24 long). At this rate 1M env steps, a usual SAC budget on Ant, take about 1.8 h.
+
 Files are generated once and cached under ``$HEXAD_CACHE`` (default ``~/.cache/hexad``) in
 ``offline_rl/``; a file with missing fields or non-finite values is refused.
 """
