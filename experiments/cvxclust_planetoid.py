@@ -6,7 +6,12 @@ methods are measured in the same run:
 - joint: ``cvxclust.joint_problem`` (graph + features + training labels), solved by
   ``NuclearSolver`` with the rank-``k`` eigen step and checked by a duality-gap certificate;
   test labels from ``assign_labels`` (``argmax_c sum_{train u with label c} L_vu``);
-- graph-only: the same program without the feature term (graph + training labels);
+- graph-only: the same program without the feature term (graph + training labels), solved
+  exactly block by block by ``SplitNuclearSolver`` (``split = True``): the blocks are the
+  graph's connected components joined through training nodes of equal labels (Cora: 67 blocks,
+  the largest 2550 nodes; Citeseer: 401 blocks, the largest 2275), every pair across blocks is
+  zero at an optimum (the pinching argument in ``hexad.cvxclust._split``), the largest block
+  takes the rank-``k`` step and the small ones a batched exact ``eigh``;
 - features-only: a linear model (scikit-learn multinomial logistic regression on row-normalised
   features, ``C`` picked on the validation split from ``lr_cs``);
 - label propagation (Zhou et al. 2004, ``alpha = 0.99``, 200 sweeps of
@@ -15,37 +20,32 @@ methods are measured in the same run:
 Settings (our choices, fixed before this run, never tuned on test labels): graph weights
 ``c_A = 1 - t``, ``c_Ac = t`` with ``t`` the edge density (Chen, Sanghavi & Xu's balancing);
 ``alpha = feature_scale / std(K_x)``; ``beta = 1``; ``mu = mu_scale * sqrt(n) / 2`` with
-``mu_scale`` chosen per program from ``mu_scales = (1, 4)`` by accuracy on the standard
-validation split (500 nodes), solving the ``mu`` path in increasing order with warm starts;
-rank-256 eigen step (``rank = 0``: full ``eigh``, ~5 s per iteration at n = 2708 on one busy
-CPU core, practical only on an accelerator), over-relaxation 1.6, ``tol = 1e-3``, at most 400
+``mu_scale`` chosen by accuracy on the standard validation split (500 nodes) from
+``mu_scales = (1, 4)`` for the graph-only program and ``joint_mu_scales = (4,)`` for the joint
+one, solving the ``mu`` path in increasing order with warm starts; rank-256 eigen step for the
+graph-only program and rank 128 for the joint one (``rank = 0``: full ``eigh``, ~5 s per
+iteration at n = 2708 on one busy CPU core), over-relaxation 1.6, ``tol = 1e-4``, at most 1500
 iterations. Test accuracy is read only at the chosen ``mu``. A test node with no positive score
 is counted as an error (``*_unassigned`` reports how many). Zachary's karate club (networkx;
 the two factions, one labelled node each: 0 and 33) is the smoke case: graph-only program
 (first ``mu_scales`` entry, full ``eigh``) and label propagation.
 
-Why ``mu_scale >= 1``: on ``B`` the nuclear norm is ``n + 2 ||L_-||_*``, so ``mu`` only
-penalises negative eigenvalues (``hexad.cvxclust._nuclear``). At ``mu_scale = 0.25`` (the
-previous grid) the Cora joint solve kept all 256 subspace directions and ended, after 600
-iterations, at residuals 0.13 / 0.26 and a relative duality gap of 0.75; at ``mu_scale = 1``
-it still saturated (gap 0.95 after 400 iterations), at 4 it converged at rank 71.
+Why these ``mu`` grids: on ``B`` the nuclear norm is ``n + 2 ||L_-||_*``, so ``mu`` only
+penalises negative eigenvalues (``hexad.cvxclust._nuclear``) and cannot push the rank below
+that of the PSD-constrained optimum. At ``mu_scale = 0.25`` the Cora joint solve kept all 256
+subspace directions and ended, after 600 iterations, at residuals 0.13 / 0.26 and a relative
+duality gap of 0.75; at ``mu_scale = 1`` it still saturated rank 256 (gap 0.95 after 400
+iterations): the joint optimum there has a rank the rank-``k`` step cannot reach on this CPU,
+so ``mu_scale = 1`` is left out of the joint grid (the previous full run chose 4 on both data
+sets). At 4 the joint solve keeps 71-81 eigenvalues, hence rank 128 (measured: 197 iterations
+in 75 s to tol 1e-3 at rank 128, against 151 s at rank 256, same rank 72, not saturated).
 
-Certificate: every solve is checked by ``cvxclust.nuclear_certificate`` (a duality gap: the
-objective at the iterate minus the dual function at the ADMM multiplier projected onto the
-spectral ball of radius ``mu``; valid whatever the solver did). ``*_certified`` means
-``rel_gap <= cert_tol`` (1e-3). Measured (full run below): all six Planetoid solves at the
-chosen ``mu`` met ``tol`` on the residuals; none is certified at 1e-3. Gaps: Cora graph 0.60%
-(rank 227, the rank-256 step exact), Cora joint 5.0% (rank 71, exact), Citeseer joint 5.6%
-(rank 79, exact), Citeseer graph 0.79% with the rank-256 subspace saturated (438 connected
-components, so the optimum's rank exceeds 256). The accuracies are of iterates within these
-gaps of the optimum, not of certified optima. Karate (full ``eigh``, ``tol = 1e-5``) is
-certified (gap 7e-6). The gap closes with ``tol`` (measured separately on the Cora graph
-program at ``mu_scale = 1``, rank 256, warm-started in turn): ``tol`` 1e-3 / 3e-4 / 1e-4 took
-222 / +324 / +382 iterations (157 / 226 / 314 s) to relative gaps 6.0e-3 / 1.2e-3 / 4.2e-4
-at ranks 227 / 218 / 213, the last certified at ``cert_tol``. The Cora joint program at
-``mu_scale = 4`` (cold start): ``tol`` 1e-3 / 1e-4 took 197 / +712 iterations (151 / 522 s)
-to gaps 4.7e-2 / 3.7e-3 at ranks 72 / 81, not yet certified; its gap falls about in
-proportion to ``tol``.
+Certificate: the chosen solve of every program is checked by ``cvxclust.nuclear_certificate``
+(a duality gap: the objective at the iterate minus the dual function at the ADMM multiplier
+projected onto the spectral ball of radius ``mu``; valid whatever the solver did), with the
+better of two primal candidates, ``Z`` and the eigen-thresholded ``L`` (each projected onto
+``B``; on the Cora joint solve at tol 1e-3 they gave relative gaps 4.7e-2 and 3.7e-2).
+``*_certified`` means ``rel_gap <= cert_tol`` (1e-3).
 
 Command:  python -m experiments.cvxclust_planetoid [--quick] [--out DIR] [--seed N] [--set k=v]
 Runtime:  --quick runs the karate club only (7-15 s); the full run (karate, Cora, Citeseer:
@@ -61,8 +61,10 @@ the chosen solve ``{d}{p}_iters``, ``{d}{p}_converged`` (both residuals <= ``tol
 ``{d}{p}_primal_res``, ``{d}{p}_dual_res`` (last residuals), ``{d}{p}_rank`` (eigenvalues kept
 by the last eigen step), ``{d}{p}_rank_saturated`` (True: the rank-``k`` step was not shown to
 be the exact prox), ``{d}{p}_rel_gap`` (relative duality gap), ``{d}{p}_certified``,
-``{d}{p}_solve_s`` (seconds); and ``{d}_linear_acc``, ``{d}_lp_acc`` (baselines).
-``metrics.jsonl`` has the same record for every solve of the mu path.
+``{d}{p}_solve_s`` (seconds); with ``split``, ``{d}_graph_blocks`` and
+``{d}_graph_largest_block`` (block count and the largest block's size); and
+``{d}_linear_acc``, ``{d}_lp_acc`` (baselines). ``metrics.jsonl`` has the same record, without
+the certificate, for every solve of the mu path.
 """
 
 from __future__ import annotations
@@ -84,12 +86,15 @@ from hexad.data import load_planetoid
 class Config:
     datasets: tuple[str, ...] = ("cora", "citeseer")
     mu_scales: tuple[float, ...] = (1.0, 4.0)
+    joint_mu_scales: tuple[float, ...] = (4.0,)
     feature_scale: float = 0.5
     beta: float = 1.0
     rank: int = 256
-    tol: float = 1e-3
+    joint_rank: int = 128
+    split: bool = True
+    tol: float = 1e-4
     cert_tol: float = 1e-3
-    max_iters: int = 400
+    max_iters: int = 1500
     relaxation: float = 1.6
     lp_alpha: float = 0.99
     lr_cs: tuple[float, ...] = (0.1, 1.0, 10.0)
@@ -114,25 +119,23 @@ def label_propagation(edges, n: int, labels, labeled, num_classes: int, alpha: f
     return np.asarray(jnp.argmax(spread(y0), axis=1))
 
 
-def _solver(cfg: Config, n: int):
-    return jax.jit(
-        cc.NuclearSolver(
-            tol=cfg.tol,
-            max_iters=cfg.max_iters,
-            rank=min(cfg.rank, n) if cfg.rank > 0 else None,
-            compute_objective=False,
-            relaxation=cfg.relaxation,
-        )
+def _solver(cfg: Config, n: int, rank: int, split: bool):
+    solver = cc.NuclearSolver(
+        tol=cfg.tol,
+        max_iters=cfg.max_iters,
+        rank=min(rank, n) if rank > 0 else None,
+        compute_objective=False,
+        relaxation=cfg.relaxation,
     )
+    return cc.SplitNuclearSolver(solver) if split else jax.jit(solver)
 
 
 _certificate = jax.jit(cc.nuclear_certificate)
 
 
-def _solve_report(cfg: Config, problem, out) -> dict:
-    """Per-solve convergence record: iterations, last residuals, rank, duality gap."""
+def _solve_report(out) -> dict:
+    """Per-solve convergence record: iterations, last residuals, rank."""
     it = int(out.n_iters)
-    cert = _certificate(problem, out.l, out.rho * out.dual)
     return {
         "iters": it,
         "converged": bool(out.converged),
@@ -140,9 +143,15 @@ def _solve_report(cfg: Config, problem, out) -> dict:
         "dual_res": float(out.dual_residuals[it - 1]),
         "rank": int(out.rank),
         "rank_saturated": bool(out.rank_saturated),
-        "rel_gap": float(cert.rel_gap),
-        "certified": bool(cert.rel_gap <= cfg.cert_tol),
     }
+
+
+def _certify(cfg: Config, problem, out) -> dict:
+    """Duality gap of the better of two primal candidates (``Z`` and the eigen-thresholded
+    ``L``, each projected onto ``B``: both are upper bounds) against the ADMM multiplier."""
+    y = out.rho * out.dual
+    gap = min(float(_certificate(problem, c, y).rel_gap) for c in (out.l, out.low_rank))
+    return {"rel_gap": gap, "certified": bool(gap <= cfg.cert_tol)}
 
 
 def _karate(cfg: Config) -> dict:
@@ -170,7 +179,7 @@ def _karate(cfg: Config) -> dict:
     pred, _ = cc.assign_labels(out.l, jnp.asarray(y), jnp.asarray(labeled), 2)
     lp = label_propagation(edges, n, y, labeled, 2, cfg.lp_alpha)
     rest = ~labeled
-    rep = _solve_report(cfg, p, out)
+    rep = _solve_report(out) | _certify(cfg, p, out)
     return {
         "karate_acc": float((np.asarray(pred)[rest] == y[rest]).mean()),
         "karate_lp_acc": float((lp[rest] == y[rest]).mean()),
@@ -202,13 +211,21 @@ def _planetoid(cfg: Config, name: str, ctx) -> dict:
         edge_weight=1 - t,
         nonedge_weight=t,
     )
-    solve = _solver(cfg, n)
     res = {}
-    for tag, extra in (("", {"features": g.features, "alpha": alpha}), ("_graph", {})):
+    programs = (
+        ("", {"features": g.features, "alpha": alpha}, cfg.joint_mu_scales, cfg.joint_rank, False),
+        ("_graph", {}, cfg.mu_scales, cfg.rank, cfg.split),
+    )
+    for tag, extra, scales, rank, split in programs:
+        solve = _solver(cfg, n, rank, split)
+        if split:
+            ids, nb = cc.nuclear_blocks(cc.joint_problem(1.0, **common))
+            res[f"{name}{tag}_blocks"] = nb
+            res[f"{name}{tag}_largest_block"] = int(np.bincount(ids).max())
         # mu path in increasing order, each solve warm-started from the previous one; mu is
         # chosen by validation accuracy (test labels are read only for the chosen mu).
         best, init = None, None
-        for scale in cfg.mu_scales:
+        for scale in scales:
             p = cc.joint_problem(scale * np.sqrt(n) / 2, **common, **extra)
             t0 = time.perf_counter()
             out = jax.block_until_ready(solve(p, init))
@@ -216,7 +233,7 @@ def _planetoid(cfg: Config, name: str, ctx) -> dict:
             init = (out.l, out.dual, out.rho)
             pred = np.asarray(cc.assign_labels(out.l, jnp.asarray(ky), jnp.asarray(labeled), k)[0])
             val = float((pred[g.val_idx] == ky[g.val_idx]).mean())
-            rep = _solve_report(cfg, p, out)
+            rep = _solve_report(out)
             ctx.log(
                 dataset=name,
                 program=tag or "_joint",
@@ -226,8 +243,10 @@ def _planetoid(cfg: Config, name: str, ctx) -> dict:
                 **rep,
             )
             if best is None or val > best[0]:
-                best = (val, scale, pred, rep, secs)
-        val, scale, pred, rep, secs = best
+                best = (val, scale, pred, rep, secs, p, out)
+        val, scale, pred, rep, secs, p, out = best
+        rep = rep | _certify(cfg, p, out)  # the chosen solve only (two dense eigh each)
+        del p, out
         res[f"{name}{tag}_acc"] = float((pred[test] == ky[test]).mean())
         res[f"{name}{tag}_val_acc"] = val
         res[f"{name}{tag}_mu_scale"] = scale
