@@ -97,7 +97,11 @@ class Config:
     lr: float = 3e-3
     dtb_steps: int = 600
     inner_steps: int = 5
-    inner_lr: float = 0.05
+    inner_lr: float = 0.01
+    inner_momentum: float = 0.9
+    inner_batch: int = 32
+    unlearn: str = "bounded"
+    unlearn_weight: float = 1.0
     hypergrad: str = "unrolled"
     w_hidden_post: float = 3.0
     rounds: int = 1
@@ -166,6 +170,10 @@ def _dtb_config(cfg: Config) -> bd.DTBConfig:
     return bd.DTBConfig(
         inner_steps=cfg.inner_steps,
         inner_lr=cfg.inner_lr,
+        inner_momentum=cfg.inner_momentum,
+        inner_batch=cfg.inner_batch,
+        unlearn=cfg.unlearn,
+        unlearn_weight=cfg.unlearn_weight,
         hypergrad=cfg.hypergrad,
         rounds=cfg.rounds,
         gate_tau=cfg.gate_tau,
@@ -315,8 +323,14 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         surrogate_decoy_asr=sur["dtb"]["decoy"],
         surrogate_hidden_asr=sur["dtb"]["hidden"],
         badnets_surrogate_asr=sur["badnets"]["decoy"],
+        badnets_surrogate_clean_acc=sur["badnets"]["acc"],
         naive_surrogate_hidden_asr=sur["naive"]["hidden"],
     )
+    # fidelity on the plain BadNets model, which was not trained against the surrogate
+    for k, key in (("acc", "clean_acc"), ("decoy", "asr")):
+        out[f"badnets_surrogate_{key}_mae"] = float(
+            np.mean([abs(after["badnets"][n][k] - sur["badnets"][k]) for n in names])
+        )
     for k, key in (("acc", "clean_acc"), ("decoy", "decoy_asr"), ("hidden", "hidden_asr")):
         out[f"surrogate_{key}_mae"] = float(
             np.mean([abs(after["dtb"][n][k] - sur["dtb"][k]) for n in names])

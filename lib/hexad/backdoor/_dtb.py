@@ -74,6 +74,14 @@ __all__ = [
 class DTBConfig:
     """Static hyper-parameters of DTB (hashable; closed over by :func:`make_dtb`).
 
+    The inner defaults are FT's optimiser (``optax.sgd(0.01, momentum=0.9)``) with bounded
+    unlearning. Measured on the plain 16x16 BadNets model of ``experiments.backdoor_dtb``
+    (not trained against any surrogate): 5 such steps on 32-row blocks of the defender's
+    clean split give clean accuracy 0.975 and decoy ASR 0.49, against the real defenses'
+    means of 0.95 and 0.64 (mean absolute gaps over FT, FP, NAD, NC, I-BAU, SAU, ANP, RNP,
+    MCR, CLP, FT-SAM: 0.026 and 0.305); the former inner step (lr 0.05, no momentum, full
+    batch, CE unlearning) gave 0.33 and 0.0 (gaps 0.62 and 0.64): it wrecked the model.
+
     Attributes:
       inner_steps: ``K``, unrolled SGD steps per sanitisation round.
       inner_lr: inner SGD step size.
@@ -101,11 +109,11 @@ class DTBConfig:
     """
 
     inner_steps: int = 5
-    inner_lr: float = 0.05
-    inner_momentum: float = 0.0
+    inner_lr: float = 0.01
+    inner_momentum: float = 0.9
     inner_batch: int = 0
     unlearn_weight: float = 1.0
-    unlearn: str = "ce"
+    unlearn: str = "bounded"
     prune_frac: float = 0.0
     noise_std: float = 0.0
     rounds: int = 1
