@@ -61,10 +61,10 @@ Runtime:  --quick (tiny SAC data: 3000 online steps, 64-wide networks, 1000 upda
           method): all three tasks 578 s of CPU (user+sys), 15.1 min wall at load ~7, peak
           memory 1.2 GB (data cached; session 4). HalfCheetah alone 263 s of CPU, 9.6 min
           wall at load ~10 (``--set 'envs=(HalfCheetah-v5,)'``); Hopper alone 179 s of CPU.
-          Each task's training key is split from the run's key by the number of tasks, so a
-          task run alone trains different networks than in the three-task run (Hopper's
-          SF+GPI with the good prior scored 32.3 alone in session 3 and 1.2 in the three-task
-          run: a seed effect, not a method difference).
+          A task's training key is the run key's split at the task's position in ``envs``,
+          so Hopper run alone (position 0) trains different networks than in the three-task
+          run (position 1): its SF+GPI with the good prior scored 32.3 alone (session 3) and
+          1.2 in the three-task run, a seed effect of that size.
 
 summary.json keys, for E in ``halfcheetah`` / ``hopper`` / ``walker2d`` (the tasks run) and Q in
 good / degraded / random (every ``_score`` has a ``_return`` twin: the raw shifted return):
