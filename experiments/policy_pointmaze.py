@@ -47,7 +47,8 @@ Runtime:  --quick (20k transitions, 64-wide networks, 2000 updates each for IQL,
           shared 2-core machine (load ~7).
           Full (100k transitions, 256-wide networks, 10000 updates for IQL, the prior and the
           IQL guide, 5000 for the CQL guide and the successor features, 10 episodes per
-          method, 124 methods): 883 s of CPU, 29.5 min wall measured at load ~9.
+          method, 124 methods): 773 s of CPU (user+sys), 19.9 min wall at load ~6, peak
+          memory 1.7 GB (session 4; 883 s, 29.5 min at load ~9 in session 3, same summary).
 
 summary.json keys (Q in good / degraded / random; every key also exists with the prefix
 ``incompetent_`` for the incompetent actor):
