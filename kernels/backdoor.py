@@ -3,7 +3,8 @@
 Rows:
 
 - ``backdoor/dtb first-order K=5``: one outer DTB step (first-order hypergradient, 5 inner
-  steps of clean fine-tuning + decoy unlearning) on the digits CNN (16x16x1 inputs, widths
+  steps of clean fine-tuning + bounded decoy unlearning, SGD with momentum 0.9: the
+  ``DTBConfig`` defaults) on the digits CNN (16x16x1 inputs, widths
   8-16-16, hidden 32) at batch 64 (inner batch 64). Peer: one plain clean training step of the
   same model and optimiser (optax adam) on the same batch, timed in the same run; the ratio
   says how many clean steps one bi-level step costs (K = 5 forces at least ~6x).
