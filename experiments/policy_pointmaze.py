@@ -43,8 +43,8 @@ Command:  python -m experiments.policy_pointmaze [--quick] [--out DIR] [--seed N
           them and re-runs only the evaluation. The data set is cached (hexad.data.offline_rl).
 Runtime:  --quick (20k transitions, 64-wide networks, 2000 updates each for IQL, the
           goal-conditioned BC prior, the IQL and CQL guide critics and the successor
-          features, 3 episodes per method): 96 s of CPU (user+sys), 3 min wall measured on a
-          shared 2-core machine (load ~7).
+          features, 3 episodes per method): 77 s of CPU (user+sys), 1.8 min wall on a shared
+          2-core machine (load ~6, session 4).
           Full (100k transitions, 256-wide networks, 10000 updates for IQL, the prior and the
           IQL guide, 5000 for the CQL guide and the successor features, 10 episodes per
           method, 124 methods): 773 s of CPU (user+sys), 19.9 min wall at load ~6, peak
