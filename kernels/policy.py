@@ -26,7 +26,9 @@ Rows:
   frozen actor's forward pass. ``policy/gpi head``: the same with the candidates given (the psi
   forward and the argmax only). The issue sets no bar for the baseline; the row states its cost:
   about ``M + 1`` prior/actor passes plus ``M + 1`` psi passes, so roughly 10x an actor pass where
-  compute dominates (batch 256) and near the dispatch floor at batch 1.
+  compute dominates (batch 256) and near the dispatch floor at batch 1. Measured (session 4,
+  two runs at load ~5): 12.3x and 10.6x at batch 256, 2.18x and 2.11x at batch 1; the head
+  alone 4.3-4.6x and 1.2-1.3x.
 - ``policy/pointmaze vec``: environment steps per second of gymnasium-robotics
   ``PointMaze_UMaze-v3`` in a ``SyncVectorEnv`` of ``n`` envs driven by a jitted actor. Peer:
   the same ``n`` envs stepped one by one in a Python loop (no vector env).
