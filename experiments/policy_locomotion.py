@@ -61,10 +61,11 @@ Runtime:  --quick (tiny SAC data: 3000 online steps, 64-wide networks, 1000 upda
           method): all three tasks 578 s of CPU (user+sys), 15.1 min wall at load ~7, peak
           memory 1.2 GB (data cached; session 4). HalfCheetah alone 263 s of CPU, 9.6 min
           wall at load ~10 (``--set 'envs=(HalfCheetah-v5,)'``); Hopper alone 179 s of CPU.
-          A task's training key is the run key's split at the task's position in ``envs``,
-          so Hopper run alone (position 0) trains different networks than in the three-task
-          run (position 1): its SF+GPI with the good prior scored 32.3 alone (session 3) and
-          1.2 in the three-task run, a seed effect of that size.
+          A task's training key is the run key's split at the task's index in
+          ``LOCOMOTION_ENVS``, so a task run alone trains the same networks as in the full run.
+          Until session 4 it was the split at the task's position in ``envs``, so Hopper run
+          alone trained other networks: its SF+GPI with the good prior scored 32.3 that way
+          (session 3) and 1.2 with the full run's key, a seed effect of that size.
 
 summary.json keys, for E in ``halfcheetah`` / ``hopper`` / ``walker2d`` (the tasks run) and Q in
 good / degraded / random (every ``_score`` has a ``_return`` twin: the raw shifted return):
@@ -511,9 +512,11 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     if 1.0 not in cfg.alphas or 0.0 not in cfg.alphas:
         raise ValueError(f"alphas: expected a sweep containing 0.0 and 1.0, got {cfg.alphas}")
     out = {"alphas": list(cfg.alphas)}
-    keys = jax.random.split(ctx.key(), len(cfg.envs))
-    for e, k in zip(cfg.envs, keys, strict=True):
-        out.update(_run_env(cfg, ctx, e, k))
+    # A task's key is the run key's split at the task's index in LOCOMOTION_ENVS, not at its
+    # position in cfg.envs: a task run alone trains the same networks as in the full run.
+    keys = jax.random.split(ctx.key(), len(D.LOCOMOTION_ENVS))
+    for e in cfg.envs:
+        out.update(_run_env(cfg, ctx, e, keys[D.LOCOMOTION_ENVS.index(e)]))
     _plot(ctx, cfg, out)
     return out
 
