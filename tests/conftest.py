@@ -1,4 +1,5 @@
-"""Shared pytest set-up: 8 simulated CPU devices, strict rank promotion, keys, float64 opt-in.
+"""Shared pytest set-up: 8 simulated CPU devices, strict rank promotion, keys, float64 opt-in,
+and `fast_compile` (most XLA optimisations off) for tests that mostly compile.
 
 The XLA flag must be set before jax is first imported, so it is set at the top of this file,
 which pytest imports before any test module.
@@ -74,3 +75,18 @@ def float64_module():
     """Enable float64 for a whole test module (request it from an autouse module fixture)."""
     with _x64():
         yield
+
+
+@pytest.fixture
+def fast_compile():
+    """Compile with most XLA optimisations off for one test, then restore the setting.
+
+    For tests dominated by compiling many small programs and running them a few times (the
+    studies' smoke tests check keys and ranges, not figures): about half the CPU time.
+    """
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)

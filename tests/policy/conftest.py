@@ -34,20 +34,3 @@ def tiny_hopper_cache(tmp_path_factory):
     finally:
         jax.config.update("jax_disable_most_optimizations", before)
     return root, data, TINY_HOPPER
-
-
-@pytest.fixture
-def fast_compile():
-    """Compile with most XLA optimisations off for one test, then restore the setting.
-
-    For tests dominated by compiling many small programs and running them a few times (the
-    studies' smoke tests check keys and ranges, not figures): about half the CPU time.
-    """
-    import jax
-
-    before = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_disable_most_optimizations", before)
