@@ -42,6 +42,13 @@ by the 5-step surrogate after ~150 outer steps (gate < 1e-4 from there on), so t
 is switched off and DTB ends close to the naive model: the hidden ASR after every defense and
 composition is <= 0.009 (``hidden_asr_after_mean`` 0.003, naive 0.004); the decoy ASR after
 has mean 0.74 (naive lower after FP, NAD, FT-SAM, RNP, SAU). Not reproduced at this scale.
+Ablation (``--set unlearn=ce --set defenses=ft,fp,nad,nc,ibau,rnp --set compositions=ft+ft
+--set detectors=ss``, 6.4 min wall): with unbounded CE unlearning the surrogate keeps
+suppressing the decoy (gate ~0.5-0.75 to the end), DTB is 0.961 / 0.997 / 0.003 before and
+its surrogate gives 0.646 / 0.045 / 1.0 (hidden fully active, accuracy lost; on BadNets
+0.774 / 0.0); yet the real defenses that suppress the decoy (FP 0.20, NAD 0.29, I-BAU 0.25,
+NC 0.0) leave the hidden ASR at 0.009, 0.003, 0.033, 0.045 (mean over the 7: 0.016, naive
+0.005): the hidden trigger follows the surrogate's trajectory, not decoy removal as such.
 AC separates the poisons exactly at full size (a 2-means cluster of exactly the
 129 poisons) but does not flag them: all-to-one poisoning at rate 0.1 makes them 46% of the
 target class, above AC's relative-size threshold 0.35. --quick: DTB 0.93 / 0.99 / 0.006
