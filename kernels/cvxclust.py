@@ -11,8 +11,8 @@ Run: ``python -m kernels cvxclust [--quick]``.
   name carries the wall and solver seconds and the status. Measured (full run, load 2-5): at
   n = 100000 Clarabel took 138 s and SCS 187 s (both optimal; Clarabel alone peaked at 2.6 GB),
   ours 6.6 s, so CVXPY does solve it here, in minutes; at n = 10000 ours is within 3.1e-4
-  relative objective of both peers at ``tol = 1e-4``. The row name carries the relative objective gap
-  ``(ours - peer) / peer`` measured once before timing (negative: ours is lower).
+  relative objective of both peers at ``tol = 1e-4``. The row name carries the relative
+  objective gap ``(ours - peer) / peer`` measured once before timing (negative: ours is lower).
 - Nuclear-norm graph clustering (SBM, 4 equal blocks, p = 0.8, q = 0.1,
   ``mu = sqrt(n)``, ``tol = 1e-5``, over-relaxation 1.3) at n = 100, 500, 2000: the rank-16
   subspace eigen step at n <= 500 and rank 12 at 2000 (a full ``eigh`` costs ~1.2 ms per
