@@ -67,6 +67,19 @@ Runtime:  --quick (tiny SAC data: 3000 online steps, 64-wide networks, 1000 upda
           alone trained other networks: its SF+GPI with the good prior scored 32.3 that way
           (session 3) and 1.2 with the full run's key, a seed effect of that size.
 
+Measured, full runs with seeds 0, 1 and 2 (session 4; mean ± sd over seeds of the normalised
+score; the evaluation noise within one run is SE 4-8 on HalfCheetah, 0.1 on Hopper, 1.5-2.2 on
+Walker2d). Each seed took 9-10 min wall, 560-600 s of CPU.
+
+- HalfCheetah, good prior: KL-budget alpha 0.50-0.51 in all three seeds, score -175 ± 16; the
+  oracle alpha is 1.0 in all three, score -5 ± 19; the actor -192 ± 17. The selector stays
+  near the actor, far from the oracle. Random prior: KL-budget -179 ± 12, prior-only -5 ± 4.
+- Hopper: the actor -0.9 ± 0.8; every PoE, additive and KL-budget row lies within 1.5 of it
+  (the competence ceiling). SF + GPI with the good prior 2.7 ± 2.1 (1.2, 5.1, 1.9): the 32.3
+  of session 3 came from another key and did not recur.
+- Walker2d: the actor 6.7 ± 5.4; the oracle alpha is 0.0, 1.0, 1.0 with the good prior and
+  every method's spread across seeds is about as large as the differences between methods.
+
 summary.json keys, for E in ``halfcheetah`` / ``hopper`` / ``walker2d`` (the tasks run) and Q in
 good / degraded / random (every ``_score`` has a ``_return`` twin: the raw shifted return):
 ``E_actor_score``, ``E_actor_return`` (shifted), ``E_actor_velocity``;
