@@ -69,7 +69,7 @@ Runtime:  --quick (tiny SAC data: 3000 online steps, 64-wide networks, 1000 upda
 
 Measured, full runs with seeds 0, 1 and 2 (session 4; mean ± sd over seeds of the normalised
 score; the evaluation noise within one run is SE 4-8 on HalfCheetah, 0.1 on Hopper, 1.5-2.2 on
-Walker2d). Each seed took 9-10 min wall, 560-600 s of CPU.
+Walker2d). Seeds 1 and 2 took 9-10 min wall and 560-600 s of CPU each.
 
 - HalfCheetah, good prior: KL-budget alpha 0.50-0.51 in all three seeds, score -175 ± 16; the
   oracle alpha is 1.0 in all three, score -5 ± 19; the actor -192 ± 17. The selector stays
