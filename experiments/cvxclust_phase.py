@@ -27,14 +27,14 @@ Runtime:  --quick (n=40, 4x4 grid, 3 trials) 61 s measured on 2 busy CPU cores; 
           7x7 grid, 10 trials) 19 min (1131 s) measured on 2 cores shared with other jobs
           (session 2); re-run in session 4 at load ~3: 141 s of CPU, 2.5 min wall.
 
-Measured (full, seed 0; identical grids in sessions 2 and 4): ``synergy_cells`` = 2, at
-(dpq, sep) = (0.3, 4.0) and (0.4, 4.0), where the joint program recovers 0.5 and 0.6 of the
+Measured (full, seed 0, session 4; session 2 gave the same two figures): ``synergy_cells`` = 2,
+at (dpq, sep) = (0.3, 4.0) and (0.4, 4.0), where the joint program recovers 0.5 and 0.6 of the
 draws and neither source alone more than 0.2; ``joint_ge_both_frac`` 0.653; no solve failed to
 converge. The graph alone recovers at least half the draws only at dpq >= 0.5 (0.7-1.0);
-features alone only at sep >= 5 (0.5-1.0). The joint program is not uniformly better: at dpq <= 0.2 with sep 5-6 it
-recovers 0-0.7 where features alone recover 0.7-1.0, and at dpq = 0.5, sep = 0 it recovers
-none where the graph alone recovers 0.7 (presumably the feature term, pure noise at
-sep = 0, outweighs the graph there at this ``alpha``; not investigated).
+features alone only at sep >= 5 (0.5-1.0). The joint program is not uniformly better: at dpq <=
+0.2 with sep 5-6 it recovers 0-0.7 where features alone recover 0.7-1.0, and at dpq = 0.5, sep =
+0 it recovers none where the graph alone recovers 0.7 (presumably the feature term, pure noise
+at sep = 0, outweighs the graph there at this ``alpha``; not investigated).
 
 summary.json keys:
   ``dpq_grid``, ``sep_grid``: the grid axes (rows: dpq, columns: sep).
