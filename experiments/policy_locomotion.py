@@ -198,9 +198,9 @@ def hindsight_velocity(raw: dict, horizon: int) -> np.ndarray:
 def sf_features(raw: dict, grid: np.ndarray) -> np.ndarray:
     """``[N, M + 1]`` phi: ``-|x_velocity - c_m|`` per grid velocity, then ``r - reward_forward``.
 
-    The last feature is the rest of the environment's reward (control cost, Hopper's healthy
-    bonus), so a tracking objective ``r - reward_forward - |v - v*|`` is exactly linear in phi
-    when ``v*`` is on the grid and approximately otherwise.
+    The last feature is the rest of the environment's reward (control cost, Hopper's and
+    Walker2d's healthy bonus), so a tracking objective ``r - reward_forward - |v - v*|`` is
+    exactly linear in phi when ``v*`` is on the grid and approximately otherwise.
     """
     v = raw["infos/x_velocity"].astype(np.float64)[:, None]
     rest = (raw["rewards"] - raw["infos/reward_forward"]).astype(np.float64)[:, None]

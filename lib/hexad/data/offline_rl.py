@@ -538,11 +538,11 @@ def evaluate_locomotion(
     Episode ``i`` is reset with ``seeds[i]`` and driven by ``policy(obs [E, o], spec [E, k]) ->
     actions [E, d]``; ``specs[i]`` tells the policy which method to run, so many methods share one
     batched policy call per step. An episode ends at ``episode_steps`` or when the task
-    terminates (Hopper falling); later steps are ignored.
+    terminates (Hopper or Walker2d falling); later steps are ignored.
 
     With ``target_velocity`` ``v*`` the *shifted* reward of a step replaces the environment's
     forward term by a tracking term: ``r - reward_forward - |x_velocity - v*|`` (keeping the
-    control cost and, for Hopper, the healthy bonus).
+    control cost and, for Hopper and Walker2d, the healthy bonus).
 
     Args:
       policy: host-callable returning actions in ``[-1, 1]``.
