@@ -72,7 +72,22 @@ import numpy as np
 from hexad.data import _bundled
 from hexad.data._bundled import load_npz
 
+# AntMaze lives in hexad.data._antmaze (it imports this module) and is re-exported lazily.
+_ANTMAZE_NAMES = (
+    "ANTMAZE_ENV",
+    "ANT_INPUT_DIM",
+    "ant_command_features",
+    "antmaze_dataset",
+    "antmaze_geometry",
+    "antmaze_obs",
+    "antmaze_oracle",
+    "evaluate_antmaze",
+    "generate_antmaze",
+    "train_ant_controller",
+)
+
 __all__ = [
+    *_ANTMAZE_NAMES,
     "D4RL_FIELDS",
     "MazeGeometry",
     "cache_dir",
@@ -106,6 +121,14 @@ UMAZE = (
     (1, 0, 0, 0, 1),
     (1, 1, 1, 1, 1),
 )
+
+
+def __getattr__(name: str):
+    if name in _ANTMAZE_NAMES:
+        from hexad.data import _antmaze
+
+        return getattr(_antmaze, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def cache_dir() -> Path:
@@ -188,13 +211,13 @@ def pointmaze_oracle(geom: MazeGeometry, obs: np.ndarray, goal: np.ndarray) -> n
     return np.clip(10.0 * (w - obs[:, :2]) - obs[:, 2:4], -1.0, 1.0)
 
 
-def _make_vec(n_envs: int, max_episode_steps: int, **kwargs):
+def _make_vec(n_envs: int, max_episode_steps: int, env_id: str = "PointMaze_UMaze-v3", **kwargs):
     import gymnasium as gym
     import gymnasium_robotics
 
     gym.register_envs(gymnasium_robotics)
     return gym.make_vec(
-        "PointMaze_UMaze-v3",
+        env_id,
         num_envs=n_envs,
         vectorization_mode="sync",
         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
@@ -236,26 +259,48 @@ def generate_pointmaze(
             f"random_action_frac: expected a value in [0, 1], got {random_action_frac}"
         )
     geom = MazeGeometry()
-    rng = np.random.default_rng(seed)
     env = _make_vec(n_envs, episode_steps, continuing_task=True, reset_target=True)
+    out = _collect_maze(
+        env,
+        n_transitions,
+        seed,
+        lambda obs: obs["observation"],
+        lambda o, goal: pointmaze_oracle(geom, o, goal),
+        noise_std,
+        random_action_frac,
+    )
+    return _maze_fields(out, task_goal, qpos=slice(0, 2), qvel=slice(2, 4))
+
+
+def _collect_maze(env, n_transitions, seed, flat_obs, oracle, noise_std, random_action_frac):
+    """Steps a maze ``SyncVectorEnv`` with a noisy oracle; env-major D4RL fields + ``infos/goal``.
+
+    ``flat_obs(obs_dict) -> [E, o]`` gives the stored observation; ``oracle(o, goal) -> [E, d]``
+    the noiseless action, to which Gaussian noise (``noise_std``) is added; a fraction
+    ``random_action_frac`` of the actions is uniform random instead. Actions are clipped to
+    ``[-1, 1]``. The env is closed at the end.
+    """
+    n_envs = env.num_envs
+    act_dim = env.single_action_space.shape[0]
+    rng = np.random.default_rng(seed)
     steps = -(-n_transitions // n_envs)
     buf = collections.defaultdict(list)
     obs, _ = env.reset(seed=seed)
     try:
         for _ in range(steps):
-            o = obs["observation"]
+            o = flat_obs(obs)
             goal = obs["desired_goal"]
-            act = pointmaze_oracle(geom, o, goal) + noise_std * rng.standard_normal((n_envs, 2))
+            act = oracle(o, goal) + noise_std * rng.standard_normal((n_envs, act_dim))
             rand = rng.random(n_envs) < random_action_frac
-            act = np.where(rand[:, None], rng.uniform(-1, 1, (n_envs, 2)), act)
+            act = np.where(rand[:, None], rng.uniform(-1, 1, (n_envs, act_dim)), act)
             act = np.clip(act, -1.0, 1.0).astype(np.float32)
             nobs, _, term, trunc, info = env.step(act)
-            nxt = nobs["observation"].copy()
+            nxt = flat_obs(nobs).copy()
             done = np.logical_or(term, trunc)
             if np.any(done):
                 final = info["final_obs"]
                 for i in np.flatnonzero(done):
-                    nxt[i] = final[i]["observation"]
+                    nxt[i] = flat_obs({k: v[None] for k, v in final[i].items()})[0]
             buf["observations"].append(o)
             buf["actions"].append(act)
             buf["next_observations"].append(nxt)
@@ -274,11 +319,16 @@ def generate_pointmaze(
     out["timeouts"] = np.maximum(out["timeouts"], ends)
     out = {k: v[:n_transitions] for k, v in out.items()}
     out["timeouts"][-1] = 1.0
+    return out
+
+
+def _maze_fields(out, task_goal, qpos: slice, qvel: slice) -> dict[str, np.ndarray]:
+    """Adds the sparse task reward (next x, y within 0.5 of ``task_goal``), qpos / qvel, dtypes."""
     tg = np.asarray(task_goal, np.float64)
     dist = np.linalg.norm(out["next_observations"][:, :2] - tg[None], axis=-1)
     out["rewards"] = (dist <= 0.5).astype(np.float32)
-    out["infos/qpos"] = out["observations"][:, :2].copy()
-    out["infos/qvel"] = out["observations"][:, 2:4].copy()
+    out["infos/qpos"] = out["observations"][:, qpos].copy()
+    out["infos/qvel"] = out["observations"][:, qvel].copy()
     out["task_goal"] = tg
     for k in ("observations", "next_observations", "infos/goal", "infos/qpos", "infos/qvel"):
         out[k] = out[k].astype(np.float32)
@@ -363,14 +413,20 @@ def pointmaze_dataset(
 
 
 def sample_free_goals(
-    rng: np.random.Generator, center, radius: float, n: int, margin: float = 0.2
+    rng: np.random.Generator,
+    center,
+    radius: float,
+    n: int,
+    margin: float = 0.2,
+    geom: MazeGeometry | None = None,
 ) -> np.ndarray:
     """Returns ``[n, 2]`` goals uniform in the disk ``|g - center| <= radius`` of free space.
 
     A goal is kept only if it and the four points ``margin`` away along each axis lie in free
-    cells of the UMaze (rejection sampling), so it is reachable by the point mass.
+    cells of the maze (rejection sampling), so it is reachable. ``geom`` defaults to
+    PointMaze's UMaze (scaling 1).
     """
-    geom = MazeGeometry()
+    geom = MazeGeometry() if geom is None else geom
     center = np.asarray(center, np.float64)
     out = []
     offsets = np.array([[0, 0], [margin, 0], [-margin, 0], [0, margin], [0, -margin]])
@@ -412,44 +468,74 @@ def evaluate_pointmaze(
 
     Returns:
       ``{"success": [M] float (final distance <= 0.45), "return": [M] (sum of the dense
-      reward exp(-distance)), "final_distance": [M]}``.
+      reward exp(-distance)), "final_distance": [M], "min_distance": [M]}``.
+    """
+    return _evaluate_maze(
+        _make_vec(n_envs, episode_steps + 1, continuing_task=True, reset_target=False),
+        lambda obs: obs["observation"],
+        policy,
+        goals,
+        specs,
+        seeds,
+        episode_steps,
+        reset_cell,
+        progress,
+    )
+
+
+def _evaluate_maze(
+    env, flat_obs, policy, goals, specs, seeds, episode_steps, reset_cell, progress, reached=False
+):
+    """Deterministic maze episodes, ``env.num_envs`` at a time (see :func:`evaluate_pointmaze`).
+
+    ``env`` must time out after more than ``episode_steps`` steps (so no autoreset happens inside
+    an episode); ``flat_obs(obs_dict) -> [E, o]`` is what the policy sees. Success is a final
+    distance <= 0.45, or with ``reached`` a distance <= 0.45 at any step. The env is closed.
     """
     goals = np.asarray(goals, np.float64)
     specs = np.asarray(specs)
     seeds = np.asarray(seeds)
     m = goals.shape[0]
+    n_envs = env.num_envs
     if goals.shape != (m, 2) or specs.shape[0] != m or seeds.shape != (m,):
+        env.close()
         raise ValueError(
             f"goals, specs, seeds: expected [M, 2], [M, k], [M], got "
             f"{goals.shape}, {specs.shape}, {seeds.shape}"
         )
-    # One step longer than the episode, so no truncation (and no autoreset) happens inside it.
-    env = _make_vec(n_envs, episode_steps + 1, continuing_task=True, reset_target=False)
-    ret = np.zeros(m)
-    final = np.zeros(m)
+    ret, final, closest = np.zeros(m), np.zeros(m), np.zeros(m)
     chunks = range(0, m, n_envs)
     if progress is not None:
         chunks = progress(chunks, "rollouts")
     try:
         for start in chunks:
             idx = np.arange(start, start + n_envs) % m  # pad the last chunk with repeats
+            # goal_cell only fixes where the reset puts the goal; it is overwritten right after.
             opts = {"reset_cell": np.array(reset_cell), "goal_cell": np.array([3, 1])}
             obs, _ = env.reset(seed=[int(s) for s in seeds[idx]], options=opts)
             for i, sub in enumerate(env.unwrapped.envs):
                 sub.unwrapped.goal = goals[idx[i]].copy()
                 sub.unwrapped.update_target_site_pos()
-            r = np.zeros(n_envs)
+            r, d_min = np.zeros(n_envs), np.full(n_envs, np.inf)
             for _ in range(episode_steps):
-                act = np.asarray(policy(obs["observation"], goals[idx], specs[idx]))
+                act = np.asarray(policy(flat_obs(obs), goals[idx], specs[idx]))
                 obs, *_ = env.step(np.clip(act, -1.0, 1.0).astype(np.float32))
                 d = np.linalg.norm(obs["achieved_goal"] - goals[idx], axis=-1)
                 r += np.exp(-d)
+                d_min = np.minimum(d_min, d)
             n_real = min(n_envs, m - start)
             ret[idx[:n_real]] = r[:n_real]
             final[idx[:n_real]] = d[:n_real]
+            closest[idx[:n_real]] = d_min[:n_real]
     finally:
         env.close()
-    return {"success": (final <= 0.45).astype(np.float64), "return": ret, "final_distance": final}
+    success = (closest if reached else final) <= 0.45
+    return {
+        "success": success.astype(np.float64),
+        "return": ret,
+        "final_distance": final,
+        "min_distance": closest,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -843,12 +929,35 @@ def _main(argv=None) -> None:
     pm = sub.add_parser("pointmaze", help="scripted noisy oracle on PointMaze_UMaze-v3")
     pm.add_argument("--n", type=int, default=100_000)
     pm.add_argument("--seed", type=int, default=0)
+    am = sub.add_parser(
+        "antmaze", help="SAC ant controller + BFS planner, noisy oracle on AntMaze_UMaze-v5"
+    )
+    am.add_argument("--n", type=int, default=200_000)
+    am.add_argument("--seed", type=int, default=0)
+    am.add_argument("--controller-steps", type=int, default=400_000, help="online SAC env steps")
     args = ap.parse_args(argv)
     if args.what == "pointmaze":
         d = pointmaze_dataset(args.n, seed=args.seed)
         print(f"pointmaze: {d['observations'].shape[0]} transitions")
         return
     from tqdm import tqdm
+
+    if args.what == "antmaze":
+        from hexad.data._antmaze import antmaze_dataset
+
+        d = antmaze_dataset(
+            args.n,
+            seed=args.seed,
+            controller_kwargs={"total_steps": args.controller_steps},
+            progress=lambda it, desc: tqdm(it, desc=desc, mininterval=10),
+        )
+        curve = d["meta/controller_curve"]
+        print(
+            f"antmaze: {d['observations'].shape[0]} transitions, reward fraction "
+            f"{float(d['rewards'].mean()):.4f}; controller velocity along the command per "
+            f"chunk: {np.round(curve[:, 1], 2).tolist()}"
+        )
+        return
 
     for level in LOCOMOTION_LEVELS:
         d = locomotion_dataset(
