@@ -74,6 +74,8 @@ rows; null with one episode),
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -166,7 +168,7 @@ def library_actions(actor_net, prior_net, actor_params, prior_params, anchors, o
     return jnp.concatenate(acts, axis=1)
 
 
-def _train_all(ctx, cfg, data, gdata, actor_net, prior_net, hid, keys):
+def _train_all(ctx, cfg, data, gdata, actor_net, prior_net, hid, keys, anchors):
     if cfg.incompetent_steps % cfg.train_chunk or not 0 < cfg.incompetent_steps <= cfg.iql_steps:
         raise ValueError(
             f"incompetent_steps: expected a multiple of train_chunk={cfg.train_chunk} in "
@@ -196,10 +198,12 @@ def _train_all(ctx, cfg, data, gdata, actor_net, prior_net, hid, keys):
         prior_net.init(keys[3], gdata.observations[:1]),
     )
     # The guide: a goal-conditioned IQL critic, reward 1 (and terminal) on reaching the goal.
-    dist = jnp.linalg.norm(gdata.next_observations[:, :2] - gdata.observations[:, 4:6], axis=-1)
-    reached = (dist <= 0.5).astype(jnp.float32)
+    o_dim = data.observations.shape[1]
+    goal_of = gdata.observations[:, o_dim:]
+    reached = jnp.linalg.norm(gdata.next_observations[:, :2] - goal_of, axis=-1) <= 0.5
+    reached = reached.astype(jnp.float32)
     gc_data = gdata._replace(
-        next_observations=jnp.concatenate([gdata.next_observations, gdata.observations[:, 4:]], -1),
+        next_observations=jnp.concatenate([gdata.next_observations, goal_of], -1),
         rewards=reached,
         terminals=reached,
     )
@@ -209,7 +213,6 @@ def _train_all(ctx, cfg, data, gdata, actor_net, prior_net, hid, keys):
     cql_guide, _, _ = _train(ctx, cql, gc_data, cfg.guide_cql_steps, keys[5], "gc_cql", bs, ch)
     # SF + GPI: successor features of the whole library, learned by TD on the task data.
     actors = (iql_state.actor_params, weak.actor_params)
-    anchors = jnp.asarray(anchor_goals(D.MazeGeometry()))
     sf_net = P.SuccessorFeatures(
         len(PRIORS) * anchors.shape[0] + len(ACTORS), anchors.shape[0] + 1, hid
     )
@@ -240,15 +243,43 @@ def _train_all(ctx, cfg, data, gdata, actor_net, prior_net, hid, keys):
     }
 
 
-def run(cfg: Config, ctx: _runner.Context) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Maze:
+    """What the diagnostic needs from a maze: its data, geometry, evaluator and scripted oracle.
+
+    ``evaluate`` has :func:`hexad.data.offline_rl.evaluate_pointmaze`'s signature;
+    ``oracle(obs, goal) -> actions`` is the data's noiseless scripted oracle (the reference
+    row); goals are drawn at least ``goal_margin`` from every wall.
+    """
+
+    raw: dict
+    geom: D.MazeGeometry
+    evaluate: Callable
+    oracle: Callable
+    goal_margin: float
+
+
+def pointmaze(cfg: Config, ctx: _runner.Context) -> Maze:
     raw = D.pointmaze_dataset(cfg.n_transitions, seed=ctx.seed, noise_std=cfg.noise_std)
+    geom = D.MazeGeometry()
+    return Maze(raw, geom, D.evaluate_pointmaze, partial(D.pointmaze_oracle, geom), 0.2)
+
+
+def run(cfg: Config, ctx: _runner.Context) -> dict:
+    return run_maze(cfg, ctx, pointmaze(cfg, ctx))
+
+
+def run_maze(cfg: Config, ctx: _runner.Context, maze: Maze) -> dict:
+    """The whole diagnostic (module docstring) on ``maze``; returns the summary."""
+    raw = maze.raw
     data = P.batch_from_dataset(raw)
     goals_data = jnp.asarray(raw["infos/goal"], jnp.float32)
     keys = jax.random.split(ctx.key(), 8)
     hid = (cfg.hidden, cfg.hidden)
-    actor_net, prior_net = P.GaussianActor(2, hid), P.GaussianActor(2, hid)
+    act_dim = data.actions.shape[1]
+    actor_net, prior_net = P.GaussianActor(act_dim, hid), P.GaussianActor(act_dim, hid)
     critic_net = P.TwinCritic(hid)
-    anchors = jnp.asarray(anchor_goals(D.MazeGeometry()))
+    anchors = jnp.asarray(anchor_goals(maze.geom))
     n_anchor = anchors.shape[0]
     sf_net = P.SuccessorFeatures(len(PRIORS) * n_anchor + len(ACTORS), n_anchor + 1, hid)
 
@@ -266,7 +297,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     try:
         start, frozen = cachex.resume(mngr, init, ctx.resume)
         if start == 0:
-            frozen = _train_all(ctx, cfg, data, gdata, actor_net, prior_net, hid, keys)
+            frozen = _train_all(ctx, cfg, data, gdata, actor_net, prior_net, hid, keys, anchors)
             mngr.save(0, frozen)
             mngr.wait_until_finished()
     finally:
@@ -276,7 +307,9 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
 
     rng = np.random.default_rng(ctx.seed)
     task_goal = raw["task_goal"]
-    ep_goals = D.sample_free_goals(rng, task_goal, cfg.goal_shift, cfg.n_episodes)
+    ep_goals = D.sample_free_goals(
+        rng, task_goal, cfg.goal_shift, cfg.n_episodes, maze.goal_margin, maze.geom
+    )
 
     # Global KL-budget alpha per (actor, prior): data states paired with deployment goals.
     idx = rng.choice(data.observations.shape[0], cfg.n_kl_states, replace=False)
@@ -374,7 +407,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     policy = lambda o, gl, sp: composed(  # noqa: E731
         jnp.asarray(o, jnp.float32), jnp.asarray(gl, jnp.float32), jnp.asarray(sp)
     )
-    res = D.evaluate_pointmaze(
+    res = maze.evaluate(
         policy,
         ep_goals[ep],
         specs,
@@ -383,9 +416,8 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         cfg.episode_steps,
         progress=ctx.progress,
     )
-    geom = D.MazeGeometry()
-    ref = D.evaluate_pointmaze(
-        lambda o, gl, sp: D.pointmaze_oracle(geom, o, gl),
+    ref = maze.evaluate(
+        lambda o, gl, sp: maze.oracle(o, gl),
         ep_goals,
         np.zeros((cfg.n_episodes, 1)),
         1000 * ctx.seed + np.arange(cfg.n_episodes),

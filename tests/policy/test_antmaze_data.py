@@ -58,7 +58,7 @@ def test_command_features_closed_form():
 def test_oracle_commands_the_next_waypoint(monkeypatch):
     # Replace the controller by "return the command features", so the oracle's output is
     # (cos, sin) of the commanded direction relative to the torso's yaw (0 here).
-    monkeypatch.setattr(A, "_mean_action", lambda hidden: (lambda p, o: o[:, -2:]))
+    monkeypatch.setattr(A, "_mean_action", lambda hidden: lambda p, o: o[:, -2:])
     geom = A.antmaze_geometry()
     start, goal = geom.cell_center((1, 1)), geom.cell_center((3, 1))
     np.testing.assert_allclose(start, [-4.0, 4.0])

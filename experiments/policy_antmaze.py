@@ -1,0 +1,87 @@
+"""PoE / KL composition of frozen offline actors with goal-conditioned priors on AntMaze.
+
+The PointMaze diagnostic (``experiments.policy_pointmaze``; every method, key and plot is the
+same) on gymnasium-robotics' ``AntMaze_UMaze-v5``: an 8-d torque action space and a 29-d
+observation (x, y, then ``Ant-v5``'s 27, D4RL's ant layout), where the offline actor must learn
+locomotion as well as navigation. Data (``hexad.data.offline_rl``, cached): a scripted noisy
+oracle, in the manner of D4RL's antmaze, i.e. a direction-commanded SAC ant trained online here
+(``train_ant_controller``, cached) driven towards the next waypoint of the maze's shortest path,
+with Gaussian action noise ``noise_std``; the task goal is the centre of cell (3, 1), the far
+end of the U. At deployment each episode starts in cell (1, 1) and must reach a new goal drawn
+uniformly within ``goal_shift`` (one cell) of the task goal, in free space at least 0.8 from a
+wall. Success is D4RL's antmaze criterion, coming within 0.45 of the goal at any step of the
+``episode_steps`` = 700-step episode; the return is the sum of exp(-distance) over the steps.
+
+Command:  python -m experiments.policy_antmaze [--quick] [--out DIR] [--seed N] [--set k=v]
+          The first run trains the ant controller (``controller_steps`` = 400k SAC steps, about
+          35 min of one CPU core) and generates the data set (200k transitions); both are
+          cached, so later runs (``--quick`` included) only train the offline networks.
+          ``--resume`` restores the frozen networks through hexad.cachex, as in PointMaze.
+Runtime:  see the end of this docstring (measured figures).
+
+summary.json keys: those of ``experiments.policy_pointmaze``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+
+from experiments import _runner
+from experiments import policy_pointmaze as pm
+from hexad.data import offline_rl as D
+
+PRIORS = pm.PRIORS
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(pm.Config):
+    n_transitions: int = 200_000
+    noise_std: float = 0.2
+    goal_shift: float = 4.0
+    episode_steps: int = 700
+    controller_steps: int = 400_000
+
+
+def antmaze(cfg: Config, ctx: _runner.Context) -> pm.Maze:
+    """The AntMaze data set, geometry, evaluator and scripted oracle (trained and cached on
+    first use)."""
+    ckw = {"total_steps": cfg.controller_steps}
+    raw = D.antmaze_dataset(
+        cfg.n_transitions,
+        seed=ctx.seed,
+        noise_std=cfg.noise_std,
+        controller_kwargs=ckw,
+        progress=ctx.progress,
+    )
+    controller = D.train_ant_controller(progress=ctx.progress, **ckw)  # cached: a load
+    geom = D.antmaze_geometry()
+    oracle = partial(D.antmaze_oracle, controller, geom=geom)
+    return pm.Maze(raw, geom, D.evaluate_antmaze, oracle, 0.2 * geom.scaling)
+
+
+def run(cfg: Config, ctx: _runner.Context) -> dict:
+    return pm.run_maze(cfg, ctx, antmaze(cfg, ctx))
+
+
+STUDY = _runner.Study(
+    "policy_antmaze",
+    Config,
+    run,
+    quick={
+        "hidden": 64,
+        "iql_steps": 2000,
+        "guide_iql_steps": 2000,
+        "guide_cql_steps": 2000,
+        "sf_steps": 2000,
+        "bc_steps": 2000,
+        "alphas": (0.0, 0.25, 0.5, 0.75, 1.0),
+        "n_kl_states": 512,
+        "n_episodes": 3,
+        "n_envs": 32,
+    },
+    doc=__doc__,
+)
+
+if __name__ == "__main__":
+    STUDY.main()
