@@ -29,9 +29,10 @@ Rows:
   compute dominates (batch 256) and near the dispatch floor at batch 1. Measured (session 4,
   two runs at load ~5): 12.3x and 10.6x at batch 256, 2.18x and 2.11x at batch 1; the head
   alone 4.3-4.6x and 1.2-1.3x.
-- ``policy/pointmaze vec``: environment steps per second of gymnasium-robotics
-  ``PointMaze_UMaze-v3`` in a ``SyncVectorEnv`` of ``n`` envs driven by a jitted actor. Peer:
-  the same ``n`` envs stepped one by one in a Python loop (no vector env).
+- ``policy/pointmaze vec`` and ``policy/antmaze vec``: environment steps per second of
+  gymnasium-robotics ``PointMaze_UMaze-v3`` / ``AntMaze_UMaze-v5`` in a ``SyncVectorEnv`` of
+  ``n`` envs driven by a jitted actor. Peer: the same ``n`` envs stepped one by one in a Python
+  loop (no vector env).
 
 Run: ``python -m kernels policy [--quick]``.
 """
@@ -357,23 +358,26 @@ def _sfgpi_cases(batch: int, n_cmd: int = 5) -> list[Case]:
     ]
 
 
-def _env_case(quick: bool) -> Case:
+def features(obs: dict) -> np.ndarray:
+    """A goal-conditioned actor's input from a maze observation dict (batched)."""
+    return np.concatenate([obs["observation"], obs["desired_goal"], obs["achieved_goal"]], -1)
+
+
+def _env_case(quick: bool, env_id: str = "PointMaze_UMaze-v3", label: str = "pointmaze") -> Case:
     import gymnasium as gym
     import gymnasium_robotics
 
     gym.register_envs(gymnasium_robotics)
     n, steps = (8, 50) if quick else (16, 200)
-    venv = gym.make_vec("PointMaze_UMaze-v3", num_envs=n, vectorization_mode="sync")
-    envs = [gym.make("PointMaze_UMaze-v3") for _ in range(n)]
-    venv.reset(seed=0)
+    venv = gym.make_vec(env_id, num_envs=n, vectorization_mode="sync")
+    envs = [gym.make(env_id) for _ in range(n)]
+    first, _ = venv.reset(seed=0)
     for i, e in enumerate(envs):
         e.reset(seed=i)
-    actor = P.GaussianActor(2, (HID, HID))
-    ap = actor.init(jax.random.key(0), jnp.zeros((n, 8)))
+    act_dim = venv.single_action_space.shape[0]
+    actor = P.GaussianActor(act_dim, (HID, HID))
+    ap = actor.init(jax.random.key(0), jnp.asarray(features(first), jnp.float32))
     act_fn = jax.jit(lambda p, o: P.squash(actor.apply(p, o)))
-
-    def features(obs):
-        return np.concatenate([obs["observation"], obs["desired_goal"], obs["achieved_goal"]], -1)
 
     def vec_rollout():
         obs, _ = venv.reset(seed=0)
@@ -391,7 +395,7 @@ def _env_case(quick: bool) -> Case:
         return obs[0]["observation"]
 
     return Case(
-        name=f"policy/pointmaze vec n={n}",
+        name=f"policy/{label} vec n={n}",
         fn=vec_rollout,
         jit=False,
         shapes=f"{n} envs x {steps} steps",
@@ -415,4 +419,5 @@ def cases(quick: bool) -> list[Case]:
         *_sfgpi_cases(1),
         *_sfgpi_cases(256),
         _env_case(quick),
+        _env_case(quick, "AntMaze_UMaze-v5", "antmaze"),
     ]
