@@ -262,8 +262,9 @@ def _train_chunks(st, first, n_chunks, mngr, actor, algo, base_key, *, seed, n_e
                     act = np.asarray(sample(k, state.actor_params, o))
                 nobs, _, term, trunc, info = env.step(act)
                 nxt = np.array(nobs, copy=True)
-                vx = np.array(info["x_velocity"], np.float64, copy=True)
-                vy = np.array(info["y_velocity"], np.float64, copy=True)
+                # When every env resets in this step, info holds only the reset infos.
+                vx = np.array(info.get("x_velocity", np.zeros(n_envs)), np.float64, copy=True)
+                vy = np.array(info.get("y_velocity", np.zeros(n_envs)), np.float64, copy=True)
                 done = np.logical_or(term, trunc)
                 for i in np.flatnonzero(done):
                     nxt[i] = info["final_obs"][i]
