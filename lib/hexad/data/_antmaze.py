@@ -21,7 +21,6 @@ cache: a second call with the same settings loads it.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import time
@@ -84,13 +83,7 @@ def _check_int(name: str, v, lo: int = 1) -> None:
 
 
 def _sac(hidden: int, lr: float):
-    import optax
-
-    from hexad import policy as P
-
-    actor = P.GaussianActor(ANT_ACT_DIM, (hidden, hidden))
-    opt = optax.adam(lr)
-    return actor, P.sac(actor, P.TwinCritic((hidden, hidden)), opt, opt, opt)
+    return _orl._sac_kit(ANT_INPUT_DIM, ANT_ACT_DIM, hidden, lr)
 
 
 def _controller_spec(**kw) -> dict:
@@ -145,7 +138,6 @@ def train_ant_controller(
     import jax.numpy as jnp
 
     from hexad import cachex
-    from hexad import policy as P
 
     for name, v in (("total_steps", total_steps), ("n_envs", n_envs), ("hidden", hidden),
                     ("batch_size", batch_size), ("episode_steps", episode_steps),
@@ -169,19 +161,12 @@ def train_ant_controller(
         directory = _orl.cache_dir() / f"ant_controller_{tag}"
     directory = Path(directory)
     n_chunks = total_steps // chunk_steps
-    actor, algo = _sac(hidden, lr)
+    kit = _sac(hidden, lr)
     base_key = jax.random.key(seed)
-    dummy = P.Batch(
-        jnp.zeros((1, ANT_INPUT_DIM)),
-        jnp.zeros((1, ANT_ACT_DIM)),
-        jnp.zeros(1),
-        jnp.zeros((1, ANT_INPUT_DIM)),
-        jnp.zeros(1),
-    )
     shapes = {"observations": (ANT_INPUT_DIM,), "actions": (ANT_ACT_DIM,), "rewards": (),
               "next_observations": (ANT_INPUT_DIM,), "terminals": ()}  # fmt: skip
     init = {
-        "sac": jax.device_get(algo.init(jax.random.fold_in(base_key, 2**31 - 1), dummy)),
+        "sac": jax.device_get(kit.algo.init(jax.random.fold_in(base_key, 2**31 - 1), kit.dummy)),
         "buffer": {k: np.zeros((total_steps, *s), np.float32) for k, s in shapes.items()},
         "curve": np.zeros((n_chunks, 3)),
     }
@@ -197,7 +182,7 @@ def train_ant_controller(
         first, st = cachex.resume(mngr, init)
         if first < n_chunks:
             st = _train_chunks(
-                st, first, n_chunks, mngr, actor, algo, base_key, seed=seed, n_envs=n_envs,
+                st, first, n_chunks, mngr, kit, base_key, seed=seed, n_envs=n_envs,
                 batch_size=batch_size, start_steps=start_steps, episode_steps=episode_steps,
                 command_every=command_every, ctrl_cost=ctrl_cost, chunk_steps=chunk_steps,
                 progress=progress,
@@ -212,23 +197,12 @@ def train_ant_controller(
     }
 
 
-def _train_chunks(st, first, n_chunks, mngr, actor, algo, base_key, *, seed, n_envs,
+def _train_chunks(st, first, n_chunks, mngr, kit, base_key, *, seed, n_envs,
                   batch_size, start_steps, episode_steps, command_every, ctrl_cost,
                   chunk_steps, progress):  # fmt: skip
     import gymnasium as gym
     import jax
     import jax.numpy as jnp
-
-    from hexad import policy as P
-
-    @jax.jit
-    def sample(key, params, obs):
-        return P.sample_action(key, actor.apply(params, obs))[0]
-
-    @jax.jit
-    def update(key, state, batches):
-        keys = jax.random.split(key, batches.rewards.shape[0])
-        return jax.lax.scan(lambda s, kb: algo.step(kb[0], s, kb[1]), state, (keys, batches))
 
     buf = {k: np.array(v, np.float32, copy=True) for k, v in st["buffer"].items()}
     curve = np.array(st["curve"], np.float64, copy=True)
@@ -259,7 +233,7 @@ def _train_chunks(st, first, n_chunks, mngr, actor, algo, base_key, *, seed, n_e
                     act = rng.uniform(-1.0, 1.0, (n_envs, ANT_ACT_DIM)).astype(np.float32)
                 else:
                     key, k = jax.random.split(key)
-                    act = np.asarray(sample(k, state.actor_params, o))
+                    act = np.asarray(kit.sample(k, state.actor_params, o))
                 nobs, _, term, trunc, info = env.step(act)
                 nxt = np.array(nobs, copy=True)
                 # When every env resets in this step, info holds only the reset infos.
@@ -286,10 +260,8 @@ def _train_chunks(st, first, n_chunks, mngr, actor, algo, base_key, *, seed, n_e
                 obs = nobs
                 filled = n + n_envs
                 if filled >= max(start_steps, batch_size):
-                    idx = rng.integers(0, filled, (n_envs, batch_size))
-                    batches = P.Batch(*(jnp.asarray(buf[f][idx]) for f in P.Batch._fields))
                     key, k = jax.random.split(key)
-                    state, _ = update(k, state, batches)
+                    state = kit.update(k, state, rng, buf, filled, n_envs, batch_size)
             curve[c] = ((c + 1) * chunk_steps, np.mean(vel) if vel else 0.0,
                         time.perf_counter() - t0)  # fmt: skip
             st = {"sac": jax.device_get(state), "buffer": buf, "curve": curve}
@@ -317,13 +289,8 @@ def antmaze_obs(obs: dict) -> np.ndarray:
     return np.concatenate([obs["achieved_goal"], obs["observation"][:, :ANT_OBS_DIM]], -1)
 
 
-@functools.lru_cache(maxsize=8)
 def _mean_action(hidden: int):
-    import jax
-    import jax.numpy as jnp
-
-    actor, _ = _sac(hidden, 1e-3)
-    return jax.jit(lambda p, o: jnp.tanh(actor.apply(p, o).mean))
+    return _sac(hidden, 1e-3).mean_action
 
 
 def antmaze_oracle(controller: dict, obs: np.ndarray, goal: np.ndarray, geom=None) -> np.ndarray:

@@ -62,9 +62,11 @@ Files are generated once and cached under ``$HEXAD_CACHE`` (default ``~/.cache/h
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import json
 import os
+import types
 from pathlib import Path
 
 import numpy as np
@@ -687,6 +689,55 @@ def evaluate_locomotion(
     return out
 
 
+@functools.lru_cache(maxsize=16)
+def _sac_kit(obs_dim: int, act_dim: int, hidden: int, lr: float) -> types.SimpleNamespace:
+    """The pieces of an online SAC loop (``hexad.policy.sac``, two ``hidden``-wide layers, Adam
+    ``lr`` for actor, critics and temperature), with jitted functions compiled once per setting.
+
+    Fields: ``actor``, ``algo``, ``dummy`` (a one-row ``Batch`` for ``algo.init``),
+    ``sample(key, params, obs)``, ``mean_action(params, obs)`` (tanh of the mean), and
+    ``update(key, state, rng, buf, filled, n, batch_size) -> state``: ``n`` SAC updates in one
+    jitted ``lax.scan``, on minibatches drawn with ``rng`` uniformly from the first ``filled``
+    rows of the replay buffer ``buf`` (a dict of the ``Batch`` fields).
+    """
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from hexad import policy as P
+
+    hid = (hidden, hidden)
+    actor = P.GaussianActor(act_dim, hid)
+    opt = optax.adam(lr)
+    algo = P.sac(actor, P.TwinCritic(hid), opt, opt, opt)
+    dummy = P.Batch(
+        jnp.zeros((1, obs_dim)),
+        jnp.zeros((1, act_dim)),
+        jnp.zeros(1),
+        jnp.zeros((1, obs_dim)),
+        jnp.zeros(1),
+    )
+
+    @jax.jit
+    def scan_updates(key, state, batches):
+        keys = jax.random.split(key, batches.rewards.shape[0])
+        return jax.lax.scan(lambda s, kb: algo.step(kb[0], s, kb[1]), state, (keys, batches))[0]
+
+    def update(key, state, rng, buf, filled, n, batch_size):
+        idx = rng.integers(0, filled, (n, batch_size))
+        batches = P.Batch(*(jnp.asarray(buf[f][idx]) for f in P.Batch._fields))
+        return scan_updates(key, state, batches)
+
+    return types.SimpleNamespace(
+        actor=actor,
+        algo=algo,
+        dummy=dummy,
+        sample=jax.jit(lambda key, params, obs: P.sample_action(key, actor.apply(params, obs))[0]),
+        mean_action=jax.jit(lambda params, obs: jnp.tanh(actor.apply(params, obs).mean)),
+        update=update,
+    )
+
+
 def generate_locomotion(
     env_id: str,
     total_steps: int = 20_000,
@@ -729,9 +780,6 @@ def generate_locomotion(
     """
     import jax
     import jax.numpy as jnp
-    import optax
-
-    from hexad import policy as P
 
     _check_env_id(env_id)
     for name, v in (("total_steps", total_steps), ("n_envs", n_envs), ("n_per_level", n_per_level)):
@@ -744,33 +792,11 @@ def generate_locomotion(
     env = _make_locomotion_vec(env_id, n_envs, episode_steps)
     obs_dim = env.single_observation_space.shape[0]
     act_dim = env.single_action_space.shape[0]
-    hid = (hidden, hidden)
-    actor = P.GaussianActor(act_dim, hid)
-    opt = optax.adam(lr)
-    algo = P.sac(actor, P.TwinCritic(hid), opt, opt, opt)
+    kit = _sac_kit(obs_dim, act_dim, hidden, lr)
     key = jax.random.key(seed)
     k_init, key = jax.random.split(key)
-    dummy = P.Batch(
-        jnp.zeros((1, obs_dim)),
-        jnp.zeros((1, act_dim)),
-        jnp.zeros(1),
-        jnp.zeros((1, obs_dim)),
-        jnp.zeros(1),
-    )
-    state = algo.init(k_init, dummy)
-
-    @jax.jit
-    def sample(key, params, obs):
-        return P.sample_action(key, actor.apply(params, obs))[0]
-
-    @jax.jit
-    def mean_action(params, obs):
-        return jnp.tanh(actor.apply(params, obs).mean)
-
-    @jax.jit
-    def update(key, state, batches):
-        keys = jax.random.split(key, batches.rewards.shape[0])
-        return jax.lax.scan(lambda s, kb: algo.step(kb[0], s, kb[1]), state, (keys, batches))
+    state = kit.algo.init(k_init, kit.dummy)
+    sample, mean_action = kit.sample, kit.mean_action
 
     def evaluate(params):
         res = evaluate_locomotion(
@@ -813,10 +839,8 @@ def generate_locomotion(
                 buf[k_][sl] = tr[k_]
             filled = (t + 1) * n_envs
             if filled >= start_steps and filled >= batch_size:
-                idx = rng.integers(0, filled, (n_envs, batch_size))
-                batches = P.Batch(*(jnp.asarray(buf[k_][idx]) for k_ in P.Batch._fields))
                 key, k = jax.random.split(key)
-                state, _ = update(k, state, batches)
+                state = kit.update(k, state, rng, buf, filled, n_envs, batch_size)
             if filled % snapshot_every == 0:
                 snapshots.append((filled, state.actor_params, evaluate(state.actor_params)))
     finally:
