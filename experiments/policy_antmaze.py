@@ -68,18 +68,8 @@ STUDY = _runner.Study(
     "policy_antmaze",
     Config,
     run,
-    quick={
-        "hidden": 64,
-        "iql_steps": 2000,
-        "guide_iql_steps": 2000,
-        "guide_cql_steps": 2000,
-        "sf_steps": 2000,
-        "bc_steps": 2000,
-        "alphas": (0.0, 0.25, 0.5, 0.75, 1.0),
-        "n_kl_states": 512,
-        "n_episodes": 3,
-        "n_envs": 32,
-    },
+    # PointMaze's --quick sizes, on the same (cached) 200k-transition data set.
+    quick={k: v for k, v in pm.STUDY.quick.items() if k != "n_transitions"},
     doc=__doc__,
 )
 

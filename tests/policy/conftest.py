@@ -17,6 +17,33 @@ TINY_HOPPER = dict(
 )
 
 
+# The maze studies' smoke-test sizes (policy_pointmaze and policy_antmaze share them).
+_TINY_MAZE_STUDY = {
+    "hidden": 8,
+    "iql_steps": 20,
+    "train_chunk": 10,
+    "incompetent_steps": 10,
+    "bc_steps": 10,
+    "batch_size": 32,
+    "alphas": (0.0, 0.5, 1.0),
+    "n_kl_states": 64,
+    "n_episodes": 1,
+    "episode_steps": 10,
+    "n_envs": 4,
+    "guide_iql_steps": 10,
+    "guide_shifts": (0.5,),
+    "guide_cql_steps": 10,
+    "sf_steps": 10,
+    "sf_batch_size": 16,
+}
+
+
+@pytest.fixture
+def tiny_maze_study():
+    """Config overrides that run a maze study in seconds (all but ``n_transitions``)."""
+    return dict(_TINY_MAZE_STUDY)
+
+
 @pytest.fixture(scope="session")
 def tiny_hopper_cache(tmp_path_factory):
     """``(HEXAD_CACHE root, {level: data}, settings)``: tiny Hopper levels generated once."""

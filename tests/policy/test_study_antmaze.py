@@ -9,7 +9,7 @@ from hexad.data import _antmaze as A
 TINY_ANT = dict(chunk_steps=32, n_envs=4, start_steps=16, batch_size=8, hidden=8, episode_steps=20)
 
 
-def test_antmaze_study_smoke(tmp_path, monkeypatch, fast_compile):
+def test_antmaze_study_smoke(tmp_path, monkeypatch, fast_compile, tiny_maze_study):
     monkeypatch.setenv("HEXAD_CACHE", str(tmp_path / "cache"))
     real = A.train_ant_controller
     monkeypatch.setattr(
@@ -17,25 +17,7 @@ def test_antmaze_study_smoke(tmp_path, monkeypatch, fast_compile):
     )
     cfg = study.STUDY.make_config(
         True,
-        {
-            "n_transitions": 400,
-            "hidden": 8,
-            "iql_steps": 20,
-            "train_chunk": 10,
-            "incompetent_steps": 10,
-            "bc_steps": 10,
-            "batch_size": 32,
-            "alphas": (0.0, 0.5, 1.0),
-            "n_kl_states": 64,
-            "n_episodes": 1,
-            "episode_steps": 10,
-            "n_envs": 4,
-            "guide_iql_steps": 10,
-            "guide_shifts": (0.5,),
-            "guide_cql_steps": 10,
-            "sf_steps": 10,
-            "sf_batch_size": 16,
-        },
+        {"n_transitions": 400, **tiny_maze_study},
     )
     summary = study.STUDY.execute(
         cfg, out_dir=tmp_path / "run", checkpoint_dir=tmp_path / "ckpt", show_progress=False

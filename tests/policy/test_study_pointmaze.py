@@ -7,29 +7,11 @@ import pytest
 from experiments import policy_pointmaze as study
 
 
-def _smoke(tmp_path, monkeypatch):
+def _smoke(tmp_path, monkeypatch, tiny):
     monkeypatch.setenv("HEXAD_CACHE", str(tmp_path / "cache"))
     cfg = study.STUDY.make_config(
         True,
-        {
-            "n_transitions": 600,
-            "hidden": 8,
-            "iql_steps": 20,
-            "train_chunk": 10,
-            "incompetent_steps": 10,
-            "bc_steps": 10,
-            "batch_size": 32,
-            "alphas": (0.0, 0.5, 1.0),
-            "n_kl_states": 64,
-            "n_episodes": 1,
-            "episode_steps": 10,
-            "n_envs": 4,
-            "guide_iql_steps": 10,
-            "guide_shifts": (0.5,),
-            "guide_cql_steps": 10,
-            "sf_steps": 10,
-            "sf_batch_size": 16,
-        },
+        {"n_transitions": 600, **tiny},
     )
     ckpt = tmp_path / "ckpt"
     summary = study.STUDY.execute(
@@ -65,13 +47,13 @@ def _smoke(tmp_path, monkeypatch):
     return cfg, ckpt, summary
 
 
-def test_pointmaze_study_smoke(tmp_path, monkeypatch, fast_compile):
-    _smoke(tmp_path, monkeypatch)
+def test_pointmaze_study_smoke(tmp_path, monkeypatch, fast_compile, tiny_maze_study):
+    _smoke(tmp_path, monkeypatch, tiny_maze_study)
 
 
 @pytest.mark.slow  # a second evaluation pass; keeps the folder's default run near its budget
-def test_pointmaze_study_resume(tmp_path, monkeypatch):
-    cfg, ckpt, summary = _smoke(tmp_path, monkeypatch)
+def test_pointmaze_study_resume(tmp_path, monkeypatch, tiny_maze_study):
+    cfg, ckpt, summary = _smoke(tmp_path, monkeypatch, tiny_maze_study)
     # --resume restores the frozen actors and priors through hexad.cachex and skips training:
     # the deterministic evaluation then reproduces every figure.
     again = study.STUDY.execute(
