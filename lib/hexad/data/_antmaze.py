@@ -234,16 +234,10 @@ def _train_chunks(st, first, n_chunks, mngr, kit, base_key, *, seed, n_envs,
                 else:
                     key, k = jax.random.split(key)
                     act = np.asarray(kit.sample(k, state.actor_params, o))
-                nobs, _, term, trunc, info = env.step(act)
-                nxt = np.array(nobs, copy=True)
-                # When every env resets in this step, info holds only the reset infos.
-                vx = np.array(info.get("x_velocity", np.zeros(n_envs)), np.float64, copy=True)
-                vy = np.array(info.get("y_velocity", np.zeros(n_envs)), np.float64, copy=True)
-                done = np.logical_or(term, trunc)
-                for i in np.flatnonzero(done):
-                    nxt[i] = info["final_obs"][i]
-                    vx[i] = info["final_info"]["x_velocity"][i]
-                    vy[i] = info["final_info"]["y_velocity"][i]
+                tr, nobs = _orl._vec_step(env, obs, act, ("x_velocity", "y_velocity"))
+                term, nxt = tr["terminals"], tr["next_observations"]
+                done = (term + tr["timeouts"]) > 0
+                vx, vy = tr["infos/x_velocity"], tr["infos/y_velocity"]
                 v_cmd = vx * np.cos(theta) + vy * np.sin(theta)
                 sl = slice(n, n + n_envs)
                 buf["observations"][sl] = o

@@ -565,19 +565,23 @@ def _make_locomotion_vec(env_id: str, n_envs: int, max_episode_steps: int):
     )
 
 
-def _vec_step(env, obs: np.ndarray, act: np.ndarray):
-    """One vector step; returns (transition dict of ``[E, ...]`` arrays, next obs after resets)."""
+def _vec_step(env, obs: np.ndarray, act: np.ndarray, info_keys=("x_velocity", "reward_forward")):
+    """One vector step; returns (transition dict of ``[E, ...]`` arrays, next obs after resets).
+
+    ``next_observations`` and each ``infos/<k>`` for ``k`` in ``info_keys`` are those of the
+    step itself, also for envs that reset in it (read from ``final_obs`` / ``final_info``).
+    """
     nobs, rew, term, trunc, info = env.step(act)
     nxt = np.array(nobs, copy=True)
     done = np.logical_or(term, trunc)
-    vel = np.array(info.get("x_velocity", np.zeros(len(act))), np.float64, copy=True)
-    fwd = np.array(info.get("reward_forward", np.zeros(len(act))), np.float64, copy=True)
+    # When every env resets in this step, info holds only the reset infos.
+    extra = {k: np.array(info.get(k, np.zeros(len(act))), np.float64, copy=True) for k in info_keys}
     if np.any(done):
         fin = info["final_info"]
         for i in np.flatnonzero(done):
             nxt[i] = info["final_obs"][i]
-            vel[i] = fin["x_velocity"][i]
-            fwd[i] = fin["reward_forward"][i]
+            for k in info_keys:
+                extra[k][i] = fin[k][i]
     tr = {
         "observations": obs,
         "actions": act,
@@ -585,10 +589,8 @@ def _vec_step(env, obs: np.ndarray, act: np.ndarray):
         "next_observations": nxt,
         "terminals": np.asarray(term, np.float32),
         "timeouts": np.asarray(trunc, np.float32),
-        "infos/x_velocity": vel,
-        "infos/reward_forward": fwd,
     }
-    return tr, nobs
+    return tr | {f"infos/{k}": v for k, v in extra.items()}, nobs
 
 
 def _env_major(steps: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
