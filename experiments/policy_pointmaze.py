@@ -35,7 +35,9 @@ space only). All methods act deterministically (tanh of the composed pre-tanh me
   ``argmax`` over the J + 1 library actions at s of ``max_k psi^k(s, a) . w(g)``.
 
 Success: final distance to the goal <= 0.45; return: sum over steps of exp(-distance)
-(gymnasium-robotics' dense reward). Every method sees the same goals and start seeds.
+(gymnasium-robotics' dense reward). Every method sees the same goals and start seeds. The
+diagnostic is ``run_maze(cfg, ctx, maze)`` on a :class:`Maze` (data, geometry, evaluator,
+scripted oracle); ``experiments.policy_antmaze`` runs it on AntMaze.
 
 Command:  python -m experiments.policy_pointmaze [--quick] [--out DIR] [--seed N] [--set k=v]
           The trained actors, priors and guide critic are checkpointed through hexad.cachex in
