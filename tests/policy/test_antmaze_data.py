@@ -130,3 +130,21 @@ def test_evaluate_antmaze_success_is_reaching():
     assert res["final_distance"][1] < 1.5  # reset noise: up to 0.25 cells per axis
     with pytest.raises(ValueError, match="goals, specs, seeds"):
         A.evaluate_antmaze(lambda o, g, s: o, goals[:1], np.zeros((2, 1)), np.arange(2))
+
+
+def test_upside_down_ends_episodes(tiny_controller, monkeypatch, tmp_path):
+    q = np.zeros((2, 27))
+    q[0, 1] = 1.0  # identity: upright
+    q[1, 2] = 1.0  # half a turn about the x axis: on its back
+    np.testing.assert_allclose(A.upright(q), [1.0, -1.0])
+    monkeypatch.setattr(A, "upright", lambda o: -np.ones(o.shape[0]))  # always on its back
+    # Training: every step ends its episode (a termination) and resets that env alone.
+    out = A.train_ant_controller(directory=tmp_path / "c", **TINY)
+    np.testing.assert_array_equal(out["curve"][:, 3], [32, 32])
+    # Data: every step ends its episode as a timeout (never a terminal).
+    d = A.generate_antmaze(tiny_controller[1], 40, seed=1, n_envs=2, episode_steps=100)
+    assert np.all(d["timeouts"] == 1) and np.all(d["terminals"] == 0)
+    d = A.generate_antmaze(tiny_controller[1], 40, seed=1, n_envs=2, reset_flipped=False)
+    assert d["timeouts"].sum() == 2  # the two env streams' ends only
+    with pytest.raises(ValueError, match="controller settings"):
+        A.antmaze_dataset(10, controller_kwargs={"widht": 8}, path=tmp_path / "x.npz")

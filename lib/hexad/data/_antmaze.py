@@ -4,12 +4,13 @@ The low-level controller is a soft actor-critic (``hexad.policy.sac``) trained o
 gymnasium's ``Ant-v5`` to walk in a commanded direction: its input is the 27-d ``Ant-v5``
 observation followed by ``(cos, sin)`` of the command angle relative to the torso's yaw (read
 from the quaternion ``obs[1:5]``), and its reward is ``v . (cos, sin)(command) + 1 (healthy)
-- ctrl_cost |a|^2``. The command is redrawn uniformly every ``command_every`` steps and at
-every reset. In the maze (gymnasium-robotics ``AntMaze_UMaze-v5``, cells of size 4) the
-command is the direction to the next waypoint of :class:`~hexad.data.offline_rl.MazeGeometry`'s
-shortest path; with Gaussian action noise this is the scripted oracle of the data set, in the
-manner of D4RL's antmaze (Fu et al. 2020), whose low-level ant was also a trained
-goal-reaching policy.
+- ctrl_cost |a|^2``. An episode terminates when ``Ant-v5`` finds the torso unhealthy (height
+outside [0.2, 1]) and, by default, when the torso turns upside down. The command is redrawn
+uniformly every ``command_every`` steps and at every reset. In the maze (gymnasium-robotics
+``AntMaze_UMaze-v5``, cells of size 4) the command is the direction to the next waypoint of
+:class:`~hexad.data.offline_rl.MazeGeometry`'s shortest path; with Gaussian action noise this
+is the scripted oracle of the data set, in the manner of D4RL's antmaze (Fu et al. 2020),
+whose low-level ant was also a trained goal-reaching policy.
 
 Training runs in chunks of ``chunk_steps`` env steps. Each chunk starts from freshly reset
 environments and from a numpy generator and a JAX key derived from ``(seed, chunk)``, and is
@@ -22,6 +23,7 @@ cache: a second call with the same settings loads it.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import time
 from pathlib import Path
@@ -56,6 +58,13 @@ def torso_yaw(obs: np.ndarray) -> np.ndarray:
     return np.arctan2(2.0 * (w * z + x * y), 1.0 - 2.0 * (y * y + z * z))
 
 
+def upright(obs: np.ndarray) -> np.ndarray:
+    """``[n]`` the world-z component of the torso's z axis (1 upright, -1 on its back) from
+    ``[n, >=5]`` Ant observations (quaternion ``obs[:, 1:5]``)."""
+    x, y = obs[:, 2], obs[:, 3]
+    return 1.0 - 2.0 * (x * x + y * y)
+
+
 def ant_command_features(obs: np.ndarray, command: np.ndarray) -> np.ndarray:
     """Returns the controller's input ``[n, 29]``: the 27-d Ant observation, then the command.
 
@@ -86,8 +95,20 @@ def _sac(hidden: int, lr: float):
     return _orl._sac_kit(ANT_INPUT_DIM, ANT_ACT_DIM, hidden, lr)
 
 
-def _controller_spec(**kw) -> dict:
-    return {k: (float(v) if isinstance(v, float) else v) for k, v in sorted(kw.items())}
+def _controller_spec(**overrides) -> dict:
+    """The controller's full settings (:func:`train_ant_controller`'s defaults updated with
+    ``overrides``) as the JSON dict that names its cache folder."""
+    params = inspect.signature(train_ant_controller).parameters
+    spec = {k: p.default for k, p in params.items() if k not in ("directory", "progress")}
+    unknown = sorted(set(overrides) - set(spec))
+    if unknown:
+        raise ValueError(f"controller settings: unknown {unknown}; expected some of {sorted(spec)}")
+    spec.update(overrides)
+    spec = {k: (float(v) if isinstance(v, float) else v) for k, v in spec.items()}
+    # Folders trained before the option existed (without it) keep their names.
+    if not spec.pop("terminate_flipped"):
+        return spec | {"version": 1}
+    return spec | {"version": 1, "terminate_flipped": True}
 
 
 def train_ant_controller(
@@ -102,6 +123,7 @@ def train_ant_controller(
     episode_steps: int = 200,
     command_every: int = 100,
     ctrl_cost: float = 0.05,
+    terminate_flipped: bool = True,
     chunk_steps: int = 50_000,
     directory=None,
     progress=None,
@@ -124,15 +146,19 @@ def train_ant_controller(
       episode_steps: episode length (timeout) of the training envs.
       command_every: steps between command redraws.
       ctrl_cost: weight of ``|a|^2`` in the reward.
+      terminate_flipped: also end an episode as a termination (no healthy bonus, no
+        bootstrap) when the torso turns upside down. ``Ant-v5``'s own health check is the
+        torso height alone, which an ant lying on its back passes, so without this the
+        controller is paid for lying on its back.
       chunk_steps: env steps between checkpoints (a multiple of ``n_envs``).
       directory: the CacheX checkpoint folder; default a folder in the offline-RL cache named
         by the settings.
       progress: optional ``progress(iterable, desc)`` wrapper for a progress bar.
 
     Returns:
-      ``{"params": actor params, "hidden": hidden, "curve": [n_chunks, 3] (env steps, mean
+      ``{"params": actor params, "hidden": hidden, "curve": [n_chunks, 4] (env steps, mean
       velocity along the command over the chunk's stochastic steps, training seconds of the
-      chunk), "directory": the checkpoint folder}``.
+      chunk, episodes ended by turning upside down), "directory": the checkpoint folder}``.
     """
     import jax
     import jax.numpy as jnp
@@ -154,7 +180,8 @@ def train_ant_controller(
     spec = _controller_spec(
         total_steps=total_steps, seed=seed, n_envs=n_envs, hidden=hidden,
         batch_size=batch_size, lr=lr, start_steps=start_steps, episode_steps=episode_steps,
-        command_every=command_every, ctrl_cost=ctrl_cost, chunk_steps=chunk_steps, version=1,
+        command_every=command_every, ctrl_cost=ctrl_cost, chunk_steps=chunk_steps,
+        terminate_flipped=terminate_flipped,
     )  # fmt: skip
     if directory is None:
         tag = hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
@@ -168,7 +195,7 @@ def train_ant_controller(
     init = {
         "sac": jax.device_get(kit.algo.init(jax.random.fold_in(base_key, 2**31 - 1), kit.dummy)),
         "buffer": {k: np.zeros((total_steps, *s), np.float32) for k, s in shapes.items()},
-        "curve": np.zeros((n_chunks, 3)),
+        "curve": np.zeros((n_chunks, 4)),
     }
     spec_file = directory / "spec.json"
     if spec_file.is_file() and json.loads(spec_file.read_text()) != spec:
@@ -185,6 +212,7 @@ def train_ant_controller(
                 st, first, n_chunks, mngr, kit, base_key, seed=seed, n_envs=n_envs,
                 batch_size=batch_size, start_steps=start_steps, episode_steps=episode_steps,
                 command_every=command_every, ctrl_cost=ctrl_cost, chunk_steps=chunk_steps,
+                terminate_flipped=terminate_flipped,
                 progress=progress,
             )  # fmt: skip
     finally:
@@ -199,6 +227,7 @@ def train_ant_controller(
 
 def _train_chunks(st, first, n_chunks, mngr, kit, base_key, *, seed, n_envs,
                   batch_size, start_steps, episode_steps, command_every, ctrl_cost,
+                  terminate_flipped,
                   chunk_steps, progress):  # fmt: skip
     import gymnasium as gym
     import jax
@@ -222,7 +251,7 @@ def _train_chunks(st, first, n_chunks, mngr, kit, base_key, *, seed, n_envs,
             obs, _ = env.reset(seed=int(rng.integers(2**31)))
             theta = rng.uniform(-np.pi, np.pi, n_envs)
             tick = np.zeros(n_envs, np.int64)
-            vel = []
+            vel, flips = [], 0
             it = range(chunk_steps // n_envs)
             if progress is not None:
                 it = progress(it, f"SAC Ant chunk {c + 1}/{n_chunks}")
@@ -236,6 +265,12 @@ def _train_chunks(st, first, n_chunks, mngr, kit, base_key, *, seed, n_envs,
                     act = np.asarray(kit.sample(k, state.actor_params, o))
                 tr, nobs = _orl._vec_step(env, obs, act, ("x_velocity", "y_velocity"))
                 term, nxt = tr["terminals"], tr["next_observations"]
+                if terminate_flipped:
+                    flip = (upright(nxt) < 0) & (term + tr["timeouts"] == 0)
+                    for i in np.flatnonzero(flip):  # end it here: reset that env alone
+                        nobs[i] = env.unwrapped.envs[i].reset(seed=int(rng.integers(2**31)))[0]
+                    term = np.maximum(term, flip.astype(np.float32))
+                    flips += int(flip.sum())
                 done = (term + tr["timeouts"]) > 0
                 vx, vy = tr["infos/x_velocity"], tr["infos/y_velocity"]
                 v_cmd = vx * np.cos(theta) + vy * np.sin(theta)
@@ -257,7 +292,7 @@ def _train_chunks(st, first, n_chunks, mngr, kit, base_key, *, seed, n_envs,
                     key, k = jax.random.split(key)
                     state = kit.update(k, state, rng, buf, filled, n_envs, batch_size)
             curve[c] = ((c + 1) * chunk_steps, np.mean(vel) if vel else 0.0,
-                        time.perf_counter() - t0)  # fmt: skip
+                        time.perf_counter() - t0, flips)  # fmt: skip
             st = {"sac": jax.device_get(state), "buffer": buf, "curve": curve}
             mngr.save(c, st)
             mngr.wait_until_finished()
@@ -322,6 +357,7 @@ def generate_antmaze(
     episode_steps: int = 1000,
     task_goal=(-4.0, -4.0),
     random_action_frac: float = 0.0,
+    reset_flipped: bool = True,
 ) -> dict[str, np.ndarray]:
     """Generates an AntMaze-UMaze data set with the noisy scripted oracle in a vector env.
 
@@ -339,6 +375,9 @@ def generate_antmaze(
       task_goal: ``[2]`` the fixed goal that defines ``rewards`` (sparse, within 0.5); the
         default is the centre of cell (3, 1), the far end of the U from cell (1, 1).
       random_action_frac: fraction of steps whose action is uniform random instead.
+      reset_flipped: end an episode (as a timeout) when the ant turns upside down, and reset
+        that env; an ant on its back cannot right itself, so without this the rest of the
+        episode is an ant lying still.
 
     Returns:
       the fields of :func:`hexad.data.offline_rl.generate_pointmaze` with 29-d observations
@@ -363,6 +402,7 @@ def generate_antmaze(
         lambda o, goal: antmaze_oracle(controller, o, goal, geom),
         noise_std,
         random_action_frac,
+        (lambda o: upright(o[:, 2:]) < 0) if reset_flipped else None,
     )
     return _orl._maze_fields(out, task_goal, qpos=slice(0, 15), qvel=slice(15, 29))
 
@@ -372,6 +412,7 @@ def antmaze_dataset(
     seed: int = 0,
     noise_std: float = 0.2,
     random_action_frac: float = 0.0,
+    reset_flipped: bool = True,
     path=None,
     controller_kwargs: dict | None = None,
     progress=None,
@@ -382,7 +423,8 @@ def antmaze_dataset(
     cached: the first call trains it (about 35 min of one CPU core at the defaults).
 
     Args:
-      n_transitions, seed, noise_std, random_action_frac: see :func:`generate_antmaze`.
+      n_transitions, seed, noise_std, random_action_frac, reset_flipped: see
+        :func:`generate_antmaze`.
       path: an explicit npz path; default a file in the offline-RL cache named by the settings.
       controller_kwargs: keyword arguments of :func:`train_ant_controller`.
       progress: optional progress-bar wrapper, used only when training the controller.
@@ -398,7 +440,8 @@ def antmaze_dataset(
         "seed": int(seed),
         "noise": float(noise_std),
         "rand": float(random_action_frac),
-        "controller": {k: ckw[k] for k in sorted(ckw) if k != "directory"},
+        "flip": bool(reset_flipped),
+        "controller": _controller_spec(**{k: v for k, v in ckw.items() if k != "directory"}),
         "version": 1,
     }
     if path is None:
@@ -414,6 +457,7 @@ def antmaze_dataset(
         seed=seed,
         noise_std=noise_std,
         random_action_frac=random_action_frac,
+        reset_flipped=reset_flipped,
     )
     data["meta/controller_curve"] = controller["curve"]
     _orl.save_offline_rl(path, data)

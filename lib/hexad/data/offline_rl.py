@@ -274,13 +274,16 @@ def generate_pointmaze(
     return _maze_fields(out, task_goal, qpos=slice(0, 2), qvel=slice(2, 4))
 
 
-def _collect_maze(env, n_transitions, seed, flat_obs, oracle, noise_std, random_action_frac):
+def _collect_maze(
+    env, n_transitions, seed, flat_obs, oracle, noise_std, random_action_frac, cut_if=None
+):
     """Steps a maze ``SyncVectorEnv`` with a noisy oracle; env-major D4RL fields + ``infos/goal``.
 
     ``flat_obs(obs_dict) -> [E, o]`` gives the stored observation; ``oracle(o, goal) -> [E, d]``
     the noiseless action, to which Gaussian noise (``noise_std``) is added; a fraction
     ``random_action_frac`` of the actions is uniform random instead. Actions are clipped to
-    ``[-1, 1]``. The env is closed at the end.
+    ``[-1, 1]``. With ``cut_if(next_o) -> [E] bool``, an episode whose next observation meets
+    it ends there as a timeout and that env alone is reset. The env is closed at the end.
     """
     n_envs = env.num_envs
     act_dim = env.single_action_space.shape[0]
@@ -303,6 +306,13 @@ def _collect_maze(env, n_transitions, seed, flat_obs, oracle, noise_std, random_
                 final = info["final_obs"]
                 for i in np.flatnonzero(done):
                     nxt[i] = flat_obs({k: v[None] for k, v in final[i].items()})[0]
+            if cut_if is not None:
+                cut = cut_if(nxt) & ~done
+                for i in np.flatnonzero(cut):
+                    fresh, _ = env.unwrapped.envs[i].reset()
+                    for k in nobs:
+                        nobs[k][i] = fresh[k]
+                trunc = np.logical_or(trunc, cut)
             buf["observations"].append(o)
             buf["actions"].append(act)
             buf["next_observations"].append(nxt)
