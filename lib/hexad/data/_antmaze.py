@@ -98,8 +98,7 @@ def _sac(hidden: int, lr: float):
 def _controller_spec(**overrides) -> dict:
     """The controller's full settings (:func:`train_ant_controller`'s defaults updated with
     ``overrides``) as the JSON dict that names its cache folder."""
-    params = inspect.signature(train_ant_controller).parameters
-    spec = {k: p.default for k, p in params.items() if k not in ("directory", "progress")}
+    spec = dict(_CONTROLLER_DEFAULTS)
     unknown = sorted(set(overrides) - set(spec))
     if unknown:
         raise ValueError(f"controller settings: unknown {unknown}; expected some of {sorted(spec)}")
@@ -223,6 +222,13 @@ def train_ant_controller(
         "curve": np.asarray(st["curve"]),
         "directory": directory,
     }
+
+
+_CONTROLLER_DEFAULTS = {
+    k: p.default
+    for k, p in inspect.signature(train_ant_controller).parameters.items()
+    if k not in ("directory", "progress")
+}
 
 
 def _train_chunks(st, first, n_chunks, mngr, kit, base_key, *, seed, n_envs,
