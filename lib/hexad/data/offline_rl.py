@@ -34,26 +34,27 @@ returns were -2, 4, 314, 261, 290, 49, 215, 256, 320, 316, 199 every 2k steps, s
 expert are nearly the same quality and medium-replay is 4000 mostly random transitions). These
 are far below D4RL's experts: the CPU budget allowed 20k SAC steps.
 
-AntMaze (gymnasium-robotics ``AntMaze_UMaze-v5``) is not provided yet: a scripted oracle needs a
-low-level gait. We measured one attempt on the shared 2-core CPU (session 4): a vector AntMaze
-steps about 1750 random-action env steps/s; SAC (``hexad.policy.sac``, 128-wide, 4 envs, one
-update per step) on ``Ant-v5`` with the reward "velocity along a commanded direction (given in the
-torso's frame) + healthy bonus - control cost" ran 156 env steps/s at load ~5 and after 480 s
-(75k steps) moved 0.0-0.22 m/s along a command (deterministic, 4 directions); driven by the BFS
-waypoint planner of :class:`MazeGeometry` (scaling 4) from cell (1, 1) to cell (3, 1) it reached
-the goal in 0 of 8 episodes of 700 steps (closest approach 6.5-8.1 of a 8.5 start distance; the
-path is about 24 long). The same script trained to its 400k-step buffer cap (niced, load 0-4)
-works: 400k steps in 2052 s (195 steps/s); mean velocity along the command over the last 10k
-training steps 0.40 at 100k, 0.67 at 150k, 1.33 at 330k, 1.59 at 400k; deterministically
-1.1-2.5 m/s along 4 commands; with the same planner it reached the goal in 6 of 8 UMaze
-episodes (closest approach 0.01-0.07; the two failures stopped 6.3 and 6.8 away). So a
-scripted AntMaze oracle is within reach at about 35 min of one core for the low-level
-controller; the generator is not written yet. The recipe measured: the actor's input is the
-27-d ``Ant-v5`` observation plus (cos, sin) of the command angle relative to the torso's yaw;
-reward ``v . (cos, sin)(command) + 1 (healthy) - 0.05 |a|^2``; 200-step episodes, the command
-redrawn uniformly every 100 steps and at resets; Adam 1e-3 for actor, critics and temperature,
-batch 256, 5000 uniform random steps first; in the maze the command is the direction to the
-BFS waypoint and success is a distance to the goal of at most 0.45.
+AntMaze (gymnasium-robotics ``AntMaze_UMaze-v5``, :mod:`hexad.data._antmaze`, re-exported
+here): D4RL's antmaze recipe at our scale. A direction-commanded ant controller is trained here
+with SAC on ``Ant-v5`` (:func:`train_ant_controller`, chunked, resumable and cached through
+``hexad.cachex``), and the scripted noisy oracle drives it towards the next waypoint of the
+:class:`MazeGeometry` shortest path (cells of size 4). Fields: those of PointMaze with
+``observations [N, 29]`` (x, y, then ``Ant-v5``'s 27, D4RL's ant layout), ``actions [N, 8]``,
+``infos/qpos [N, 15]``, ``infos/qvel [N, 14]``, ``task_goal`` the centre of cell (3, 1), and
+``meta/controller_curve``. Generate with ``python -m hexad.data.offline_rl antmaze``. Measured
+(session 5, 2-core CPU): the controller's 400k SAC steps took 1704 s of wall time (about 235
+env steps/s, one update per step); mean velocity along the command over each 50k-step chunk
+0.06, 0.26, 0.51, 0.76, 0.93, 1.05, 1.16, 1.24 m/s, episodes ended by turning upside down per
+chunk 76, 35, 34, 22, 35, 19, 13, 22; deterministically 1.1-1.7 m/s along 4 commands. From
+cell (1, 1) to the goal cell (3, 1) (path about 24 long, 700 steps, 48 episodes) the noiseless
+oracle reached the goal in 33 of 48 episodes and the noisy one (std 0.2, the data's) in 28 of
+48; 11 of the 15 and 12 of the 20 failures ended upside down. The 200k-transition data set
+(2.3 min to generate) reached 662 goals in 270 episodes (70 of them cut when the ant turned
+over), mean planar speed 1.05 m/s, every free cell visited (15.9k-41.2k steps each), reward
+fraction 0.0058. Without the upside-down termination (``Ant-v5``'s health check is the
+torso's height, which an ant on its back passes) the same training reached 0.95 m/s in the
+last chunk, its noiseless oracle succeeded in 9 of 16 episodes, and 40% of its data set's
+steps were an ant lying on its back.
 
 Files are generated once and cached under ``$HEXAD_CACHE`` (default ``~/.cache/hexad``) in
 ``offline_rl/``; a file with missing fields or non-finite values is refused.
