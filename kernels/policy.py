@@ -32,7 +32,9 @@ Rows:
 - ``policy/pointmaze vec`` and ``policy/antmaze vec``: environment steps per second of
   gymnasium-robotics ``PointMaze_UMaze-v3`` / ``AntMaze_UMaze-v5`` in a ``SyncVectorEnv`` of
   ``n`` envs driven by a jitted actor. Peer: the same ``n`` envs stepped one by one in a Python
-  loop (no vector env).
+  loop (no vector env). Measured (session 5, full sizes, n = 16, load ~2): PointMaze 6.7k
+  env-steps/s, AntMaze 1.46k; ratios 1.39 and 1.11, i.e. the sync vector env is slower than the
+  plain loop (both batch the actor call; the vector env adds its own bookkeeping).
 
 Run: ``python -m kernels policy [--quick]``.
 """
