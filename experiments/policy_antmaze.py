@@ -13,8 +13,8 @@ wall. Success is D4RL's antmaze criterion, coming within 0.45 of the goal at any
 ``episode_steps`` = 700-step episode; the return is the sum of exp(-distance) over the steps.
 
 Command:  python -m experiments.policy_antmaze [--quick] [--out DIR] [--seed N] [--set k=v]
-          The first run trains the ant controller (``controller_steps`` = 400k SAC steps, about
-          35 min of one CPU core) and generates the data set (200k transitions); both are
+          The first run trains the ant controller (``controller_steps`` = 400k SAC steps, 28 min
+          wall on the 2-core CPU) and generates the data set (200k transitions); both are
           cached, so later runs (``--quick`` included) only train the offline networks.
           ``--resume`` restores the frozen networks through hexad.cachex, as in PointMaze.
 Runtime:  --quick (PointMaze's quick sizes on the same cached data; 3 episodes per method):

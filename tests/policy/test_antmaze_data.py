@@ -1,6 +1,6 @@
 """AntMaze data: command features, the planner's command, a resumable controller, D4RL fields.
 
-No real controller is trained here (that takes about 35 min): a tiny SAC run checks the
+No real controller is trained here (that takes about 30 min): a tiny SAC run checks the
 chunked training and its resume, and the data checks use that tiny (untrained) controller.
 """
 

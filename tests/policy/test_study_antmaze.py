@@ -1,5 +1,5 @@
 """Smoke test of experiments.policy_antmaze at a tiny size: the loader, the shared diagnostic on
-8-d actions, and every key. A tiny untrained SAC ant stands in for the 35-minute controller."""
+8-d actions, and every key. A tiny untrained SAC ant stands in for the 30-minute controller."""
 
 import json
 

@@ -134,8 +134,8 @@ def train_ant_controller(
     random steps).
 
     Args:
-      total_steps: online env steps, a multiple of ``chunk_steps`` (400k: about 35 min of one
-        CPU core).
+      total_steps: online env steps, a multiple of ``chunk_steps`` (400k: 28 min wall on
+        the 2-core CPU).
       seed: seed of the environments, the networks and the sampling.
       n_envs: parallel ``Ant-v5`` environments (``SyncVectorEnv``).
       hidden: width of the two hidden layers of the actor and of each critic.
@@ -231,9 +231,8 @@ _CONTROLLER_DEFAULTS = {
 }
 
 
-def _train_chunks(st, first, n_chunks, mngr, kit, base_key, *, seed, n_envs,
-                  batch_size, start_steps, episode_steps, command_every, ctrl_cost,
-                  terminate_flipped,
+def _train_chunks(st, first, n_chunks, mngr, kit, base_key, *, seed, n_envs, batch_size,
+                  start_steps, episode_steps, command_every, ctrl_cost, terminate_flipped,
                   chunk_steps, progress):  # fmt: skip
     import gymnasium as gym
     import jax
@@ -426,7 +425,7 @@ def antmaze_dataset(
     """Returns the AntMaze-UMaze oracle data set, generating and caching it on first use.
 
     The controller comes from :func:`train_ant_controller` (``controller_kwargs``), itself
-    cached: the first call trains it (about 35 min of one CPU core at the defaults).
+    cached: the first call trains it (28 min wall on the 2-core CPU at the defaults).
 
     Args:
       n_transitions, seed, noise_std, random_action_frac, reset_flipped: see
