@@ -45,9 +45,9 @@ alpha 0.1, 0.20 / 52.8; the PoE return over alphas 0, 0.1, ..., 1 is 0.41, 52.8,
 19.9, 12.1, 8.25), additive at the same alpha 0.20 / 160.9, CQL-guided 0.40 / 38.9. With the
 degraded and random priors the selector picks alpha 0.00 / 0.04 and stays at the actor's
 floor (0.42 / 0.50), as the paper says; prior-only is 0.21 / 0.31. The incompetent actor
-gains little from the good prior below alpha = 1 (at most 3.6, at alpha 0.75). With 5 episodes per method one success moves a
-return by about 30 (return standard error 4.5 on average), so these are single-episode
-effects, not estimates.
+gains little from the good prior below alpha = 1 (at most 3.6, at alpha 0.75). With 5
+episodes per method one success moves a return by about 30 (return standard error 4.5 on
+average), so these are single-episode effects, not estimates.
 """
 
 from __future__ import annotations
