@@ -51,6 +51,15 @@ Runtime:  --quick (20k transitions, 64-wide networks, 2000 updates each for IQL,
           IQL guide, 5000 for the CQL guide and the successor features, 10 episodes per
           method, 124 methods): 773 s of CPU (user+sys), 19.9 min wall at load ~6, peak
           memory 1.7 GB (session 4; 883 s, 29.5 min at load ~9 in session 3, same summary).
+          ``--seed 1`` / ``--seed 2``: 13.0 / 7.9 min wall at load ~3 / ~1 (session 5).
+
+Seeds 0, 1, 2 (full; mean +- sd of the return over seeds; session 5): competent actor 95.3 +-
+9.8 (success 0.0 / 0.6 / 0.2); with the good prior the KL-budget alpha is 0.86 / 0.81 / 0.87
+and returns 123.8 +- 2.5 against the oracle alpha (1.0 in every seed) 129.3 +- 2.6; degraded
+prior: alpha 0.00 / 0.60 / 0.00, 92.1 +- 14.2 (oracle 112.3 +- 12.8, prior-only 98.0 +- 5.3);
+random prior: alpha 0.69 / 0.02 / 0.56, 83.8 +- 23.3 (prior-only 41.0 +- 34.2, additive at
+the same alpha 86.4 +- 12.0). CQL-guided 106.2 +- 5.7 (incompetent actor: 121.4 +- 13.8, the
+best row for that actor). Scripted oracle 203.1 +- 1.9.
 
 summary.json keys (Q in good / degraded / random; every key also exists with the prefix
 ``incompetent_`` for the incompetent actor):
