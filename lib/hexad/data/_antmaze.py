@@ -86,11 +86,6 @@ def ant_command_features(obs: np.ndarray, command: np.ndarray) -> np.ndarray:
     return np.concatenate([obs, np.cos(rel)[:, None], np.sin(rel)[:, None]], 1).astype(np.float32)
 
 
-def _check_int(name: str, v, lo: int = 1) -> None:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-        raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
-
-
 def _sac(hidden: int, lr: float):
     return _orl._sac_kit(ANT_INPUT_DIM, ANT_ACT_DIM, hidden, lr)
 
@@ -167,8 +162,8 @@ def train_ant_controller(
     for name, v in (("total_steps", total_steps), ("n_envs", n_envs), ("hidden", hidden),
                     ("batch_size", batch_size), ("episode_steps", episode_steps),
                     ("command_every", command_every), ("chunk_steps", chunk_steps)):  # fmt: skip
-        _check_int(name, v)
-    _check_int("start_steps", start_steps, 0)
+        _orl._check_int(name, v)
+    _orl._check_int("start_steps", start_steps, 0)
     if chunk_steps % n_envs or total_steps % chunk_steps:
         raise ValueError(
             f"chunk_steps, total_steps: expected chunk_steps a multiple of n_envs={n_envs} and "
@@ -388,13 +383,7 @@ def generate_antmaze(
       the fields of :func:`hexad.data.offline_rl.generate_pointmaze` with 29-d observations
       (x, y, then ``Ant-v5``'s 27), 8-d actions, ``infos/qpos [N, 15]``, ``infos/qvel [N, 14]``.
     """
-    _check_int("n_transitions", n_transitions)
-    _check_int("n_envs", n_envs)
-    _check_int("episode_steps", episode_steps, 2)
-    if not 0.0 <= random_action_frac <= 1.0:
-        raise ValueError(
-            f"random_action_frac: expected a value in [0, 1], got {random_action_frac}"
-        )
+    _orl._check_maze_args(n_transitions, n_envs, episode_steps, random_action_frac)
     if not noise_std >= 0:
         raise ValueError(f"noise_std: expected >= 0, got {noise_std}")
     geom = antmaze_geometry()

@@ -252,15 +252,7 @@ def generate_pointmaze(
     Returns:
       a dict with the fields listed in the module docstring, trajectories stored contiguously.
     """
-    if n_transitions < 1 or n_envs < 1 or episode_steps < 2:
-        raise ValueError(
-            f"n_transitions, n_envs, episode_steps: expected >= 1, 1, 2, got "
-            f"{n_transitions}, {n_envs}, {episode_steps}"
-        )
-    if not 0.0 <= random_action_frac <= 1.0:
-        raise ValueError(
-            f"random_action_frac: expected a value in [0, 1], got {random_action_frac}"
-        )
+    _check_maze_args(n_transitions, n_envs, episode_steps, random_action_frac)
     geom = MazeGeometry()
     env = _make_vec(n_envs, episode_steps, continuing_task=True, reset_target=True)
     out = _collect_maze(
@@ -273,6 +265,22 @@ def generate_pointmaze(
         random_action_frac,
     )
     return _maze_fields(out, task_goal, qpos=slice(0, 2), qvel=slice(2, 4))
+
+
+def _check_int(name: str, v, lo: int = 1) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+        raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
+
+
+def _check_maze_args(n_transitions, n_envs, episode_steps, random_action_frac) -> None:
+    """The checks every maze generator makes before it creates an env."""
+    _check_int("n_transitions", n_transitions)
+    _check_int("n_envs", n_envs)
+    _check_int("episode_steps", episode_steps, 2)
+    if not 0.0 <= random_action_frac <= 1.0:
+        raise ValueError(
+            f"random_action_frac: expected a value in [0, 1], got {random_action_frac}"
+        )
 
 
 def _collect_maze(
@@ -796,8 +804,7 @@ def generate_locomotion(
 
     _check_env_id(env_id)
     for name, v in (("total_steps", total_steps), ("n_envs", n_envs), ("n_per_level", n_per_level)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
+        _check_int(name, v)
     if snapshot_every < n_envs or snapshot_every % n_envs:
         raise ValueError(
             f"snapshot_every: expected a multiple of n_envs={n_envs}, got {snapshot_every}"
