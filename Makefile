@@ -20,8 +20,13 @@ $(STAMP): pyproject.toml constraints.txt
 demo: venv
 	$(PY) -m experiments.demo
 
+# The suite and the library's docstring examples in one run (`--doctest-modules` also imports
+# each test module as a doctest module; they hold no examples, so nothing more runs).
+TEST_PATHS ?= tests lib/hexad
+
 test: venv
-	OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile $(PYTEST_ARGS); rc=$$?; \
+	OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --doctest-modules \
+	  $(PYTEST_ARGS) $(TEST_PATHS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "no tests collected: not a failure"; exit 0; fi; exit $$rc
 
 test-slow: venv

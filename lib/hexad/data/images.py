@@ -262,7 +262,16 @@ def load_cifar10(path: str | os.PathLike, split: str = "train") -> ImageSet:
     Returns:
       ``x`` of shape ``[n, 32, 32, 3]`` float32 in [0, 1], ``y`` of shape ``[n]``.
 
-    >>> load_cifar10("cifar-10-batches-bin", "test")  # doctest: +SKIP
+    A one-image test batch written in the binary format (a label byte, then 3072 pixel bytes
+    in channel-major order) reads back as one image:
+
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> record = bytes([3]) + bytes(range(256)) * 12
+    >>> _ = (root / "test_batch.bin").write_bytes(record)
+    >>> d = load_cifar10(root, "test")
+    >>> d.x.shape, d.y.tolist(), d.class_names[3]
+    ((1, 32, 32, 3), [3], 'cat')
     """
     root = Path(path)
     if not root.is_dir():
@@ -290,7 +299,11 @@ def load_cifar10(path: str | os.PathLike, split: str = "train") -> ImageSet:
 def read_ppm(path: str | os.PathLike) -> np.ndarray:
     """Reads a binary PPM (P6) file into a ``[H, W, 3]`` uint8 (or uint16) array.
 
-    >>> read_ppm("00000_00000.ppm")  # doctest: +SKIP
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "00000_00000.ppm"
+    >>> _ = path.write_bytes(b"P6\\n# a comment\\n2 1\\n255\\n" + bytes([255, 0, 0, 0, 0, 255]))
+    >>> read_ppm(path).tolist()
+    [[[255, 0, 0], [0, 0, 255]]]
     """
     data = Path(path).read_bytes()
     if data[:2] != b"P6":
@@ -330,7 +343,12 @@ def read_ppm(path: str | os.PathLike) -> np.ndarray:
 def write_ppm(path: str | os.PathLike, img: np.ndarray) -> None:
     """Writes a ``[H, W, 3]`` uint8 array as a binary PPM (P6) file (for tests and tools).
 
-    >>> write_ppm("x.ppm", np.zeros((2, 2, 3), np.uint8))  # doctest: +SKIP
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "x.ppm"
+    >>> img = np.arange(12, dtype=np.uint8).reshape(2, 2, 3)
+    >>> write_ppm(path, img)
+    >>> bool((read_ppm(path) == img).all())
+    True
     """
     img = np.asarray(img)
     if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8:
@@ -356,7 +374,18 @@ def load_gtsrb(path: str | os.PathLike, size: int = 32, crop_roi: bool = True) -
       ``x`` of shape ``[n, size, size, 3]`` float32 in [0, 1], ``y`` of shape ``[n]``;
       ``num_classes`` is 43 (the GTSRB classes).
 
-    >>> load_gtsrb("GTSRB/Final_Training/Images", size=32)  # doctest: +SKIP
+    One class folder with one 4 x 4 image whose annotated box is its top-left 2 x 2 corner:
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp()) / "00014"
+    >>> folder.mkdir()
+    >>> write_ppm(folder / "00000_00000.ppm", np.full((4, 4, 3), 255, np.uint8))
+    >>> header = "Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2;ClassId"
+    >>> row = "00000_00000.ppm;4;4;0;0;1;1;14"
+    >>> _ = (folder / "GT-00014.csv").write_text(header + "\\n" + row + "\\n")
+    >>> d = load_gtsrb(folder.parent, size=8)
+    >>> d.x.shape, d.y.tolist(), float(d.x.min()), d.num_classes
+    ((1, 8, 8, 3), [14], 1.0, 43)
     """
     root = Path(path)
     if not root.is_dir():
