@@ -37,11 +37,13 @@ def test_fit_durability_model_from_simulated_writers(key):
     assert abs(float(model.sigma) - sigma) < 0.01
     # The fitted Gumbel tail and the exact max-of-lognormals quantile agree on the p50/p90 of
     # the slowest writer. The Gumbel is only the limit law (normal maxima converge like
-    # 1 / log n); at n = 16 the fitted tail is 3.6% high at p90 with this key: allow 5%.
+    # 1 / log n). Measured over keys 0..19 x {default, AVX2, SSE4_2} ISAs (identical): the
+    # fitted tail is -1.24% +- 0.16% (sd) off at p50 (worst -1.48%) and +3.66% +- 0.40% at
+    # p90 (worst +4.63%); allow 6.5%, 7 sd beyond the p90 mean.
     for p in (0.5, 0.9):
         g = float(model.gumbel_loc - model.gumbel_scale * jnp.log(-jnp.log(p)))
         exact = float(cachex.pfs_time_quantile(model.mu, model.sigma, n, p, c))
-        assert np.exp(g) == pytest.approx(exact, rel=0.05)
+        assert np.exp(g) == pytest.approx(exact, rel=0.065)
 
 
 def test_quantile_matches_monte_carlo(key):
