@@ -146,3 +146,138 @@ def test_fast_arccos_matches_float64():
     # jnp.arccos itself is 2.5e-7 off at float32; a few ulps of pi is 5e-7
     np.testing.assert_allclose(got, ref, atol=5e-7, rtol=3e-7)
     assert np.isfinite(jax.grad(fast_arccos)(jnp.float32(1 - 1.2e-7)))
+
+
+# --------------------------------------------------------------------------------------------
+# Non-finite inputs propagate (issue 15): no guard may turn a NaN/inf into a plausible number.
+# --------------------------------------------------------------------------------------------
+
+NONFINITE_MANIFOLDS = [Euclidean(3), Sphere(3), Torus(2), Product((Sphere(3), Torus(2)))]
+
+
+def _two_points(m):
+    x = m.random_uniform(jax.random.key(3), (2,)) if not isinstance(m, Euclidean) else None
+    if x is None:
+        x = jnp.array([[0.3, -0.2, 0.5], [0.1, 0.4, -0.6]])
+    return x[0], x[1]
+
+
+@jax.jit
+def _all_ops(m, x, y, v):
+    """Every point-wise and vectorised method, with the bad coordinate in ``x`` or ``v``."""
+    w = jnp.ones((1, 1))
+    return {
+        "dist(x, y)": m.dist(x, y),
+        "dist(y, x)": m.dist(y, x),
+        "sqdist": m.sqdist(x, y),
+        "log(x, y)": m.log(x, y),
+        "log(y, x)": m.log(y, x),
+        "exp(x, 0)": m.exp(x, jnp.zeros_like(v)),
+        "exp(y, v)": m.exp(y, v),
+        "geodesic(y, v)": m.geodesic(y, v, jnp.float32(0.5))[0],
+        "pairwise_sqdist": m.pairwise_sqdist(x[None], y[None]),
+        "pairwise_sqdist^T": m.pairwise_sqdist(y[None], x[None]),
+        "weighted_log(x)": m.weighted_log(x[None], w, y[None]),
+        "weighted_log(y)": m.weighted_log(y[None], w, x[None]),
+        "manifold_error": m.manifold_error(x),
+        "proj": m.proj(x),
+    }
+
+
+def test_sphere_dist_of_nan_is_nan():
+    # the issue's example: the double-where in the safe norm used to return 0.0
+    d = Sphere(2).dist(jnp.array([jnp.nan, 0.0, 1.0]), jnp.array([0.0, 0.0, 1.0]))
+    assert np.isnan(float(d))
+    d = Sphere(3).dist(jnp.array([jnp.nan, 0.0, 1.0]), jnp.array([0.0, 0.0, 1.0]))
+    assert np.isnan(float(d))
+    # atan2(inf, inf) = pi / 4 used to give a plausible pi / 2
+    d = Sphere(3).dist(jnp.array([jnp.inf, 0.0, 1.0]), jnp.array([0.0, 0.0, 1.0]))
+    assert not np.isfinite(float(d))
+
+
+@pytest.mark.parametrize("m", NONFINITE_MANIFOLDS, ids=lambda m: type(m).__name__ + str(m.dim))
+def test_nonfinite_inputs_give_nonfinite_outputs(m):
+    x, y = _two_points(m)
+    for bad in (jnp.nan, jnp.inf, -jnp.inf):
+        out = _all_ops(m, x.at[0].set(bad), y, jnp.zeros(m.dim).at[0].set(bad))
+        for name, val in out.items():
+            val = np.asarray(val)
+            if name == "manifold_error" and isinstance(m, Euclidean):
+                continue  # every point is on R^d
+            if np.isnan(bad):
+                assert np.any(np.isnan(val)), (name, bad, val)
+            else:
+                assert not np.all(np.isfinite(val)), (name, bad, val)
+
+
+@jax.jit
+def _zero_grads(m, x):
+    v0 = jnp.zeros(m.dim)
+    return [
+        jax.grad(lambda a: m.dist(a, x))(x),
+        jax.grad(lambda a: m.dist(x, a))(x),
+        jax.grad(lambda a: m.sqdist(a, x))(x),
+        jax.grad(lambda a: jnp.sum(m.log(x, a)))(x),
+        jax.grad(lambda a: jnp.sum(m.exp(x, a)))(v0),
+        jax.grad(lambda a: jnp.sum(m.geodesic(x, a, 0.5)[0]))(v0),
+        jax.grad(lambda a: jnp.sum(m.pairwise_sqdist(a[None], x[None])))(x),
+    ]
+
+
+@pytest.mark.parametrize("m", NONFINITE_MANIFOLDS, ids=lambda m: type(m).__name__ + str(m.dim))
+def test_gradients_finite_at_zero_distance_and_zero_tangent(m):
+    x, _ = _two_points(m)
+    grads = _zero_grads(m, x)
+    for g in grads:
+        assert bool(jnp.all(jnp.isfinite(g))), g
+    # d(x, x) is 0 with a zero (sub)gradient, not a NaN from sqrt'(0)
+    np.testing.assert_allclose(grads[0], 0.0, atol=1e-6)
+
+
+def test_safe_helpers_propagate_nan_and_keep_zero_gradients():
+    from hexad.geometry._manifolds import _clip_cos, _safe_norm, _safe_sqrt, _sinc, fast_arccos
+
+    @jax.jit
+    def run(nan, inf):
+        one = jnp.ones_like(nan)
+        return {
+            "sqrt(nan)": _safe_sqrt(nan),
+            "sqrt(inf)": _safe_sqrt(inf),
+            "sqrt(-1)": _safe_sqrt(-one),
+            "sqrt(4)": _safe_sqrt(4.0 * one),
+            "norm(nan)": _safe_norm(jnp.stack([nan, 0.0 * one])),
+            "norm(inf)": _safe_norm(jnp.stack([inf, 0.0 * one])),
+            "norm(3, 4)": _safe_norm(jnp.stack([3.0 * one, 4.0 * one])),
+            "sinc(nan)": _sinc(nan),
+            "sinc(inf)": _sinc(inf),
+            "arccos(nan)": fast_arccos(nan),
+            "arccos(2)": fast_arccos(2.0 * one),  # like arccos outside [-1, 1]
+            "clip(nan)": _clip_cos(nan),
+            "clip(inf)": _clip_cos(inf),
+            "clip(-inf)": _clip_cos(-inf),
+            "clip(1.5)": _clip_cos(1.5 * one),
+            # the double-where's purpose: a zero (not NaN) gradient at exactly zero
+            "norm'(0)": jax.grad(_safe_norm)(jnp.zeros(3)),
+            "sqrt'(0)": jax.grad(_safe_sqrt)(0.0 * one),
+            "sinc'(0)": jax.grad(_sinc)(0.0 * one),
+        }
+
+    out = {k: np.asarray(v) for k, v in run(jnp.float32(jnp.nan), jnp.float32(jnp.inf)).items()}
+    for k in ("sqrt(nan)", "norm(nan)", "sinc(nan)", "sinc(inf)", "arccos(nan)", "arccos(2)"):
+        assert np.isnan(out[k]), k
+    for k in ("clip(nan)", "clip(inf)", "clip(-inf)"):
+        assert np.isnan(out[k]), k
+    assert out["sqrt(inf)"] == math.inf and out["norm(inf)"] == math.inf
+    assert out["sqrt(-1)"] == 0.0  # sqrt(max(s, 0))
+    assert out["sqrt(4)"] == 2.0 and out["norm(3, 4)"] == 5.0
+    assert out["clip(1.5)"] == np.float32(1.0) - np.finfo(np.float32).eps
+    for k in ("norm'(0)", "sqrt'(0)", "sinc'(0)"):
+        np.testing.assert_array_equal(out[k], 0.0, err_msg=k)
+
+
+def test_vmf_nan_kappa_terminates_with_nan(fast_compile):
+    # Wood's rejection loop used to reject a NaN forever (NaN >= log u is False): a hang.
+    x = jax.jit(lambda k: Sphere(5).random_vmf(jax.random.key(0), jnp.eye(5)[0], k, (2,)))(
+        jnp.float32(jnp.nan)
+    )
+    assert bool(jnp.all(jnp.isnan(x)))

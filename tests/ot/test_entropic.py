@@ -16,6 +16,7 @@ from hexad.geometry import Euclidean, Sphere, Torus
 from hexad.ot import (
     EntropicMap,
     SqGeodesic,
+    barycentric_tangent,
     entropic_map,
     mccann_interpolation,
     sinkhorn_divergence,
@@ -191,7 +192,38 @@ def test_bad_input_is_named():
         solver(x, x, None, np.zeros(4, np.float32))
     with pytest.raises(ValueError, match="a: expected finite"):
         solver(x, x, np.array([1.0, np.nan, 1.0, 1.0], np.float32))
+    for bad in (np.nan, np.inf):
+        with pytest.raises(ValueError, match="x: expected finite values"):
+            solver(np.where(np.arange(3) == 0, bad, x).astype(np.float32), x)
     with pytest.raises(ValueError, match="epsilon"):
         EntropicMap(S2, epsilon=0.0)(x, x)
     with pytest.raises(ValueError, match="tangent"):
         mccann_interpolation(S2, x, x[:2], 0.5)
+
+
+@jax.jit
+def _costs(m, xb, pts):
+    cost = SqGeodesic(m)
+    return cost.all_pairs(xb, pts)[0], cost.all_pairs(pts, xb)[:, 0], cost(xb[0], pts[1])
+
+
+def test_nonfinite_costs_and_weights_propagate():
+    # Under a trace the boundary checks cannot see values: a NaN/inf point must give a NaN
+    # cost, never a plausible one (clip(inf) = 1 - eps was a near-zero sphere cost).
+    x = S2.random_uniform(jax.random.key(1), (3,))
+    for m, pts in ((S2, x), (Torus(2), x[:, :2]), (Euclidean(3), x)):
+        for bad in (jnp.nan, jnp.inf):
+            for c in _costs(m, pts.at[0, 0].set(bad), pts):
+                assert not bool(jnp.any(jnp.isfinite(c))), (m, bad, c)
+    # barycentric weights: a zero target weight is padding, a NaN one is not
+    bt = jax.jit(lambda b: barycentric_tangent(S2, x, x, b, jnp.zeros(3), 0.1))
+    assert bool(jnp.all(jnp.isfinite(bt(jnp.array([1.0, 1.0, 0.0])))))
+    assert bool(jnp.all(jnp.isnan(bt(jnp.array([1.0, jnp.nan, 1.0])))))
+
+
+def test_sinkhorn_w2_of_nan_is_nan():
+    # sqrt(max(S, 0)) through ``where(S > 0, ...)`` read a NaN divergence as W2 = 0
+    x = S2.random_uniform(jax.random.key(2), (4,))
+    w2 = jax.jit(lambda a, b: sinkhorn_w2(S2, a, b, max_iterations=20))
+    assert bool(jnp.isnan(w2(x.at[1, 0].set(jnp.nan), x)))
+    assert 0.0 <= float(w2(x, x)) < 1e-2

@@ -41,11 +41,20 @@ def wrap_angle(a: Array) -> Array:
     return jnp.mod(a + math.pi, 2.0 * math.pi) - math.pi
 
 
+def _safe_sqrt(sq: Array) -> Array:
+    """``sqrt(max(sq, 0))`` with a finite gradient (zero) at ``sq <= 0`` (double-where trick).
+
+    The guard tests ``sq <= 0`` rather than ``sq > 0`` so that a NaN takes the ``sqrt``
+    branch and propagates: a NaN compares False, and ``where(sq > 0, ..., 0)`` would turn it
+    into a valid-looking zero.
+    """
+    zero = sq <= 0.0
+    return jnp.where(zero, 0.0, jnp.sqrt(jnp.where(zero, 1.0, sq)))
+
+
 def _safe_norm(v: Array, axis: int = -1, keepdims: bool = False) -> Array:
-    """Euclidean norm with a finite gradient (zero) at ``v = 0`` (double-where trick)."""
-    sq = jnp.sum(v * v, axis=axis, keepdims=keepdims)
-    pos = sq > 0.0
-    return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), 0.0)
+    """Euclidean norm with a finite gradient (zero) at ``v = 0``; NaN and inf propagate."""
+    return _safe_sqrt(jnp.sum(v * v, axis=axis, keepdims=keepdims))
 
 
 def _sinc(x: Array) -> Array:
@@ -227,11 +236,13 @@ class Sphere(Manifold):
         u = y - c * x
         nu = _safe_norm(u, keepdims=True)
         theta = jnp.arctan2(nu, c)
-        pos = nu > 0.0
-        return jnp.where(pos, theta / jnp.where(pos, nu, 1.0), 0.0) * u
+        zero = nu == 0.0  # not ``~(nu > 0)``: a NaN must take the division and propagate
+        return jnp.where(zero, 0.0, theta / jnp.where(zero, 1.0, nu)) * u
 
     def dist(self, x: Array, y: Array) -> Array:
-        return 2.0 * jnp.arctan2(_safe_norm(x - y), _safe_norm(x + y))
+        a, b = _safe_norm(x - y), _safe_norm(x + y)
+        # atan2(inf, inf) = pi/4: an infinite coordinate would give a plausible pi/2.
+        return jnp.where(jnp.isinf(a) | jnp.isinf(b), jnp.nan, 2.0 * jnp.arctan2(a, b))
 
     def sqdist(self, x: Array, y: Array) -> Array:
         return jnp.square(self.dist(x, y))
@@ -247,8 +258,7 @@ class Sphere(Manifold):
     def _cos_theta(self, x: Array, y: Array) -> tuple[Array, Array]:
         # Clipping one float32 ulp inside [-1, 1] keeps arccos's gradient finite where points
         # coincide (ott-jax differentiates the cost for DualPotentials.transport).
-        eps = jnp.finfo(jnp.result_type(x, y)).eps
-        c = jnp.clip(x @ y.T, -1.0 + eps, 1.0 - eps)
+        c = _clip_cos(x @ y.T)
         return c, fast_arccos(c)
 
     def pairwise_sqdist(self, x: Array, y: Array) -> Array:
@@ -261,8 +271,7 @@ class Sphere(Manifold):
         if sqdist is None:
             c, theta = self._cos_theta(x, y)
         else:
-            eps = jnp.finfo(jnp.result_type(x, y)).eps
-            c = jnp.clip(x @ y.T, -1.0 + eps, 1.0 - eps)
+            c = _clip_cos(x @ y.T)
             theta = jnp.sqrt(sqdist)
         s = theta / jnp.sqrt(1.0 - c * c)
         ws = w * s
@@ -315,6 +324,16 @@ class Sphere(Manifold):
         return self.proj(x).reshape(*shape, self.dim)
 
 
+def _clip_cos(c: Array) -> Array:
+    """Cosines clipped one ulp inside ``[-1, 1]``; NaN stays NaN and +-inf becomes NaN.
+
+    ``clip`` alone would map an infinite inner product (an infinite coordinate) to ``1 - eps``,
+    a plausible near-zero distance.
+    """
+    eps = jnp.finfo(c.dtype).eps
+    return jnp.where(jnp.isinf(c), jnp.nan, jnp.clip(c, -1.0 + eps, 1.0 - eps))
+
+
 def _wood_w(key: Array, kappa: Array, dim: int) -> Array:
     """Wood's rejection sampler for the vMF cosine on ``S^{dim-1}``."""
     m1 = dim - 1.0
@@ -331,7 +350,9 @@ def _wood_w(key: Array, kappa: Array, dim: int) -> Array:
         z = jax.random.beta(kb, m1 / 2.0, m1 / 2.0)
         u = jax.random.uniform(ku)
         w = (1.0 - (1.0 + b) * z) / (1.0 - (1.0 - b) * z)
-        ok = kappa * w + m1 * jnp.log(1.0 - x0 * w) - c >= jnp.log(u)
+        # ``~(lhs < log u)``, not ``lhs >= log u``: a NaN (NaN kappa) must end the loop, with
+        # a NaN ``w``, instead of being rejected forever.
+        ok = ~(kappa * w + m1 * jnp.log(1.0 - x0 * w) - c < jnp.log(u))
         return k, w, ok
 
     return jax.lax.while_loop(cond, body, (key, jnp.float32(0.0), jnp.bool_(False)))[1]
@@ -478,9 +499,7 @@ class Product(Manifold):
         return self._sum("sqdist", x, y)
 
     def dist(self, x: Array, y: Array) -> Array:
-        sq = self.sqdist(x, y)
-        pos = sq > 0.0
-        return jnp.where(pos, jnp.sqrt(jnp.where(pos, sq, 1.0)), 0.0)
+        return _safe_sqrt(self.sqdist(x, y))
 
     def inner(self, x: Array, u: Array, v: Array) -> Array:
         return self._sum("inner", x, u, v)

@@ -89,8 +89,9 @@ def barycentric_tangent(
     Array([[2., 0.]], dtype=float32)
     """
     # ott-jax's log-domain potentials absorb the marginals (P_ij = exp((f_i + g_j - C_ij)/eps)),
-    # so g already carries eps * log(b_j); padded targets are masked explicitly.
-    bias = jnp.where(b > 0.0, g / epsilon, -jnp.inf)
+    # so g already carries eps * log(b_j); padded targets are masked explicitly. A NaN weight
+    # is not padding (NaN > 0 is False): it gives a NaN bias, hence NaN rows, not a silent mask.
+    bias = jnp.where(b > 0.0, g / epsilon, jnp.where(jnp.isnan(b), jnp.nan, -jnp.inf))
 
     def rows(xb: Array, cb: Array | None = None) -> Array:
         cb = manifold.pairwise_sqdist(xb, y) if cb is None else cb
@@ -335,8 +336,9 @@ def sinkhorn_w2(manifold: Any, x: Array, y: Array, a=None, b=None, **kwargs: Any
     True
     """
     div = sinkhorn_divergence(manifold, x, y, a, b, **kwargs)
-    pos = div > 0.0
-    return jnp.where(pos, jnp.sqrt(jnp.where(pos, div, 1.0)), 0.0)
+    # ``div <= 0``, not ``~(div > 0)``: a NaN divergence must stay NaN, not read as W2 = 0.
+    zero = div <= 0.0
+    return jnp.where(zero, 0.0, jnp.sqrt(jnp.where(zero, 1.0, div)))
 
 
 def _validate_pair(manifold: Any, x: Any, y: Any, a: Any, b: Any) -> None:

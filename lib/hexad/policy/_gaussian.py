@@ -276,7 +276,8 @@ def _bisect(kl_fn, budget, shape, n_iters: int, dtype) -> jax.Array:
     """Largest alpha in [0, 1] with ``kl_fn(alpha) <= budget`` (elementwise over ``shape``)."""
     lo = jnp.zeros(shape, dtype)
     hi = jnp.ones(shape, dtype)
-    full_ok = kl_fn(hi) <= budget
+    kl_hi = kl_fn(hi)
+    full_ok = kl_hi <= budget
 
     def body(_, lohi):
         lo, hi = lohi
@@ -286,7 +287,10 @@ def _bisect(kl_fn, budget, shape, n_iters: int, dtype) -> jax.Array:
 
     lo, _ = jax.lax.fori_loop(0, n_iters, body, (lo, hi))
     # lo is always feasible (KL(0) = 0 <= budget); alpha = 1 wins when it is itself feasible.
-    return jnp.where(full_ok, hi, lo)
+    # A NaN KL or budget (NaN inputs under a trace) compares False and would bisect down to a
+    # valid-looking alpha = 0: return NaN there instead.
+    nan = jnp.isnan(kl_hi) | jnp.isnan(budget)
+    return jnp.where(nan, jnp.nan, jnp.where(full_ok, hi, lo))
 
 
 def _check_budget(budget) -> None:

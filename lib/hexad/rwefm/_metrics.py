@@ -74,7 +74,10 @@ def one_nn_accuracy(d_xx: Array, d_yy: Array, d_xy: Array) -> Array:
     dyy = d_yy + jnp.where(jnp.eye(m, dtype=bool), big, 0.0)
     x_ok = jnp.min(dxx, axis=1) < jnp.min(d_xy, axis=1)
     y_ok = jnp.min(dyy, axis=1) < jnp.min(d_xy, axis=0)
-    return (jnp.sum(x_ok) + jnp.sum(y_ok)) / (n + m)
+    acc = (jnp.sum(x_ok) + jnp.sum(y_ok)) / (n + m)
+    # A NaN distance compares False (a silent misclassification): report NaN instead.
+    nan = jnp.isnan(jnp.sum(d_xx) + jnp.sum(d_yy) + jnp.sum(d_xy))
+    return jnp.where(nan, jnp.nan, acc)
 
 
 def mmd(d_xx: Array, d_yy: Array, d_xy: Array, bandwidth: Array | float | None = None) -> Array:
