@@ -95,6 +95,7 @@ def degrade_params(key, params: Any, scale: float) -> Any:
     out = []
     for k, x in zip(keys, leaves, strict=True):
         spread = jnp.std(x) if x.size > 1 else jnp.abs(x).mean()
-        spread = jnp.where(spread > 0, spread, 1.0)
+        # only an exactly constant leaf falls back to unit noise; a NaN spread stays NaN
+        spread = jnp.where(spread == 0, 1.0, spread)
         out.append(x + scale * spread * jax.random.normal(k, x.shape, x.dtype))
     return jax.tree.unflatten(treedef, out)
