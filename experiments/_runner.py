@@ -49,10 +49,18 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "ConfigError",
     "Context",
     "Study",
     "apply_overrides",
+    "at_least",
+    "check_chains",
+    "in_range",
+    "in_unit",
+    "one_of",
     "parse_set",
+    "positive",
+    "require",
     "to_jsonable",
 ]
 
@@ -64,6 +72,101 @@ def checkpoint_root() -> Path:
     else the repository's ``checkpoints/``."""
     env = os.environ.get("HEXAD_CHECKPOINTS")
     return Path(env) if env else REPO_ROOT / "checkpoints"
+
+
+# --------------------------------------------------------------------------------------------
+# Config ranges: each study's Config checks its fields in ``__post_init__`` with these helpers
+# --------------------------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A config field outside its range. ``keys`` names the field(s) the message is about."""
+
+    def __init__(self, keys: str | tuple[str, ...], message: str):
+        super().__init__(message)
+        self.keys = (keys,) if isinstance(keys, str) else tuple(keys)
+
+
+def _each(value: Any) -> tuple:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
+def _check(cfg: Any, names: tuple[str, ...], ok: Callable[[Any], bool], expected: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if value is None:  # an optional field left unset
+            continue
+        if not all(ok(v) for v in _each(value)):
+            each = "each entry of " if isinstance(value, (tuple, list)) else ""
+            raise ConfigError(name, f"{each}{name} must be {expected}, got {value!r}")
+
+
+def at_least(cfg: Any, lo: float, *names: str) -> None:
+    """Checks ``getattr(cfg, name) >= lo`` for each name (each entry of a tuple field).
+
+    Use ``lo=1`` for counts and sizes, ``lo=0`` for non-negative amounts.
+
+    >>> import dataclasses
+    >>> @dataclasses.dataclass(frozen=True)
+    ... class C:
+    ...     n: int = 0
+    >>> at_least(C(), 1, "n")
+    Traceback (most recent call last):
+    ...
+    experiments._runner.ConfigError: n must be >= 1, got 0
+    """
+    _check(cfg, names, lambda v: v >= lo, f">= {lo}")
+
+
+def positive(cfg: Any, *names: str) -> None:
+    """Checks ``getattr(cfg, name) > 0`` for each name (learning rates, scales, temperatures)."""
+    _check(cfg, names, lambda v: v > 0, "> 0")
+
+
+def in_range(
+    cfg: Any, lo: float, hi: float, *names: str, lo_open: bool = False, hi_open: bool = False
+) -> None:
+    """Checks that each named field lies in the interval from ``lo`` to ``hi`` (closed unless
+    ``lo_open``/``hi_open``)."""
+    text = f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+    _check(
+        cfg,
+        names,
+        lambda v: (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi),
+        text,
+    )
+
+
+def in_unit(cfg: Any, *names: str, lo_open: bool = False, hi_open: bool = False) -> None:
+    """Checks that each named field is a probability or fraction in ``[0, 1]``."""
+    in_range(cfg, 0, 1, *names, lo_open=lo_open, hi_open=hi_open)
+
+
+def one_of(cfg: Any, choices: Iterable[Any], *names: str) -> None:
+    """Checks that each named field (each entry of a tuple field) is one of ``choices``."""
+    choices = tuple(choices)
+    _check(cfg, names, lambda v: v in choices, f"one of {list(choices)}")
+
+
+def check_chains(cfg: Any) -> None:
+    """The ranges of the Pref-MH studies' chain settings (``num_chains``, ``num_steps``,
+    ``burn_in``, ``chunk_size``), as :func:`hexad.prefmh.run_chains` needs them."""
+    at_least(cfg, 1, "num_chains", "num_steps", "chunk_size")
+    at_least(cfg, 0, "burn_in")
+    n, b, c = cfg.num_steps, cfg.burn_in, min(cfg.chunk_size, cfg.num_steps)
+    require(b < n, ("burn_in", "num_steps"), f"burn_in must be < num_steps, got {b} >= {n}")
+    require(
+        n % c == 0 and b % c == 0,
+        ("num_steps", "burn_in", "chunk_size"),
+        f"num_steps and burn_in must be multiples of chunk_size, got {n}, {b} and {c}",
+    )
+
+
+def require(ok: bool, keys: str | tuple[str, ...], message: str) -> None:
+    """Raises :class:`ConfigError` about ``keys`` with ``message`` unless ``ok`` (for checks
+    that tie fields together, such as ``burn_in < num_steps``)."""
+    if not ok:
+        raise ConfigError(keys, message)
 
 
 # --------------------------------------------------------------------------------------------
@@ -177,6 +280,7 @@ def apply_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
         if isinstance(v, float) and not math.isfinite(v):
             raise ValueError(f"config key {k!r}: expected a finite number, got {v!r}")
         changes[k] = v
+    # The config's __post_init__ checks the ranges (ConfigError naming the field).
     return dataclasses.replace(config, **changes)
 
 
@@ -343,12 +447,23 @@ class Study:
         return p
 
     def make_config(self, quick: bool = False, overrides: Mapping[str, Any] | None = None):
-        """Returns the default config with the ``--quick`` overrides and then ``overrides``."""
+        """Returns the default config with the ``--quick`` overrides and then ``overrides``.
+
+        Each step builds the config anew, so its ``__post_init__`` checks the ranges; a value
+        out of range raises :class:`ConfigError` naming the ``--set`` item that caused it,
+        e.g. ``--set num_chains=-4: num_chains must be >= 1, got -4``.
+        """
         cfg = self.config_cls()
         if quick:
             cfg = apply_overrides(cfg, self.quick)
         if overrides:
-            cfg = apply_overrides(cfg, overrides)
+            try:
+                cfg = apply_overrides(cfg, overrides)
+            except ConfigError as e:
+                named = [k for k in e.keys if k in overrides] or list(overrides)
+                shown = {k: v if isinstance(v, str) else repr(v) for k, v in overrides.items()}
+                items = " ".join(f"--set {k}={shown[k]}" for k in named)
+                raise ConfigError(e.keys, f"{items}: {e}") from None
         return cfg
 
     def execute(

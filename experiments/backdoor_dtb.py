@@ -130,6 +130,20 @@ class Config:
     detectors: tuple[str, ...] = ("ac", "ss")
     defense_steps: int = 100
 
+    def __post_init__(self):
+        _runner.one_of(self, ("cnn", "preact"), "model")
+        _runner.at_least(self, 8, "size")  # load_digits upsamples the 8x8 digits
+        _runner.at_least(self, 1, "widths", "hidden", "groups", "train_steps", "batch_size")
+        _runner.at_least(self, 1, "dtb_steps", "rounds", "defense_steps")
+        _runner.at_least(self, 0, "inner_steps", "inner_batch", "inner_lr", "unlearn_weight")
+        _runner.at_least(self, 0, "w_hidden_post")
+        _runner.in_range(self, 0, 9, "decoy_target", "hidden_target")  # digit classes
+        _runner.in_unit(self, "poison_rate", "blend_alpha", "gate_tau")
+        _runner.in_unit(self, "inner_momentum", hi_open=True)
+        _runner.positive(self, "lr")
+        _runner.one_of(self, ("bounded", "ce"), "unlearn")
+        _runner.one_of(self, ("unrolled", "first_order"), "hypergrad")
+
 
 QUICK = {
     "size": 8,

@@ -99,6 +99,11 @@ class Config:
     contention: float = 0.5
     token: str = "cachex-bench"
 
+    def __post_init__(self):
+        _runner.at_least(self, 1, "n_ranks", "n_saves", "hidden", "pfs_writers")
+        _runner.at_least(self, 0, "save_interval_s", "pfs_latency_s", "pfs_sigma", "contention")
+        _runner.positive(self, "state_mib", "pfs_bandwidth")
+
 
 def _make_step(hidden: int):
     @jax.jit

@@ -27,7 +27,9 @@ compared with the truth, and ``C*_p(n)`` is computed against the stage-and-repli
 Runtime: ``--quick`` about 1 min on 2 CPU cores (1 run per fault); full about 4 min (5 runs;
 measured 3.5 min on 2 cores shared at load ~15).
 
-``--set faults=bit_flip,node_wiped`` restricts the faults.
+``--set faults=bit_flip,node_wiped`` restricts the faults. The faults that make a save fail on
+purpose (``neighbour_dead``, ``disk_full``) silence the ``absl`` logger while they strike, so
+orbax's ``Save Finalize thread failed`` error lines, expected there, are not printed.
 
 summary.json keys: ``fault_runs``, ``fault_exact_restores``, ``fault_corrupt_restores``,
 ``fault_steps_lost_vs_orbax`` (sum over runs of orbax's newest minus ours, floored at 0) and
@@ -41,8 +43,10 @@ for ``model_writers`` writers at p99, else 0). Plot: ``c_star.png``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
+import logging
 import shutil
 import signal
 import subprocess
@@ -87,6 +91,12 @@ class Config:
     contention: float = 0.5
     token: str = "cachex-durability"
 
+    def __post_init__(self):
+        _runner.one_of(self, FAULTS, "faults")
+        _runner.at_least(self, 1, "runs_per_fault", "n_good", "model_saves", "model_writers")
+        _runner.at_least(self, 0, "pfs_latency_s", "pfs_sigma", "contention")
+        _runner.positive(self, "state_mib_model", "pfs_bandwidth")
+
 
 def _complete_steps(local: Path, replica_root: Path | None, pfs: Path, rank: int = 0) -> set[int]:
     """Every step with a complete, fully verified copy in a reachable tier (brute force).
@@ -125,6 +135,21 @@ def _orbax_newest(local: Path) -> int:
                 except (_format.CorruptCheckpointError, OSError):
                     continue
     return best
+
+
+@contextlib.contextmanager
+def _injected_fault():
+    """Silences absl's log records (orbax's ``Save Finalize thread failed`` tracebacks) while a
+    fault injected on purpose makes a save fail: the failure is what the run then checks, not
+    a crash. Only the ``absl`` logger and only within this scope; other loggers are untouched.
+    """
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _flip(path: Path) -> None:
@@ -188,11 +213,12 @@ def _one_run(fault: str, run_dir: Path, seed: int, cfg: Config, t_stage: list) -
                 (local / "steps").mkdir()
             elif fault == "neighbour_dead":
                 server.stop()
-                m.save(n, state(seed, n))
-                try:
-                    m.wait_until_finished()
-                except Exception:  # noqa: BLE001 - the failed save is the fault under test
-                    pass
+                with _injected_fault():
+                    m.save(n, state(seed, n))
+                    try:
+                        m.wait_until_finished()
+                    except Exception:  # noqa: BLE001 - the failed save is the fault under test
+                        pass
             elif fault == "neighbour_slow":
                 server.delay_s = 0.5
                 m.save(n, state(seed, n))
@@ -205,11 +231,12 @@ def _one_run(fault: str, run_dir: Path, seed: int, cfg: Config, t_stage: list) -
 
                 _manager._format.write_encoded = full
                 try:
-                    m.save(n, state(seed, n))
-                    try:
-                        m.wait_until_finished()
-                    except Exception:  # noqa: BLE001 - the failed save is the fault under test
-                        pass
+                    with _injected_fault():
+                        m.save(n, state(seed, n))
+                        try:
+                            m.wait_until_finished()
+                        except Exception:  # noqa: BLE001 - the failed save is the fault under test
+                            pass
                 finally:
                     _manager._format.write_encoded = real
             elif fault == "truncated_file":

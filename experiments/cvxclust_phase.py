@@ -79,6 +79,16 @@ class Config:
     tol: float = 1e-4
     max_iters: int = 1500
 
+    def __post_init__(self):
+        _runner.at_least(self, 4, "n")
+        _runner.require(self.n % 2 == 0, "n", f"n must be even (two communities), got {self.n}")
+        _runner.at_least(self, 1, "d", "trials", "max_iters")
+        _runner.in_range(self, 2, self.n, "n_labeled")  # both classes keep a label
+        _runner.in_range(self, -1, 1, "dpq")  # p - q with p, q in [0, 1]
+        _runner.at_least(self, 0, "sep", "feature_scale", "beta")
+        _runner.in_unit(self, "label_noise")
+        _runner.positive(self, "mu_scale", "recovery_tol", "tol")
+
 
 def _draw(rng, cfg: Config, dpq: float, sep: float):
     n = cfg.n

@@ -127,6 +127,14 @@ class Config:
     lp_alpha: float = 0.99
     lr_cs: tuple[float, ...] = (0.1, 1.0, 10.0)
 
+    def __post_init__(self):
+        _runner.one_of(self, ("cora", "citeseer"), "datasets")
+        _runner.positive(self, "mu_scales", "joint_mu_scales", "tol", "cert_tol", "lr_cs")
+        _runner.at_least(self, 0, "feature_scale", "beta")
+        _runner.at_least(self, 1, "rank", "joint_rank", "max_iters")
+        _runner.in_range(self, 0, 2, "relaxation", lo_open=True, hi_open=True)
+        _runner.in_unit(self, "lp_alpha", hi_open=True)
+
 
 def label_propagation(edges, n: int, labels, labeled, num_classes: int, alpha: float):
     """Zhou et al. (2004) label spreading on an undirected edge list; returns ``[n]`` labels."""

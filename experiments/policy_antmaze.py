@@ -13,15 +13,21 @@ wall. Success is D4RL's antmaze criterion, coming within 0.45 of the goal at any
 ``episode_steps`` = 700-step episode; the return is the sum of exp(-distance) over the steps.
 
 Command:  python -m experiments.policy_antmaze [--quick] [--out DIR] [--seed N] [--set k=v]
-          The first run trains the ant controller (``controller_steps`` = 400k SAC steps, 28 min
-          wall on the 2-core CPU) and generates the data set (200k transitions); both are
-          cached, so later runs (``--quick`` included) only train the offline networks.
+          The first full run trains the ant controller (``controller_steps`` = 400k SAC steps,
+          28 min wall on the 2-core CPU; the ``controller_*`` fields are
+          ``train_ant_controller``'s settings) and generates the data set (200k transitions);
+          both are cached (named by every setting), so later full runs only train the offline
+          networks. ``--quick`` needs nothing cached: it trains a tiny, untrained controller
+          (64 SAC steps, 8 wide; seconds) and a small data set of its own, so its scripted
+          oracle is a flailing ant, not the real controller.
           ``--resume`` restores the frozen networks through hexad.cachex, as in PointMaze.
-Runtime:  --quick (PointMaze's quick sizes on the same cached data; 3 episodes per method):
-          236 s of CPU (user), 3.6 min wall at load ~1 (session 5). Full (the same sizes as
-          PointMaze's full: 10k updates for IQL, the prior and the IQL guide, 10 episodes per
-          method): 1231 s runtime, 20.5 min wall, 24.9 min of CPU, at load ~2 (session 5).
-          Both exclude the cached controller (28 min) and data set (2.3 min).
+Runtime:  --quick (10k transitions, 64-wide networks, 1000 updates each, 2 episodes of 300
+          steps per method) on an empty cache, the tiny controller and data included: 193 s of
+          CPU (user+sys), 8.1 min wall on a 2-core machine shared at load ~9 (session 6; the
+          controller and data took 72 s wall of it). Full (the same sizes as PointMaze's full:
+          10k updates for IQL, the prior and the IQL guide, 10 episodes per method): 1231 s
+          runtime, 20.5 min wall, 24.9 min of CPU, at load ~2 (session 5), excluding the cached
+          controller (28 min) and data set (2.3 min).
 
 summary.json keys: those of ``experiments.policy_pointmaze``.
 
@@ -68,13 +74,72 @@ class Config(pm.Config):
     noise_std: float = 0.2
     goal_shift: float = 4.0
     episode_steps: int = 700
+    # The SAC ant controller (hexad.data.offline_rl.train_ant_controller's settings; the
+    # defaults are its own, the real controller; its cache folder is named by all of them).
     controller_steps: int = 400_000
+    controller_chunk_steps: int = 50_000
+    controller_n_envs: int = 4
+    controller_hidden: int = 128
+    controller_batch_size: int = 256
+    controller_start_steps: int = 5000
+    controller_episode_steps: int = 200
+
+    def __post_init__(self):
+        super().__post_init__()
+        _runner.at_least(self, 1, "controller_steps", "controller_chunk_steps")
+        _runner.at_least(self, 1, "controller_n_envs", "controller_hidden")
+        _runner.at_least(self, 1, "controller_batch_size", "controller_episode_steps")
+        _runner.at_least(self, 0, "controller_start_steps")
+        steps, chunk, n = self.controller_steps, self.controller_chunk_steps, self.controller_n_envs
+        _runner.require(
+            chunk % n == 0 and steps % chunk == 0,
+            ("controller_chunk_steps", "controller_steps", "controller_n_envs"),
+            f"controller_chunk_steps must be a multiple of controller_n_envs={n} and "
+            f"controller_steps a multiple of controller_chunk_steps, got {chunk}, {steps}",
+        )
+
+    def controller_kwargs(self) -> dict:
+        """The keyword arguments of :func:`hexad.data.offline_rl.train_ant_controller`."""
+        return {
+            "total_steps": self.controller_steps,
+            "chunk_steps": self.controller_chunk_steps,
+            "n_envs": self.controller_n_envs,
+            "hidden": self.controller_hidden,
+            "batch_size": self.controller_batch_size,
+            "start_steps": self.controller_start_steps,
+            "episode_steps": self.controller_episode_steps,
+        }
+
+
+# --quick: a tiny, untrained controller (64 SAC steps, 8-wide; the tests' sizes) that trains in
+# seconds instead of the real one's 28 minutes, so --quick needs nothing cached.
+QUICK_CONTROLLER = {
+    "controller_steps": 64,
+    "controller_chunk_steps": 32,
+    "controller_n_envs": 4,
+    "controller_hidden": 8,
+    "controller_batch_size": 8,
+    "controller_start_steps": 16,
+    "controller_episode_steps": 20,
+}
+
+
+QUICK_SIZES = {
+    "n_transitions": 10_000,
+    "iql_steps": 1000,
+    "bc_steps": 1000,
+    "guide_iql_steps": 1000,
+    "guide_cql_steps": 1000,
+    "sf_steps": 1000,
+    "n_episodes": 2,
+    "episode_steps": 300,
+}
 
 
 def antmaze(cfg: Config, ctx: _runner.Context) -> pm.Maze:
     """The AntMaze data set, geometry, evaluator and scripted oracle (trained and cached on
     first use)."""
-    ckw = {"total_steps": cfg.controller_steps}
+    ckw = cfg.controller_kwargs()
     raw = D.antmaze_dataset(
         cfg.n_transitions,
         seed=ctx.seed,
@@ -96,8 +161,9 @@ STUDY = _runner.Study(
     "policy_antmaze",
     Config,
     run,
-    # PointMaze's --quick sizes, on the same (cached) 200k-transition data set.
-    quick={k: v for k, v in pm.STUDY.quick.items() if k != "n_transitions"},
+    # Smaller than PointMaze's --quick (the ant's simulation is the cost), with the tiny
+    # controller and a small data set of its own, so --quick needs nothing cached.
+    quick={**pm.STUDY.quick, **QUICK_CONTROLLER, **QUICK_SIZES},
     doc=__doc__,
 )
 

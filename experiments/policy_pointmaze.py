@@ -46,7 +46,8 @@ Command:  python -m experiments.policy_pointmaze [--quick] [--out DIR] [--seed N
 Runtime:  --quick (20k transitions, 64-wide networks, 2000 updates each for IQL, the
           goal-conditioned BC prior, the IQL and CQL guide critics and the successor
           features, 3 episodes per method): 77 s of CPU (user+sys), 1.8 min wall on a shared
-          2-core machine (load ~6, session 4).
+          2-core machine (load ~6, session 4). On an empty cache (the scripted data set takes
+          seconds to generate): 129 s of CPU, 4.3 min wall at load ~8 (session 6).
           Full (100k transitions, 256-wide networks, 10000 updates for IQL, the prior and the
           IQL guide, 5000 for the CQL guide and the successor features, 10 episodes per
           method, 124 methods): 773 s of CPU (user+sys), 19.9 min wall at load ~6, peak
@@ -134,6 +135,26 @@ class Config:
     sf_batch_size: int = 128
     sf_discount: float = 0.99
     sf_ridge: float = 1e-4
+
+    def __post_init__(self):
+        _runner.at_least(self, 1, "n_transitions", "hidden", "iql_steps", "incompetent_steps")
+        _runner.at_least(self, 1, "train_chunk", "bc_steps", "batch_size", "n_kl_states")
+        _runner.at_least(self, 1, "n_episodes", "episode_steps", "n_envs", "guide_iql_steps")
+        _runner.at_least(self, 1, "guide_cql_steps", "guide_action_samples", "sf_steps")
+        _runner.at_least(self, 1, "sf_batch_size")
+        _runner.at_least(self, 0, "noise_std", "kl_budget", "degrade_scale", "goal_shift")
+        _runner.at_least(self, 0, "temperature", "guide_steps", "guide_shifts", "sf_ridge")
+        _runner.positive(self, "lr", "guide_step_size")
+        _runner.in_unit(self, "expectile", lo_open=True, hi_open=True)
+        _runner.in_unit(self, "alphas")
+        _runner.in_unit(self, "sf_discount", hi_open=True)
+        _runner.require(
+            self.incompetent_steps % self.train_chunk == 0
+            and self.incompetent_steps <= self.iql_steps,
+            ("incompetent_steps", "train_chunk", "iql_steps"),
+            f"incompetent_steps must be a multiple of train_chunk={self.train_chunk} in "
+            f"(0, iql_steps={self.iql_steps}], got {self.incompetent_steps}",
+        )
 
 
 def _train(ctx, algo, data, n_steps, key, desc, batch_size, chunk, snapshot_at=0):

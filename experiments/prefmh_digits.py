@@ -65,6 +65,12 @@ class Config:
         "prefmh_k1_indep",
     )
 
+    def __post_init__(self):
+        _runner.check_chains(self)
+        _runner.at_least(self, 1, "latent_dim", "train_steps", "sliced_directions")
+        _runner.in_range(self, 0, 9, "target")
+        _runner.positive(self, "beta", "latent_step")
+
 
 class MLP(nn.Module):
     @nn.compact

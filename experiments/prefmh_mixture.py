@@ -62,6 +62,14 @@ class Config:
     sliced_directions: int = 64
     sliced_points: int = 20000
 
+    def __post_init__(self):
+        _runner.check_chains(self)
+        _runner.positive(self, "step_size", "grid_half_width")
+        _runner.in_unit(self, "ar_shrink", hi_open=True)
+        _runner.one_of(self, ("mh", "kbudget", "two_coin", "majority"), "rules")
+        _runner.at_least(self, 1, "ks", "majority_k", "grid_bins", "sliced_directions")
+        _runner.at_least(self, 1, "sliced_points")
+
 
 def logdensity(x):
     """Log-density of the mixture at ``x [2]``."""

@@ -62,6 +62,17 @@ class Config:
     smoothing: float = 0.1
     methods: tuple[str, ...] = ("mh", "prefmh_k1", "prefmh_k3", "majority_k3")
 
+    def __post_init__(self):
+        _runner.check_chains(self)
+        _runner.at_least(self, 1, "length", "min_count", "pool")
+        _runner.positive(self, "beta", "smoothing")
+        _runner.require(
+            len(self.target) >= 1 and all(c in ALPHABET for c in self.target),
+            "target",
+            f"target must be a non-empty string of characters from {ALPHABET!r}, "
+            f"got {self.target!r}",
+        )
+
 
 def corpus_tokens() -> np.ndarray:
     """The bundled pydoc topics text as token ids over :data:`ALPHABET`."""

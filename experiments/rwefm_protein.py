@@ -69,6 +69,14 @@ class Config(TrainConfig):
     solvent: str = "obc"
     stride: int = 16
 
+    def __post_init__(self):
+        super().__post_init__()
+        _runner.one_of(self, ("generate", "sample"), "data")
+        _runner.one_of(self, ("obc", "vacuum"), "solvent")
+        _runner.positive(self, "temperatures")
+        _runner.at_least(self, 1, "n_frames", "steps_per_frame", "stride")
+        _runner.at_least(self, 0, "equil_steps")
+
 
 def _load(cfg: Config, ctx: _runner.Context) -> protein.Torsions:
     if cfg.data == "sample":

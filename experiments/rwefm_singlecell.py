@@ -60,6 +60,12 @@ class Config(TrainConfig):
     test_fraction: float = 0.3
     concentration: float = 5.0
 
+    def __post_init__(self):
+        super().__post_init__()
+        _runner.in_range(self, 1, 50, "n_pcs")  # the bundled set has 50 PCs
+        _runner.in_unit(self, "test_fraction", lo_open=True, hi_open=True)
+        _runner.positive(self, "concentration")
+
 
 def _clouds(rng, x, types, n_clouds, n_points, concentration):
     """Clouds [n_clouds, n_points, d] with Dirichlet cell-type compositions (host numpy)."""

@@ -102,6 +102,12 @@ class TrainConfig:
     eval_epsilon: float = 0.01
     ckpt_every: int = 10
 
+    def __post_init__(self):
+        _runner.at_least(self, 1, "n_train", "n_test", "n_points", "steps", "chunk", "batch")
+        _runner.at_least(self, 1, "width", "depth", "heads", "sampler_steps", "ckpt_every")
+        _runner.positive(self, "lr", "epsilon", "eval_epsilon")
+        _runner.one_of(self, ("euler", "midpoint"), "method")
+
 
 @dataclasses.dataclass(frozen=True)
 class Config(TrainConfig):
@@ -109,6 +115,15 @@ class Config(TrainConfig):
     n_modes: int = 3
     kappa_range: tuple[float, float] = (10.0, 40.0)
     scale_range: tuple[float, float] = (0.15, 0.5)
+
+    def __post_init__(self):
+        super().__post_init__()
+        _runner.one_of(self, ("s2", "t2"), "manifolds")
+        _runner.at_least(self, 1, "n_modes")
+        _runner.positive(self, "kappa_range", "scale_range")
+        for name in ("kappa_range", "scale_range"):
+            lo, hi = getattr(self, name)
+            _runner.require(lo <= hi, name, f"{name} must be (low, high) with low <= high")
 
 
 def _data(key, name, n, cfg):

@@ -36,6 +36,29 @@ def _run(cfg, ctx):
 STUDY = _runner.Study("toy", _Cfg, _run, quick={"n": 2})
 
 
+@dataclasses.dataclass(frozen=True)
+class _Ranged:
+    num_chains: int = 4
+    p: float = 0.5
+    lr: float = 1e-3
+    ks: tuple[int, ...] = (1, 3)
+    burn_in: int = 10
+    num_steps: int = 20
+    mode: str = "a"
+
+    def __post_init__(self):
+        _runner.at_least(self, 1, "num_chains", "ks")
+        _runner.in_unit(self, "p")
+        _runner.positive(self, "lr")
+        _runner.one_of(self, ("a", "b"), "mode")
+        _runner.require(
+            self.burn_in < self.num_steps, ("burn_in", "num_steps"), "burn_in must be < num_steps"
+        )
+
+
+RANGED = _runner.Study("ranged", _Ranged, _run, quick={"num_steps": 12})
+
+
 def test_overrides_convert_each_type():
     cfg = _runner.apply_overrides(
         _Cfg(),
@@ -112,6 +135,81 @@ def test_main_exits_2_on_unknown_key(tmp_path, capsys):
     assert "unknown config key 'bogus'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("num_chains=-4", "--set num_chains=-4: num_chains must be >= 1, got -4"),
+        ("p=1.5", "--set p=1.5: p must be in [0, 1], got 1.5"),
+        ("lr=0", "--set lr=0: lr must be > 0, got 0.0"),
+        ("ks=1,0", "--set ks=1,0: each entry of ks must be >= 1, got (1, 0)"),
+        ("mode=c", "--set mode=c: mode must be one of ['a', 'b'], got 'c'"),
+        ("burn_in=12", "--set burn_in=12: burn_in must be < num_steps"),  # quick: 12 steps
+    ],
+)
+def test_main_exits_2_on_a_value_out_of_range(tmp_path, capsys, item, message):
+    with pytest.raises(SystemExit) as e:
+        RANGED.main(["--quick", "--out", str(tmp_path / "run"), "--set", item])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == f"error: {message}"
+    assert not (tmp_path / "run").exists()  # nothing ran
+
+
+def test_ranges_are_checked_however_the_config_is_built():
+    with pytest.raises(_runner.ConfigError, match="num_chains must be >= 1") as e:
+        _Ranged(num_chains=0)
+    assert e.value.keys == ("num_chains",)
+    with pytest.raises(_runner.ConfigError, match=r"--set num_steps=5: burn_in must be < num_st"):
+        RANGED.make_config(False, {"num_steps": 5})  # a cross-field check names the --set key
+    assert RANGED.make_config(True, {"p": "1", "ks": "2"}) == _Ranged(p=1.0, ks=(2,), num_steps=12)
+
+
+def test_in_range_bounds_open_and_closed():
+    @dataclasses.dataclass(frozen=True)
+    class C:
+        x: float = 0.0
+
+    _runner.in_range(C(), 0, 1, "x")
+    with pytest.raises(_runner.ConfigError, match=r"x must be in \(0, 1\)"):
+        _runner.in_range(C(), 0, 1, "x", lo_open=True, hi_open=True)
+    _runner.at_least(C(x=None), 1, "x")  # an optional field left unset is not checked
+
+
+def test_every_study_config_passes_its_own_checks():
+    # Cheap: builds the configs only. Each study's Config checks its ranges in __post_init__.
+    studies = dict(_runner.iter_studies())
+    assert set(studies) == set(demo.registered_studies())
+    for name, study in studies.items():
+        cfg = study.make_config(False)
+        assert hasattr(type(cfg), "__post_init__"), f"{name}: its Config has no range checks"
+        study.make_config(True)
+
+
+@pytest.mark.parametrize(
+    ("study", "item", "key"),
+    [
+        ("prefmh_mixture", "num_chains=-4", "num_chains"),
+        ("prefmh_mixture", "ar_shrink=1", "ar_shrink"),
+        ("policy_pointmaze", "alphas=0,1.5", "alphas"),
+        ("policy_antmaze", "controller_steps=0", "controller_steps"),
+        ("rwefm_synthetic", "lr=-1e-3", "lr"),
+        ("cvxclust_phase", "label_noise=2", "label_noise"),
+        ("cachex_durability", "runs_per_fault=0", "runs_per_fault"),
+        ("backdoor_dtb", "poison_rate=1.5", "poison_rate"),
+    ],
+)
+def test_study_cli_exits_2_naming_the_key(study, item, key):
+    # A real study's CLI, in a subprocess: the range error comes before any work.
+    proc = subprocess.run(
+        [sys.executable, "-m", f"experiments.{study}", "--quick", "--set", item],
+        capture_output=True,
+        text=True,
+        cwd=_runner.REPO_ROOT,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: --set {item}: ") and key in last and "must be" in last
+
+
 def test_to_jsonable_handles_arrays_and_nonfinite():
     import numpy as np
 
@@ -131,7 +229,59 @@ def test_demo_report_lists_summaries(tmp_path):
         {"toy": {"status": "ok", "seconds": 1.0, "summary": {"acc": 0.5}, "plots": []}}, tmp_path
     )
     assert "| toy | ok | 1.0 |" in report and "| acc | 0.5 |" in report
+    assert "| total | 1/1 ok | 1.0 |" in report
     assert "No study is registered" in demo.render_report({}, tmp_path)
+    failed = {"status": "failed (exit 1)", "seconds": 2.0, "summary": {}, "plots": [],
+              "cache": "x", "stderr_tail": ["Traceback", "ValueError: boom"],
+              "command": "cd /r && python -m experiments.toy --quick"}  # fmt: skip
+    report = demo.render_report({"toy": failed}, tmp_path)
+    assert "ValueError: boom" in report and "python -m experiments.toy --quick" in report
+
+
+def test_demo_says_what_a_study_generated_in_the_cache(tmp_path):
+    root = tmp_path / "cache"
+    before = demo.snapshot(root)
+    assert before == {}
+    (root / "offline_rl" / "ctrl").mkdir(parents=True)
+    (root / "offline_rl" / "ctrl" / "a.bin").write_bytes(b"x" * 2048)
+    (root / "offline_rl" / "ctrl" / "b.bin").write_bytes(b"y")
+    (root / "offline_rl" / "set.npz").write_bytes(b"z")
+    after = demo.snapshot(root)
+    text = demo.describe_cache(before, after)
+    assert text.startswith("generated 3 files") and "offline_rl/ctrl (2 files)" in text
+    assert "offline_rl/set.npz" in text
+    assert demo.describe_cache(after, after).startswith("nothing generated")
+
+
+def test_demo_runs_a_failing_study_and_says_how_to_rerun_it(tmp_path, monkeypatch, capsys):
+    pkg = tmp_path / "experiments"
+    monkeypatch.setattr(demo, "registered_studies", lambda: ["broken"])
+    monkeypatch.setenv("HEXAD_CACHE", str(tmp_path / "cache"))
+
+    def fake_run(cmd, timeout):
+        assert cmd[1:4] == ["-m", "experiments.broken", "--quick"]
+        (tmp_path / "cache").mkdir()
+        (tmp_path / "cache" / "made.npz").write_bytes(b"1")
+        return "failed (exit 1)", ["Traceback (most recent call last):", "RuntimeError: boom"]
+
+    monkeypatch.setattr(demo, "run_study", fake_run)
+    assert demo.main(["--out", str(pkg)]) == 1
+    out, err = capsys.readouterr()
+    assert "RuntimeError: boom" in err and "rerun it alone: cd " in err
+    assert "experiments.broken --quick --no-progress --out" in err
+    assert "cache: generated 1 file," in out and "total" in out
+    report = (pkg / "report.md").read_text()
+    assert "RuntimeError: boom" in report and "generated 1 file," in report
+
+
+def test_demo_run_study_reports_exit_status_and_stderr_tail():
+    ok, _ = demo.run_study([sys.executable, "-c", "pass"], timeout=60)
+    assert ok == "ok"
+    code = "import sys; print('line1', file=sys.stderr); sys.exit(3)"
+    status, tail = demo.run_study([sys.executable, "-c", code], timeout=60)
+    assert status == "failed (exit 3)" and tail == ["line1"]
+    status, _ = demo.run_study([sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)
+    assert status == "timed out after 1 s"
 
 
 def test_demo_cli_help():

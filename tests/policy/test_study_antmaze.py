@@ -1,24 +1,34 @@
 """Smoke test of experiments.policy_antmaze at a tiny size: the loader, the shared diagnostic on
-8-d actions, and every key. A tiny untrained SAC ant stands in for the 30-minute controller."""
+8-d actions, and every key. --quick's tiny untrained SAC ant (64 steps) stands in for the
+30-minute controller, trained here into an empty cache as a fresh user's --quick does."""
 
 import json
 
+import pytest
+
+from experiments import _runner
 from experiments import policy_antmaze as study
 from hexad.data import _antmaze as A
 
-TINY_ANT = dict(chunk_steps=32, n_envs=4, start_steps=16, batch_size=8, hidden=8, episode_steps=20)
+
+def test_quick_trains_a_tiny_controller_and_the_full_study_the_real_one():
+    quick = study.STUDY.make_config(True).controller_kwargs()
+    assert quick["total_steps"] == 64 and quick["hidden"] == 8
+    # The full study's settings are train_ant_controller's defaults (its cache folder).
+    full = study.Config().controller_kwargs()
+    assert all(A._CONTROLLER_DEFAULTS[k] == v for k, v in full.items())
+    assert A._controller_spec(**quick) != A._controller_spec(**full)  # separate cache names
+    with pytest.raises(_runner.ConfigError, match="controller_chunk_steps"):
+        study.STUDY.make_config(True, {"controller_chunk_steps": "30"})
 
 
 def test_antmaze_study_smoke(tmp_path, monkeypatch, fast_compile, tiny_maze_study):
     monkeypatch.setenv("HEXAD_CACHE", str(tmp_path / "cache"))
-    real = A.train_ant_controller
-    monkeypatch.setattr(
-        A, "train_ant_controller", lambda total_steps, progress=None: real(64, **TINY_ANT)
-    )
     cfg = study.STUDY.make_config(
         True,
         {"n_transitions": 400, **tiny_maze_study},
     )
+    assert cfg.controller_steps == 64  # --quick's tiny controller, trained into the cache
     summary = study.STUDY.execute(
         cfg, out_dir=tmp_path / "run", checkpoint_dir=tmp_path / "ckpt", show_progress=False
     )
@@ -32,3 +42,4 @@ def test_antmaze_study_smoke(tmp_path, monkeypatch, fast_compile, tiny_maze_stud
     # Ten steps from cell (1, 1) cannot reach goals near cell (3, 1), 8 away.
     assert summary["scripted_oracle_success"] == 0.0 and summary["actor_success"] == 0.0
     assert (tmp_path / "run" / "return_vs_alpha.png").is_file()
+    assert any((tmp_path / "cache").rglob("spec.json"))  # the controller it trained

@@ -424,7 +424,33 @@ _ENTRY = "import sys; from hexad.cachex._pfs import main; sys.exit(main(sys.argv
 def spawn_drainer(cfg: DrainerConfig, log_path: Path | None = None) -> subprocess.Popen:
     """Starts the drainer for ``cfg`` as a separate process in its own session.
 
-    >>> # proc = spawn_drainer(DrainerConfig(...)); the drainer outlives its caller.
+    The drainer outlives its caller: it exits once the trainer (``cfg.parent_pid``) is gone
+    and nothing is left to drain, or on ``SIGTERM``. Here one local step (written directly in
+    the T1 format) becomes PFS-durable:
+
+    >>> import shutil, tempfile, time
+    >>> root = Path(tempfile.mkdtemp())
+    >>> (root / "local" / "steps" / "7" / "state").mkdir(parents=True)
+    >>> snap = _format.Snapshot(
+    ...     (_format.LeafSpec("w", (3,), "float32"),),
+    ...     (_format.ShardRecord(0, ((0, 3),), np.arange(3, dtype=np.float32)),),
+    ... )
+    >>> _ = _format.write_rank_dir(root / "local" / "steps" / "7" / "state", snap, {})
+    >>> cfg = DrainerConfig(
+    ...     steps_dir=str(root / "local" / "steps"), item="state",
+    ...     records_dir=str(root / "local" / "durability"), pfs_dir=str(root / "pfs"),
+    ...     parent_pid=os.getpid(),
+    ... )
+    >>> proc = spawn_drainer(cfg)
+    >>> t_end = time.monotonic() + 60
+    >>> while not (root / "pfs" / "7").exists() and time.monotonic() < t_end:
+    ...     time.sleep(0.05)
+    >>> sorted(p.name for p in (root / "pfs" / "7" / "rank_0").iterdir())
+    ['data.bin', 'manifest.json']
+    >>> proc.terminate()  # the trainer is still alive, so the drainer would keep polling
+    >>> proc.wait(timeout=30)
+    0
+    >>> shutil.rmtree(root)
     """
     cfg_path = Path(cfg.records_dir) / f"drainer_rank{cfg.rank}.json"
     Path(cfg.records_dir).mkdir(parents=True, exist_ok=True)

@@ -489,7 +489,25 @@ def spawn_replica_server(
     Returns:
       ``(process, (host, port))``.
 
-    >>> # proc, addr = spawn_replica_server(tmp, "token"); ...; proc.terminate()
+    >>> import shutil, tempfile
+    >>> import numpy as np
+    >>> root = Path(tempfile.mkdtemp())
+    >>> proc, addr = spawn_replica_server(root / "neighbour", "token", max_lifetime_s=60)
+    >>> snap = _format.Snapshot(
+    ...     (_format.LeafSpec("w", (3,), "float32"),),
+    ...     (_format.ShardRecord(0, ((0, 3),), np.arange(3, dtype=np.float32)),),
+    ... )
+    >>> (root / "step3").mkdir()
+    >>> _ = _format.write_rank_dir(root / "step3", snap, {})  # one rank's T1 files
+    >>> client = ReplicaClient(addr, "token")
+    >>> client.push_dir(owner=0, step=3, directory=root / "step3")  # acknowledged when durable
+    >>> client.list_steps(owner=0)
+    [3]
+    >>> proc.terminate()
+    >>> proc.wait(timeout=30)
+    0
+    >>> proc.stdout.close()
+    >>> shutil.rmtree(root)
     """
     if not isinstance(token, str) or not token:
         raise ValueError(f"token: expected a non-empty str, got {token!r}")
