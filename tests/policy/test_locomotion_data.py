@@ -67,7 +67,9 @@ def test_evaluate_locomotion_shifted_reward():
         target_velocity=1.0,
     )
     assert np.all(res["length"] == 20)
-    assert np.all(np.abs(res["velocity"]) < 0.5)  # it barely moves
+    # It barely moves: max |v| over 2 episodes, measured over 20 seed pairs (MuJoCo, no XLA):
+    # mean 0.039, sd 0.017, max 0.071 (these seeds 0.011).
+    assert np.all(np.abs(res["velocity"]) < 0.5)
     # |v - 1| = 1 - v when |v| < 1: shifted return = -(20 - 20 mean v).
     np.testing.assert_allclose(res["shifted_return"], -(20 - 20 * res["velocity"]), rtol=1e-5)
 

@@ -34,10 +34,13 @@ def test_bc_recovers_linear_expert_for_every_seed(linear_data):
     kernel = states.params["params"]["mean"]["kernel"]
     bias = states.params["params"]["mean"]["bias"]
     assert kernel.shape == (3, OBS, ACT)
-    # Noise-free linear expert: the maximum-likelihood mean is exactly W; Adam gets within 2e-2.
+    # Noise-free linear expert: the maximum-likelihood mean is exactly W; Adam gets close. Worst
+    # |error| over kernel, bias and the 3 seeds, measured over 20 key sets (data, init, train)
+    # x {default, AVX2, SSE4_2}: mean 0.0034, sd 0.0029, min 0.0003, max 0.0145 (heavy-tailed);
+    # atol 5e-2 (untrained: >= 0.43).
     for s in range(3):
-        np.testing.assert_allclose(kernel[s], w, atol=2e-2)
-        np.testing.assert_allclose(bias[s], 0.0, atol=2e-2)
+        np.testing.assert_allclose(kernel[s], w, atol=5e-2)
+        np.testing.assert_allclose(bias[s], 0.0, atol=5e-2)
     assert np.all(np.asarray(infos.loss[:, -1]) < np.asarray(infos.loss[:, 0]))
 
 
@@ -49,7 +52,9 @@ def test_bc_squashed_recovers_bounded_expert(linear_data):
     algo = P.bc(actor, optax.adam(3e-2))
     state = algo.init(jax.random.key(0), data)
     state, _ = jax.jit(P.make_train(algo, 600, 64))(jax.random.key(1), state, data)
-    # tanh(W s) is exactly representable in pre-tanh space.
+    # tanh(W s) is exactly representable in pre-tanh space. Max |error| measured over 20 key
+    # sets (data, init, train) under SSE4_2, these keys also under default (= AVX2 here): mean
+    # 0.0017, sd 0.0023, min 1e-5, max 0.008 (these keys 0.0005-0.001).
     kernel = state.params["params"]["mean"]["kernel"]
     np.testing.assert_allclose(kernel, w, atol=2e-2)
 
@@ -138,7 +143,9 @@ def test_iql_value_fits_expectile_of_one_step_returns(iql_algo, fast_compile):
         g = 0.7 * np.mean(np.maximum(r - m, 0)) - 0.3 * np.mean(np.maximum(m - r, 0))
         lo, hi = (m, hi) if g > 0 else (lo, m)
     v = float(P.ValueNet((16,)).apply(state.value_params, obs[:1])[0])
-    # Function-approximation slack: 0.1 on rewards spread over about [-1, 1].
+    # Function-approximation slack: 0.1 on rewards spread over about [-1, 1]. Measured over 20
+    # key sets (actions, init, train) under SSE4_2, these keys also under default (= AVX2 here):
+    # v - expectile mean -0.003, sd 0.011, range [-0.020, 0.021]; v - mean(r) in [0.19, 0.27].
     assert v == pytest.approx(0.5 * (lo + hi), abs=0.1)
     assert v > float(np.mean(r))
 
@@ -152,16 +159,30 @@ def test_cql_step_traces_once_and_penalises_ood(fast_compile):
         cql_weight=5.0,
         n_action_samples=4,
     )
-    batch = _tiny_batch(jax.random.key(0))
-    state = algo.init(jax.random.key(1), batch)
-    step = jax.jit(chex.assert_max_traces(algo.step, n=1))
+    # 16 independent runs (batch, init and step keys) for the price of one compile: in one run
+    # the gap fails to shrink for about 1 key in 6, so the assertion is on their mean.
+    n_runs = 16
+    keys = jax.random.split(jax.random.key(0), 3 * n_runs).reshape(3, n_runs)
+
+    @jax.jit
+    def setup(keys):
+        batch = jax.vmap(_tiny_batch)(keys[0])
+        step_keys = jax.vmap(lambda k: jax.random.split(k, 60))(keys[2])  # [runs, 60]
+        return batch, jax.vmap(algo.init)(keys[1], batch), step_keys
+
+    batch, state, step_keys = setup(keys)
+    step = jax.jit(jax.vmap(chex.assert_max_traces(algo.step, n=1)))
     gaps = []
     for i in range(60):
-        state, info = step(jax.random.key(i), state, batch)
-        gaps.append(float(info.cql_gap))
-    assert all(np.isfinite(np.asarray(v)) for v in info)
-    # The conservative term pushes Q down off the data: the log-sum-exp gap shrinks.
-    assert np.mean(gaps[-10:]) < np.mean(gaps[:10])
+        state, info = step(step_keys[:, i], state, batch)
+        gaps.append(np.asarray(info.cql_gap))
+    assert all(np.all(np.isfinite(np.asarray(v))) for v in info)
+    # The conservative term pushes Q down off the data: the log-sum-exp gap shrinks. Mean over
+    # the 16 runs of (first 10 steps' gap - last 10 steps'), measured over 20 key sets x
+    # {default, AVX2, SSE4_2}: mean 0.11, sd 0.026, min 0.050 (> 0 by 4 sd); with
+    # cql_weight=0 (no conservative term): mean -0.10, max -0.034, so it fails there.
+    gaps = np.stack(gaps)  # [60, runs]
+    assert np.mean(gaps[:10] - gaps[-10:]) > 0.0
 
 
 def test_bc_step_traces_once(fast_compile):

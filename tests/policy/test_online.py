@@ -64,7 +64,7 @@ def test_sac_temperature_gradient_sign(small_sac, fast_compile):
     state = algo.init(jax.random.key(1), b)
     new, _ = jax.jit(algo.step)(jax.random.key(2), state, b)
     # target_entropy = 100 >> entropy: the loss -log_alpha (log pi + 100) decreases with
-    # log_alpha, so alpha grows.
+    # log_alpha, so alpha grows (by 9.9 to 10.4 in log_alpha over 20 key sets x 3 ISAs).
     assert float(new.log_alpha) > float(state.log_alpha)
 
 
@@ -85,9 +85,11 @@ def test_sac_solves_a_one_step_bandit():
     state = algo.init(jax.random.key(1), data)
     state, infos = jax.jit(P.make_train(algo, 1500, 64))(jax.random.key(2), state, data)
     mean = jnp.tanh(actor.apply(state.actor_params, obs[:1]).mean[0])
-    # Tolerance 0.1 per dimension: the critic is fitted to 256 noisy-free samples of a
-    # quadratic by a 32-wide network; the fixed keys make the run deterministic.
-    np.testing.assert_allclose(mean, a_star, atol=0.1)
+    # The critic is fitted to 256 noise-free samples of a quadratic by a 32-wide network. Max
+    # |mean - a*| over the 2 dimensions, measured over 20 key sets (data, init, train) under
+    # SSE4_2 and 4 of them under default (= AVX2 here): mean 0.075, sd 0.045, min 0.013, max 0.175
+    # (these keys 0.063); atol 0.25 (the untrained policy's mean 0 is 0.5 away).
+    np.testing.assert_allclose(mean, a_star, atol=0.25)
 
 
 def test_sac_bad_input():
