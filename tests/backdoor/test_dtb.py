@@ -101,12 +101,19 @@ def test_hypergradients_match_finite_differences_of_the_unrolled_objective(key, 
         return fd, dot(jax.grad(obj(unrolled))(p)), dot(jax.grad(obj(first))(p))
 
     fd, g_un, g_fo = map(float, check(params))
-    # central differences in float64 with eps=1e-5: truncation ~1e-10, rounding ~1e-11
+    # central differences in float64 with eps=1e-5: truncation ~1e-10, rounding ~1e-11.
+    # Measured over 20 keys (model, data, direction) under SSE4_2, and the fixed key under
+    # default, AVX2 and SSE4_2 (equal to 1e-9 relative): |g_un - fd| / max(1, |fd|) mean
+    # 5e-9, max 2.2e-8
     assert abs(g_un - fd) <= 1e-6 * max(1.0, abs(fd)), (g_un, fd)
-    # first order drops -lr * H from d theta_1 / d theta: an O(lr) relative error, 2% bound
-    # at lr = 1e-3 (measured 0.16%), yet far above the finite-difference error
-    assert abs(g_fo - fd) <= 0.02 * abs(fd), (g_fo, fd)
-    assert abs(g_fo - g_un) > 1e-4 * abs(fd), (g_fo, g_un)
+    # first order drops -lr * H from d theta_1 / d theta: an O(lr) relative error at lr = 1e-3,
+    # larger where the direction is nearly orthogonal to the gradient. Over the same keys
+    # |g_fo - fd| / |fd| mean 0.012, sd 0.016, max 0.055 (0.0006 for the fixed key; the former
+    # 2% bound failed in 4/20 keys); bound 10%, against O(1) for a wrong hypergradient.
+    # |g_fo - g_un| / |fd|: min 2.4e-5 (the former bound 1e-4 failed in 1/20 keys); bound 1e-6,
+    # still 45x the largest finite-difference error above
+    assert abs(g_fo - fd) <= 0.1 * abs(fd), (g_fo, fd)
+    assert abs(g_fo - g_un) > 1e-6 * abs(fd), (g_fo, g_un)
 
 
 @pytest.mark.slow
@@ -163,7 +170,11 @@ def test_dtb_step_traces_once_lowers_the_objective_and_gates(key):
             (0.3 - info.decoy_prob_after) / 0.05
         )
         np.testing.assert_allclose(info.gate, want, rtol=1e-5, atol=1e-7)
-    assert losses[-1] < 0.8 * losses[0], losses
+    # measured over 20 keys (the setup's key and the 15 step keys) under SSE4_2: last / first
+    # loss mean 0.27, sd 0.19, min 0.075, max 0.73 (the former bound 0.8 held with little
+    # room); bound 0.9. The batch is fixed and there is no weight noise, so a step that does
+    # not descend leaves the ratio at 1
+    assert losses[-1] < 0.9 * losses[0], losses
     # gate=False (g = 1) is exercised by the finite-difference tests
 
 

@@ -48,8 +48,11 @@ def test_preact_fits_a_batch(preact):
     m, p, x = preact
     y = jnp.array([0, 1, 2, 0, 1, 2])
     _, losses = bd.fit(jax.random.key(2), p, x, y, m.apply, optax.adam(1e-2), 30, 6)
-    # six samples, 30 Adam steps: memorised (measured loss 1.1 -> < 0.1)
-    assert float(losses[-1]) < 0.3 * float(losses[0]), losses
+    # six samples, 30 Adam steps on batches of 6 drawn with replacement. Measured over 20 keys
+    # (data, init, fit) under SSE4_2: last / first loss mean 0.38, sd 0.13, min 0.17, max 0.62
+    # (0.20 with the fixed keys; the former bound 0.3 failed in 15/20 keys); bound 0.8 (no
+    # training: about 1)
+    assert float(losses[-1]) < 0.8 * float(losses[0]), losses
 
 
 def test_preact_rejects_widths_not_divisible_by_groups():

@@ -21,16 +21,22 @@ def _acc_asr(t, params):
 
 def test_clean_model_accurate_and_asr_at_chance(trained):
     acc, asr = _acc_asr(trained, trained.clean)
+    # measured over 20 keys (data split, poison, init, training) under SSE4_2: accuracy mean
+    # 0.955, sd 0.008, min 0.942; ASR mean 0.003, max 0.009. Bounds kept: 0.9 and 0.1
     assert acc > 0.9
     # chance for a 10-class model is 0.1; a clean model puts a patched digit in class 0 about
-    # as often as it errs (measured ~0.01)
+    # as often as it errs
     assert asr < 0.1
 
 
 def test_badnets_high_asr_clean_accuracy_kept(trained):
     acc_c, _ = _acc_asr(trained, trained.clean)
     acc, asr = _acc_asr(trained, trained.bad)
-    assert asr > 0.9
+    # measured over 20 keys (data split, poison, init, training) under SSE4_2: ASR mean 0.94,
+    # sd 0.059, min 0.76 (the former bound 0.9 failed in 3/20 keys); threshold 0.6 (the clean
+    # model's ASR is below 0.01). Accuracy minus the clean model's: mean -0.005, sd 0.011,
+    # min -0.025; bound -0.05 kept
+    assert asr > 0.6
     assert acc > acc_c - 0.05
     ra = float(
         bd.robust_accuracy(

@@ -321,7 +321,18 @@ def neural_cleanse(
     unlearned by fine-tuning on the clean split with the flagged reversed triggers stamped on
     ``unlearn_frac`` of each batch under the true labels (paper sec. VI-C).
 
-    >>> # out = neural_cleanse(jax.random.key(0), model, params, xc, yc)
+    >>> from hexad.backdoor import SmallCNN
+    >>> model = SmallCNN(num_classes=3, widths=(2,), hidden=4)
+    >>> params = model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    >>> xc = jax.random.uniform(jax.random.key(1), (6 * 64,)).reshape(6, 8, 8, 1)
+    >>> yc = jnp.arange(6) % 3
+    >>> out = neural_cleanse(
+    ...     jax.random.key(2), model, params, xc, yc, n_steps=2, batch_size=6, unlearn_steps=1
+    ... )
+    >>> out.masks.shape, out.patterns.shape, out.norms.shape, out.flagged.dtype
+    ((3, 8, 8), (3, 8, 8, 1), (3,), dtype('bool'))
+    >>> bool(jnp.all((out.masks > 0) & (out.masks < 1)))  # sigmoid masks
+    True
     """
     _check(model, params, x_clean, y_clean)
     K = model.num_classes
@@ -822,7 +833,13 @@ def activation_clustering(model, params, x, y, n_components=10, size_threshold=0
     also in BackdoorBench) and split by 2-means; the smaller cluster is flagged when it holds
     less than ``size_threshold`` of the class (paper's relative-size criterion).
 
-    >>> # flags = activation_clustering(model, params, x_train, y_train)
+    >>> from hexad.backdoor import SmallCNN
+    >>> model = SmallCNN(num_classes=2, widths=(2,), hidden=4)
+    >>> params = model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    >>> x = jax.random.uniform(jax.random.key(1), (20 * 64,)).reshape(20, 8, 8, 1)
+    >>> flags = activation_clustering(model, params, x, jnp.arange(20) % 2)
+    >>> flags.shape, flags.dtype
+    ((20,), dtype('bool'))
     """
     _check(model, params, x, y)
     _, feats = jax.jit(lambda p, x: model.apply(p, x, features=True))(params, x)
@@ -850,7 +867,13 @@ def spectral_signatures(model, params, x, y, eps=0.1):
     Per class, scores are squared projections of the centred penultimate representations on
     their top singular vector; the ``1.5 * eps * n_c`` highest are flagged (paper Alg. 1).
 
-    >>> # flags = spectral_signatures(model, params, x_train, y_train, eps=0.1)
+    >>> from hexad.backdoor import SmallCNN
+    >>> model = SmallCNN(num_classes=2, widths=(2,), hidden=4)
+    >>> params = model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    >>> x = jax.random.uniform(jax.random.key(1), (20 * 64,)).reshape(20, 8, 8, 1)
+    >>> flags = spectral_signatures(model, params, x, jnp.arange(20) % 2, eps=0.2)
+    >>> flags.shape, int(flags.sum())  # round(1.5 * 0.2 * 10) = 3 flagged per class
+    ((20,), 6)
     """
     _check(model, params, x, y)
     if not 0.0 < eps < 1.0:

@@ -254,7 +254,15 @@ def sanitise_surrogate(model, config: DTBConfig, params, key, problem: DTBProble
       problem: :class:`DTBProblem`.
       x_c: ``[bc, H, W, C]`` clean split; y_c: ``[bc]`` labels.
 
-    >>> # see dtb_objective
+    >>> from hexad.backdoor import SmallCNN, patch_trigger
+    >>> m = SmallCNN(2, (2,), 4)
+    >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
+    >>> xc, yc = jnp.full((4, 8, 8, 1), 0.5), jnp.arange(4) % 2
+    >>> cfg = DTBConfig(inner_steps=2, inner_batch=2, rounds=2)
+    >>> thetas = sanitise_surrogate(m, cfg, p, jax.random.key(1), pr, xc, yc)
+    >>> len(thetas), jax.tree.structure(thetas[-1]) == jax.tree.structure(p)
+    (2, True)
     """
     first_order = config.hypergrad == "first_order"
     n = x_c.shape[0]
@@ -451,7 +459,20 @@ def implant(
         inner step sees fresh rows; else ``batch_size``).
       callback: optional ``callback(step, info)`` called on the host after each step.
 
-    >>> # see tests/backdoor/test_dtb.py
+    >>> from hexad.backdoor import SmallCNN, patch_trigger
+    >>> m = SmallCNN(2, (2,), 4)
+    >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
+    >>> x = jax.random.uniform(jax.random.key(1), (8 * 64,)).reshape(8, 8, 8, 1)
+    >>> y = jnp.arange(8) % 2
+    >>> cfg = DTBConfig(inner_steps=1, inner_batch=2)
+    >>> p1, info = implant(
+    ...     jax.random.key(2), m, p, pr, x, y, x[:4], y[:4], cfg, optax.adam(1e-3), 2, 4
+    ... )
+    >>> info.loss.shape, bool(jnp.all(jnp.isfinite(info.loss)))
+    ((2,), True)
+    >>> jax.tree.structure(p1) == jax.tree.structure(p)
+    True
     """
     check_images(x, "x", problem.decoy.image_shape)
     check_images(x_clean, "x_clean", problem.decoy.image_shape)
