@@ -152,6 +152,17 @@ def _injected_fault():
         logger.setLevel(level)
 
 
+def _save_that_fails(m, step: int, st) -> None:
+    """Saves ``step`` while an injected fault makes the save fail; the failure is the fault
+    under test, so it is absorbed (quietly, see :func:`_injected_fault`) and checked after."""
+    with _injected_fault():
+        m.save(step, st)
+        try:
+            m.wait_until_finished()
+        except Exception:  # noqa: BLE001 - the failed save is the fault under test
+            pass
+
+
 def _flip(path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x04
@@ -213,12 +224,7 @@ def _one_run(fault: str, run_dir: Path, seed: int, cfg: Config, t_stage: list) -
                 (local / "steps").mkdir()
             elif fault == "neighbour_dead":
                 server.stop()
-                with _injected_fault():
-                    m.save(n, state(seed, n))
-                    try:
-                        m.wait_until_finished()
-                    except Exception:  # noqa: BLE001 - the failed save is the fault under test
-                        pass
+                _save_that_fails(m, n, state(seed, n))
             elif fault == "neighbour_slow":
                 server.delay_s = 0.5
                 m.save(n, state(seed, n))
@@ -231,12 +237,7 @@ def _one_run(fault: str, run_dir: Path, seed: int, cfg: Config, t_stage: list) -
 
                 _manager._format.write_encoded = full
                 try:
-                    with _injected_fault():
-                        m.save(n, state(seed, n))
-                        try:
-                            m.wait_until_finished()
-                        except Exception:  # noqa: BLE001 - the failed save is the fault under test
-                            pass
+                    _save_that_fails(m, n, state(seed, n))
                 finally:
                     _manager._format.write_encoded = real
             elif fault == "truncated_file":
