@@ -9,8 +9,12 @@ import json
 import os
 import sys
 
-os.environ["JAX_PLATFORMS"] = "cpu"
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+if __name__ == "__main__":  # only as the script; `pytest --doctest-modules` imports it too
+    # 2 CPU devices per process, keeping any other flag the parent runs under (an ISA cap)
+    _flags = os.environ.get("XLA_FLAGS", "").split()
+    _flags = [f for f in _flags if not f.startswith("--xla_force_host_platform_device_count")]
+    os.environ["XLA_FLAGS"] = " ".join([*_flags, "--xla_force_host_platform_device_count=2"])
+    os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

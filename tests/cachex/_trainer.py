@@ -8,7 +8,8 @@ saving step N_GOOD, whose replica ack is slow; the test SIGKILLs the process mea
 import os
 import sys
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if __name__ == "__main__":  # only as the script; `pytest --doctest-modules` imports it too
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import numpy as np  # noqa: E402
 
