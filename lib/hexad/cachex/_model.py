@@ -143,7 +143,7 @@ def critical_contention(
       p: quantile in (0, 1), e.g. 0.99.
       t_stage: ``[...]`` seconds of the stage-and-replicate path (its p-quantile).
 
-    >>> float(critical_contention(0.0, 0.0, 2, 0.5, 3.0))
+    >>> round(float(critical_contention(0.0, 0.0, 2, 0.5, 3.0)), 4)
     2.0
     """
     if n < 2:

@@ -54,7 +54,7 @@ def mh_acceptance(log_ratio: jax.Array) -> jax.Array:
     Args:
       log_ratio: ``[...]`` ``log(pi(y) q(y->x) / (pi(x) q(x->y)))``.
 
-    >>> float(mh_acceptance(jnp.log(0.25)))
+    >>> round(float(mh_acceptance(jnp.log(0.25))), 6)
     0.25
     """
     return jnp.exp(jnp.minimum(log_ratio, 0.0))
