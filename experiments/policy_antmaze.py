@@ -22,9 +22,8 @@ Command:  python -m experiments.policy_antmaze [--quick] [--out DIR] [--seed N] 
           oracle is a flailing ant, not the real controller.
           ``--resume`` restores the frozen networks through hexad.cachex, as in PointMaze.
 Runtime:  --quick (10k transitions, 64-wide networks, 1000 updates each, 2 episodes of 300
-          steps per method) on an empty cache, the tiny controller and data included: 193 s of
-          CPU (user+sys), 8.1 min wall on a 2-core machine shared at load ~9 (session 6; the
-          controller and data took 72 s wall of it). Full (the same sizes as PointMaze's full:
+          steps per method) on an empty cache, the tiny controller and data included: about
+          2.5 min wall on 2 idle CPU cores. Full (the same sizes as PointMaze's full:
           10k updates for IQL, the prior and the IQL guide, 10 episodes per method): 1231 s
           runtime, 20.5 min wall, 24.9 min of CPU, at load ~2 (session 5), excluding the cached
           controller (28 min) and data set (2.3 min).

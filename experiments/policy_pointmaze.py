@@ -47,7 +47,7 @@ Runtime:  --quick (20k transitions, 64-wide networks, 2000 updates each for IQL,
           goal-conditioned BC prior, the IQL and CQL guide critics and the successor
           features, 3 episodes per method): 77 s of CPU (user+sys), 1.8 min wall on a shared
           2-core machine (load ~6, session 4). On an empty cache (the scripted data set takes
-          seconds to generate): 129 s of CPU, 4.3 min wall at load ~8 (session 6).
+          seconds to generate): about 1.6 min wall on 2 idle CPU cores.
           Full (100k transitions, 256-wide networks, 10000 updates for IQL, the prior and the
           IQL guide, 5000 for the CQL guide and the successor features, 10 episodes per
           method, 124 methods): 773 s of CPU (user+sys), 19.9 min wall at load ~6, peak
