@@ -22,7 +22,7 @@ demo: venv
 
 # The suite and the library's docstring examples in one run (`--doctest-modules` also imports
 # each test module as a doctest module; they hold no examples, so nothing more runs).
-TEST_PATHS ?= tests lib/hexad
+TEST_PATHS ?= tests lib/hexad experiments/_runner.py
 
 test: venv
 	OPENBLAS_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist loadfile --doctest-modules \

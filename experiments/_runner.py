@@ -44,6 +44,7 @@ import sys
 import time
 import types
 import typing
+import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ __all__ = [
     "check_chains",
     "in_range",
     "in_unit",
+    "mean_se",
     "one_of",
     "parse_set",
     "positive",
@@ -369,10 +371,123 @@ class Context:
         path.write_text(json.dumps(to_jsonable(obj), indent=2, sort_keys=True) + "\n")
         return path
 
+    @contextlib.contextmanager
+    def checkpointed(self, tag: str, init_state: Any) -> Iterator[tuple[int, Any, Callable]]:
+        """Checkpoints one training run through :class:`hexad.cachex.CacheXManager`.
+
+        Yields ``(start, state, save)``: ``start`` is 0 and ``state`` is ``init_state``, or,
+        with ``--resume`` and a durable step ``s`` in ``checkpoint_dir / tag``, ``s + 1`` and
+        the restored state; ``save(step, state)`` stages a checkpoint. Leaving the block waits
+        for the last save and closes the manager (also on an error). Without a checkpoint
+        folder ``save`` does nothing.
+
+        >>> import tempfile, numpy as np
+        >>> ctx = Context("doc", Path(tempfile.mkdtemp()), checkpoint_dir=Path(tempfile.mkdtemp()))
+        >>> with ctx.checkpointed("run", {"w": np.zeros(2)}) as (start, state, save):
+        ...     saved = save(0, {"w": np.ones(2)})
+        >>> ctx.resume = True
+        >>> with ctx.checkpointed("run", {"w": np.zeros(2)}) as (start, state, save):
+        ...     print(start, state["w"].tolist())
+        1 [1.0, 1.0]
+        """
+        if self.checkpoint_dir is None:
+            yield 0, init_state, lambda step, state: None
+            return
+        from hexad import cachex
+
+        with cachex.CacheXManager(self.checkpoint_dir / tag) as mngr:
+            start, state = cachex.resume(mngr, init_state, self.resume)
+            yield start, state, lambda step, st: mngr.save(step, st)
+            mngr.wait_until_finished()
+
+    def train_chunks(
+        self,
+        chunk_fn: Callable[[Any, Any], tuple[Any, Any]],
+        state: Any,
+        n_chunks: int,
+        key: Any,
+        *,
+        tag: str,
+        ckpt_every: int | None = None,
+        log: Callable[[int, Any], Mapping[str, Any]] | None = None,
+        on_chunk: Callable[[int, Any], None] | None = None,
+    ) -> tuple[Any, Any]:
+        """Runs ``n_chunks`` jitted chunks ``state, info = chunk_fn(state, fold_in(key, c))``.
+
+        The loop every training study shares: a progress bar named ``tag``, one key per chunk
+        (so a resumed run takes exactly the steps of an uninterrupted one), a ``metrics.jsonl``
+        line per chunk, and, with ``ckpt_every``, a checkpoint of ``(state, info)`` every
+        ``ckpt_every`` chunks and after the last one, in ``checkpoint_dir / tag``, which
+        ``--resume`` continues from.
+
+        Args:
+          chunk_fn: ``(state, key) -> (state, info)``, typically a jitted scan of steps.
+          state: the initial state.
+          n_chunks: the number of chunks (>= 1).
+          key: the run's key.
+          tag: names the progress bar, the checkpoint folder and the ``stage`` of each log line.
+          ckpt_every: checkpoint every this many chunks; ``None``: never.
+          log: ``(c, info) -> dict`` of the figures logged after chunk ``c``; by default the
+            last entry of each field of a NamedTuple ``info``.
+          on_chunk: called as ``on_chunk(c, state)`` after each chunk (e.g. to keep a snapshot).
+
+        Returns:
+          ``(state, info)`` after the last chunk.
+
+        >>> import tempfile, jax, jax.numpy as jnp
+        >>> ctx = Context("doc", Path(tempfile.mkdtemp()), show_progress=False)
+        >>> step = jax.jit(lambda s, k: (s + 1, {"s": s + 1}))
+        >>> ctx.train_chunks(step, jnp.zeros(()), 3, jax.random.key(0), tag="count")[0].item()
+        3.0
+        """
+        import jax
+
+        if not isinstance(n_chunks, int) or isinstance(n_chunks, bool) or n_chunks < 1:
+            raise ValueError(f"n_chunks: expected an int >= 1, got {n_chunks!r}")
+        if ckpt_every is not None and (not isinstance(ckpt_every, int) or ckpt_every < 1):
+            raise ValueError(f"ckpt_every: expected None or an int >= 1, got {ckpt_every!r}")
+        log = _last_of_each if log is None else log
+        info_shape = jax.eval_shape(chunk_fn, state, jax.random.fold_in(key, 0))[1]
+        info = jax.tree.map(lambda s: jax.numpy.zeros(s.shape, s.dtype), info_shape)
+        ckpt_dir = self.checkpoint_dir if ckpt_every is not None else None
+        ctx = dataclasses.replace(self, checkpoint_dir=ckpt_dir, _metrics_file=None)
+        with ctx.checkpointed(tag, {"state": state, "info": info}) as (start, saved, save):
+            state, info = saved["state"], saved["info"]
+            for c in self.progress(range(start, n_chunks), desc=tag, total=n_chunks - start):
+                state, info = chunk_fn(state, jax.random.fold_in(key, c))
+                if ckpt_every is not None and ((c + 1) % ckpt_every == 0 or c + 1 == n_chunks):
+                    save(c, {"state": state, "info": info})
+                self.log(stage=tag, chunk=c, **log(c, info))
+                if on_chunk is not None:
+                    on_chunk(c, state)
+        return state, info
+
     def close(self) -> None:
         if self._metrics_file is not None:
             self._metrics_file.close()
             self._metrics_file = None
+
+
+def _last_of_each(c: int, info: Any) -> dict[str, float]:
+    fields = info._asdict() if hasattr(info, "_asdict") else dict(info)
+    return {k: float(v.reshape(-1)[-1]) for k, v in fields.items()}
+
+
+def mean_se(values: Any, n_groups: int = 1) -> float | None:
+    """The standard error of a mean, averaged over ``n_groups`` equal groups of ``values``.
+
+    ``values`` is group-major (``n_groups`` runs of equal length, e.g. one method's episodes
+    after another's); None when a group has fewer than two values.
+
+    >>> mean_se([1.0, 3.0, 2.0, 2.0], 2)
+    0.5
+    """
+    import numpy as np
+
+    per = np.asarray(values, np.float64).reshape(n_groups, -1)
+    if per.shape[1] < 2:
+        return None
+    return float(np.mean(per.std(axis=1, ddof=1) / np.sqrt(per.shape[1])))
 
 
 def _configure_matplotlib() -> None:
@@ -527,19 +642,3 @@ class Study:
         )
         print(json.dumps(summary, indent=2, sort_keys=True))
         return summary
-
-
-def iter_studies() -> Iterator[tuple[str, Study]]:
-    """Yields ``(module_name, Study)`` for each module of ``experiments`` that defines STUDY."""
-    import importlib
-    import pkgutil
-
-    import experiments
-
-    for info in sorted(pkgutil.iter_modules(experiments.__path__), key=lambda i: i.name):
-        if info.name.startswith("_") or info.name == "demo" or info.ispkg:
-            continue
-        module = importlib.import_module(f"experiments.{info.name}")
-        study = getattr(module, "STUDY", None)
-        if isinstance(study, Study):
-            yield info.name, study

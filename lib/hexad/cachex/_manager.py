@@ -576,8 +576,17 @@ class CacheXManager:
             skipped.append(f"step {common}: " + (" | ".join(errors) or "failed on another rank"))
             mine = [s for s in mine if s != common]
 
+    def __enter__(self) -> CacheXManager:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def close(self, wait_for_drain: bool = False, timeout_s: float = 60.0) -> None:
-        """Waits for the in-flight save, closes orbax, and lets the drainer exit when idle."""
+        """Waits for the in-flight save, closes orbax, and lets the drainer exit when idle.
+
+        ``with CacheXManager(...) as mngr:`` calls this on leaving the block, also on an error.
+        """
         self._mngr.wait_until_finished()
         self._mngr.close()
         if self.pfs_dir is not None:

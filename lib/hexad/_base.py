@@ -1,0 +1,193 @@
+"""The shapes every hexad package shares: states, algorithms, the mesh convention, checks.
+
+This module plays the part ``blackjax/base.py`` and ``optax/_src/base.py`` play in those
+libraries: a method package builds on these names instead of defining its own.
+
+- :class:`TrainState` ``(params, opt_state, step)``: the state of every gradient trainer.
+- :class:`Algorithm` ``(init, step)``: what a trainer factory returns, with one contract,
+  ``init(key, example_batch) -> State`` and ``step(key, state, batch) -> (State, Info)``.
+- The mesh convention: a function that can shard takes ``mesh: Mesh | None = None`` and
+  ``axis: str = DATA_AXIS``; it splits the leading dimension of its batch (or chains) along
+  ``axis`` and lets XLA propagate the rest (see :mod:`hexad.sharding`).
+- The boundary checks :func:`check_int`, :func:`check_positive`, :func:`check_unit` and
+  :func:`is_traced`: one wording of "expected ..., got ..." across the packages.
+- :class:`Manifold`: the protocol the manifolds of :mod:`hexad.geometry` satisfy, used in
+  signatures instead of ``Any``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import jax
+import numpy as np
+
+__all__ = [
+    "DATA_AXIS",
+    "Algorithm",
+    "Manifold",
+    "TrainState",
+    "check_int",
+    "check_positive",
+    "check_unit",
+    "is_traced",
+]
+
+DATA_AXIS = "data"
+"""The default name of the mesh axis that splits a batch or a set of chains."""
+
+
+class TrainState(NamedTuple):
+    """The state of a gradient trainer.
+
+    Attributes:
+      params: the trained parameters (a pytree).
+      opt_state: the optax state of ``params``.
+      step: ``[]`` int32, the number of updates taken.
+    """
+
+    params: Any
+    opt_state: Any
+    step: Any
+
+
+class Algorithm(NamedTuple):
+    """A trainer or sampler: two pure functions closed over static settings.
+
+    Attributes:
+      init: ``init(key, example_batch) -> State``; the batch gives shapes only.
+      step: ``step(key, state, batch) -> (State, Info)``; jit it, vmap it over seeds, scan
+        it over minibatches.
+
+    >>> import jax.numpy as jnp
+    >>> count = Algorithm(lambda key, batch: 0, lambda key, s, batch: (s + 1, {}))
+    >>> count.step(None, count.init(None, jnp.zeros(3)), jnp.zeros(3))
+    (1, {})
+    """
+
+    init: Callable[..., Any]
+    step: Callable[..., tuple[Any, Any]]
+
+
+def is_traced(x: Any) -> bool:
+    """Returns whether ``x`` is a JAX tracer (its value is unknown at this point).
+
+    >>> is_traced(1.0), jax.jit(lambda v: is_traced(v) + 0)(1.0).item()
+    (False, 1)
+    """
+    return isinstance(x, jax.core.Tracer)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def check_int(name: str, value: Any, lo: int = 1, hi: int | None = None) -> int:
+    """Returns ``int(value)`` or raises a ValueError naming ``name``.
+
+    Accepts Python and NumPy integers (not ``bool``, not floats) in ``[lo, hi]``.
+
+    >>> check_int("n_steps", 3)
+    3
+    >>> check_int("n_steps", 0)
+    Traceback (most recent call last):
+    ...
+    ValueError: n_steps: expected an int >= 1, got 0
+    """
+    if hi is None:
+        expected = f"an int >= {lo}"
+    else:
+        expected = f"an int in [{lo}, {hi}]"
+    if not _is_int(value) or value < lo or (hi is not None and value > hi):
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+    return int(value)
+
+
+def _as_real(name: str, value: Any, expected: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+    return float(value)
+
+
+def check_positive(name: str, value: Any, *, allow_zero: bool = False) -> float:
+    """Returns ``float(value)`` or raises a ValueError naming ``name``.
+
+    Accepts a finite real number ``> 0`` (``>= 0`` with ``allow_zero``).
+
+    >>> check_positive("lr", 1e-3)
+    0.001
+    >>> check_positive("lr", float("nan"))
+    Traceback (most recent call last):
+    ...
+    ValueError: lr: expected a finite number > 0, got nan
+    """
+    expected = f"a finite number {'>=' if allow_zero else '>'} 0"
+    v = _as_real(name, value, expected)
+    if not np.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+    return v
+
+
+def check_unit(name: str, value: Any, *, lo_open: bool = True, hi_open: bool = True) -> float:
+    """Returns ``float(value)`` or raises a ValueError naming ``name``.
+
+    Accepts a real number in the unit interval, open at the ends marked open (by default
+    ``(0, 1)``; ``lo_open=False, hi_open=False`` gives ``[0, 1]``).
+
+    >>> check_unit("tau", 1.0, hi_open=False)
+    1.0
+    >>> check_unit("expectile", 1.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: expectile: expected a value in (0, 1), got 1.0
+    """
+    interval = f"{'(' if lo_open else '['}0, 1{')' if hi_open else ']'}"
+    expected = f"a value in {interval}"
+    v = _as_real(name, value, expected)
+    ok_lo = v > 0 if lo_open else v >= 0
+    ok_hi = v < 1 if hi_open else v <= 1
+    if not (ok_lo and ok_hi):
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+    return v
+
+
+@runtime_checkable
+class Manifold(Protocol):
+    """What hexad's code asks of a manifold (``x, y: [..., dim]`` points, ``v`` tangents at ``x``).
+
+    The manifolds of :mod:`hexad.geometry` (Euclidean, sphere, flat torus, products) satisfy it;
+    a user's own manifold does if it has these members.
+
+    Attributes:
+      dim: the number of coordinates of a point (static).
+      intrinsic_dim: the manifold's dimension.
+    """
+
+    dim: int
+
+    @property
+    def intrinsic_dim(self) -> int: ...
+
+    def exp(self, x, v): ...
+
+    def log(self, x, y): ...
+
+    def dist(self, x, y): ...
+
+    def sqdist(self, x, y): ...
+
+    def proj(self, x): ...
+
+    def proj_tangent(self, x, v): ...
+
+    def inner(self, x, u, v): ...
+
+    def pairwise_sqdist(self, x, y): ...
+
+    def weighted_log(self, x, w, y): ...
+
+    def manifold_error(self, x): ...
+
+    def mean(self, x, w): ...
