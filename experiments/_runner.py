@@ -35,6 +35,7 @@ runs it with ``--quick``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
@@ -44,7 +45,6 @@ import sys
 import time
 import types
 import typing
-import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any

@@ -340,7 +340,12 @@ def test_train_chunks_resumes_to_the_uninterrupted_result(tmp_path):
     ctx2.resume = True
     seen = []
     resumed, info2 = ctx2.train_chunks(
-        chunk, jax.numpy.zeros(()), 5, key, tag="b", ckpt_every=1,
+        chunk,
+        jax.numpy.zeros(()),
+        5,
+        key,
+        tag="b",
+        ckpt_every=1,
         on_chunk=lambda c, s: seen.append(c),
     )
     assert seen == [3, 4]
