@@ -19,7 +19,7 @@ temperatures.
 Models: RWEFM on ``T^2`` (uniform noise clouds, Riemannian entropic maps, wrapped geodesics)
 and the Euclidean baseline on the angles in ``R^2`` (Gaussian noise fitted to the data, samples
 wrapped into ``[-pi, pi)`` at the end); same network, budget and sampler (the shared
-``compare`` routine of :mod:`experiments.rwefm_synthetic`). Training checkpoints through
+:func:`experiments._rwefm.compare`). Training checkpoints through
 ``hexad.cachex`` (``--resume`` continues from the newest durable chunk).
 
 Command:  python -m experiments.rwefm_protein [--quick] [--out DIR] [--seed N] [--set k=v ...]
@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import _runner
-from experiments.rwefm_synthetic import QUICK, TrainConfig, compare
+from experiments._rwefm import QUICK, TrainConfig, compare
 from hexad.data import protein
 from hexad.geometry import Torus
 

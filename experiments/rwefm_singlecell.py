@@ -13,7 +13,7 @@ cells. So the generator must produce new clouds with plausible compositions, not
 
 Models: RWEFM on the sphere (uniform noise clouds) and the Euclidean baseline on the ambient
 ``R^{n_pcs}`` (Gaussian noise fitted to the data, samples normalised onto the sphere at the
-end); same network, budget and sampler (see :mod:`experiments.rwefm_synthetic`).
+end); same network, budget and sampler (the shared :func:`experiments._rwefm.compare`).
 
 Training checkpoints through ``hexad.cachex`` every ``ckpt_every`` chunks (default
 ``checkpoints/<study>/<run>/<model>/``, or ``--ckpt DIR``); ``--resume`` restores each model's
@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import _runner
-from experiments.rwefm_synthetic import QUICK, TrainConfig, compare
+from experiments._rwefm import QUICK, TrainConfig, compare
 from hexad.data import load_pbmc68k
 from hexad.geometry import Sphere
 

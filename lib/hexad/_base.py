@@ -106,15 +106,23 @@ def check_int(name: str, value: Any, lo: int = 1, hi: int | None = None) -> int:
 
 
 def _as_real(name: str, value: Any, expected: str) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+    # Python and NumPy reals, and concrete 0-d arrays of a real dtype (NumPy or JAX).
+    if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name}: expected {expected}, got {value!r}")
-    return float(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    dtype = getattr(value, "dtype", None)
+    if np.ndim(value) == 0 and dtype is not None and np.issubdtype(dtype, np.number):
+        if not np.issubdtype(dtype, np.complexfloating):
+            return float(value)
+    raise ValueError(f"{name}: expected {expected}, got {value!r}")
 
 
 def check_positive(name: str, value: Any, *, allow_zero: bool = False) -> float:
     """Returns ``float(value)`` or raises a ValueError naming ``name``.
 
-    Accepts a finite real number ``> 0`` (``>= 0`` with ``allow_zero``).
+    Accepts a finite real number ``> 0`` (``>= 0`` with ``allow_zero``): a Python or NumPy
+    scalar or a 0-d array. A traced value (inside a user's ``jit``) is returned unchecked.
 
     >>> check_positive("lr", 1e-3)
     0.001
@@ -123,6 +131,8 @@ def check_positive(name: str, value: Any, *, allow_zero: bool = False) -> float:
     ...
     ValueError: lr: expected a finite number > 0, got nan
     """
+    if is_traced(value):
+        return value
     expected = f"a finite number {'>=' if allow_zero else '>'} 0"
     v = _as_real(name, value, expected)
     if not np.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
@@ -134,7 +144,8 @@ def check_unit(name: str, value: Any, *, lo_open: bool = True, hi_open: bool = T
     """Returns ``float(value)`` or raises a ValueError naming ``name``.
 
     Accepts a real number in the unit interval, open at the ends marked open (by default
-    ``(0, 1)``; ``lo_open=False, hi_open=False`` gives ``[0, 1]``).
+    ``(0, 1)``; ``lo_open=False, hi_open=False`` gives ``[0, 1]``). A traced value is returned
+    unchecked.
 
     >>> check_unit("tau", 1.0, hi_open=False)
     1.0
@@ -143,6 +154,8 @@ def check_unit(name: str, value: Any, *, lo_open: bool = True, hi_open: bool = T
     ...
     ValueError: expectile: expected a value in (0, 1), got 1.0
     """
+    if is_traced(value):
+        return value
     interval = f"{'(' if lo_open else '['}0, 1{')' if hi_open else ']'}"
     expected = f"a value in {interval}"
     v = _as_real(name, value, expected)
@@ -155,14 +168,36 @@ def check_unit(name: str, value: Any, *, lo_open: bool = True, hi_open: bool = T
 
 @runtime_checkable
 class Manifold(Protocol):
-    """What hexad's code asks of a manifold (``x, y: [..., dim]`` points, ``v`` tangents at ``x``).
+    """What hexad's code asks of a manifold: the members below, nothing else.
 
-    The manifolds of :mod:`hexad.geometry` (Euclidean, sphere, flat torus, products) satisfy it;
-    a user's own manifold does if it has these members.
+    The manifolds of :mod:`hexad.geometry` (``Euclidean``, ``Sphere``, ``Torus``, ``Product``)
+    satisfy it structurally, and so does a user's own class with these members;
+    ``isinstance(m, Manifold)`` checks that they are present (not their signatures). Points
+    ``x, y`` are ``[..., dim]`` arrays in the manifold's coordinates, ``u, v`` tangent vectors
+    at ``x`` of the same shape; point-wise members broadcast over the leading axes.
 
     Attributes:
       dim: the number of coordinates of a point (static).
       intrinsic_dim: the manifold's dimension.
+
+    Members:
+      ``exp(x, v)``, ``log(x, y)``: the exponential and logarithm maps, ``[..., dim]``.
+      ``dist(x, y)``, ``sqdist(x, y)``: geodesic distance and its square, ``[...]``.
+      ``proj(x)``: the nearest point of M; ``proj_tangent(x, v)``: the projection onto
+      ``T_x M``; ``inner(x, u, v)``: the metric, ``[...]``.
+      ``geodesic(x, v, t)``: point and velocity of ``s -> exp_x(s v)`` at ``s = t``.
+      ``pairwise_sqdist(x [n, dim], y [m, dim]) -> [n, m]``: all squared distances.
+      ``weighted_log(x [n, dim], w [n, m], y [m, dim], sqdist=None) -> [n, dim]``:
+      ``sum_j w_ij log_{x_i}(y_j)`` (``sqdist``: ``pairwise_sqdist(x, y)`` if already known).
+      ``manifold_error(x) -> [...]``: how far coordinates are from M (0 on it).
+      ``mean(x [n, dim], w [n]) -> [dim]``: a weighted (extrinsic) mean on M, ``w >= 0``
+      normalised inside.
+      ``random_normal(key, mean, scale, shape=()) -> [*shape, dim]``: (wrapped) normal samples.
+      Compact manifolds also have ``random_uniform(key, shape=())``; R^d has none.
+
+    >>> from hexad.geometry import Sphere, Torus
+    >>> isinstance(Sphere(3), Manifold), isinstance(Torus(2), Manifold), isinstance(3, Manifold)
+    (True, True, False)
     """
 
     dim: int
@@ -184,10 +219,14 @@ class Manifold(Protocol):
 
     def inner(self, x, u, v): ...
 
+    def geodesic(self, x, v, t): ...
+
     def pairwise_sqdist(self, x, y): ...
 
-    def weighted_log(self, x, w, y): ...
+    def weighted_log(self, x, w, y, sqdist=None): ...
 
     def manifold_error(self, x): ...
 
     def mean(self, x, w): ...
+
+    def random_normal(self, key, mean, scale, shape=()): ...

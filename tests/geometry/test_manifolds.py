@@ -9,6 +9,7 @@ import pytest
 
 from hexad.geometry import (
     Euclidean,
+    Manifold,
     Product,
     Sphere,
     Torus,
@@ -133,6 +134,95 @@ def test_checks_name_the_argument():
     with pytest.raises(ValueError, match="non-negative"):
         check_weights(np.array([1.0, -1.0]), "a", (2,))
     check_points(Torus(2), np.array([[math.pi - 1e-7, -math.pi]]), "x")
+
+
+@pytest.mark.parametrize("m", MANIFOLDS, ids=lambda m: type(m).__name__ + str(m.dim))
+def test_every_manifold_satisfies_the_protocol(m):
+    assert isinstance(m, Manifold)
+
+
+def test_a_class_without_mean_is_not_a_manifold():
+    # the protocol is structural: every other member present, ``mean`` missing -> not one
+    def stub(*args):
+        return None
+
+    class NoMean:
+        dim = intrinsic_dim = 2
+        exp = log = dist = sqdist = proj = proj_tangent = inner = geodesic = stub
+        pairwise_sqdist = weighted_log = manifold_error = random_normal = stub
+
+    assert not isinstance(NoMean(), Manifold)
+    NoMean.mean = stub
+    assert isinstance(NoMean(), Manifold)
+
+
+def test_circular_mean_across_the_seam():
+    # pi - 0.1 and -pi + 0.3 (= pi + 0.3) are 0.4 apart across the seam: their circular mean
+    # is the midpoint pi + 0.1 = -pi + 0.1, where the arithmetic mean of the angles is 0.1.
+    t = Torus(1)
+    x = jnp.array([[math.pi - 0.1], [-math.pi + 0.3]])
+    np.testing.assert_allclose(t.mean(x, jnp.ones(2)), [-math.pi + 0.1], atol=1e-6)
+    # weights 3 : 1 pull it toward the first angle: the weighted resultant's angle
+    w = jnp.array([3.0, 1.0])
+    want = math.atan2(
+        3 * math.sin(math.pi - 0.1) + math.sin(0.3 - math.pi),
+        3 * math.cos(math.pi - 0.1) + math.cos(0.3 - math.pi),
+    )
+    np.testing.assert_allclose(t.mean(x, w), [want], atol=1e-6)
+    # per angle on T^2, and invariant to rescaling the weights
+    t2 = Torus(2)
+    y = jnp.array([[math.pi - 0.1, 0.5], [-math.pi + 0.3, 0.7]])
+    np.testing.assert_allclose(t2.mean(y, jnp.ones(2)), [-math.pi + 0.1, 0.6], atol=1e-6)
+    np.testing.assert_array_equal(t2.mean(y, 5.0 * w), t2.mean(y, w))
+
+
+def test_sphere_mean_of_symmetric_points(key):
+    # A ring of k equal-weight points at colatitude 1.2 around a random axis u: the average
+    # is cos(1.2) u, whose projection is u exactly (up to rounding).
+    s = Sphere(3)
+    u = s.random_uniform(key)
+    e = s.proj(s.proj_tangent(u, jnp.array([1.0, 2.0, 3.0])))
+    f = jnp.cross(u, e)
+    phi = jnp.linspace(0.0, 2 * math.pi, 7)[:-1]
+    ring = jnp.cos(1.2) * u[None, :] + jnp.sin(1.2) * (
+        jnp.cos(phi)[:, None] * e[None, :] + jnp.sin(phi)[:, None] * f[None, :]
+    )
+    np.testing.assert_allclose(s.mean(ring, jnp.ones(6)), u, atol=1e-6)
+    # two points: the geodesic midpoint; with weights 2:1, the direction of the chord average
+    a, b = jnp.array([1.0, 0.0, 0.0]), jnp.array([0.0, 1.0, 0.0])
+    np.testing.assert_allclose(s.mean(jnp.stack([a, b]), jnp.ones(2)), s.proj(a + b), atol=1e-7)
+    np.testing.assert_allclose(
+        s.mean(jnp.stack([a, b]), jnp.array([2.0, 1.0])), s.proj(2 * a + b), atol=1e-7
+    )
+    assert float(s.manifold_error(s.mean(ring, jnp.arange(6.0)))) < 1e-6
+
+
+def test_euclidean_and_product_means(key):
+    kx, kw = jax.random.split(key)
+    e = Euclidean(3)
+    x = jax.random.normal(kx, (5, 3))
+    w = jax.random.uniform(kw, (5,))
+    np.testing.assert_allclose(e.mean(x, w), np.sum(w[:, None] * x, 0) / np.sum(w), rtol=1e-5)
+    # zero weights drop points: the mean of the rest
+    np.testing.assert_allclose(e.mean(x, jnp.array([1.0, 1, 0, 0, 0])), (x[0] + x[1]) / 2, 1e-6)
+    # a product's mean is its factors' means, exactly
+    p = Product((Sphere(3), Torus(2), Euclidean(1)))
+    y = jnp.concatenate(
+        [Sphere(3).random_uniform(kx, (5,)), Torus(2).random_uniform(kw, (5,)), x[:, :1]], -1
+    )
+    want = jnp.concatenate(
+        [Sphere(3).mean(y[:, :3], w), Torus(2).mean(y[:, 3:5], w), Euclidean(1).mean(y[:, 5:], w)]
+    )
+    np.testing.assert_array_equal(p.mean(y, w), want)
+    assert p.mean(y, w).shape == (6,)
+
+
+def test_mean_names_bad_shapes():
+    s = Sphere(3)
+    with pytest.raises(ValueError, match=r"x: expected points of shape \[n, 3\]"):
+        s.mean(jnp.zeros((4, 2)), jnp.ones(4))
+    with pytest.raises(ValueError, match=r"w: expected weights of shape \(4,\)"):
+        s.mean(s.random_uniform(jax.random.key(0), (4,)), jnp.ones(3))
 
 
 def test_fast_arccos_matches_float64():

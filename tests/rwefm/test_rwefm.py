@@ -11,13 +11,16 @@ import numpy as np
 import optax
 import pytest
 
-from hexad.geometry import Sphere, Torus
+from hexad._base import Algorithm, TrainState
+from hexad.geometry import Euclidean, Sphere, Torus
 from hexad.rwefm import (
     CloudBatch,
     NoiseModel,
     VectorField,
     fit_noise,
+    make_loss,
     make_sampler,
+    make_train,
     make_trainer,
     mmd,
     one_nn_accuracy,
@@ -66,8 +69,9 @@ def test_loss_is_zero_for_the_true_field(key):
     tr0 = make_trainer(S2, zero, optax.sgd(0.1), NoiseModel(S2), ot_pairing=False)
     params = tr.init(kl, batch).params
     # jitted: one compilation is cheaper than eager ott-jax loops
-    loss = float(jax.jit(tr.loss)(params, kl, batch))
-    ref = float(jax.jit(tr0.loss)(tr0.init(kl, batch).params, kl, batch))
+    loss = float(jax.jit(make_loss(S2, model, NoiseModel(S2), ot_pairing=True))(params, kl, batch))
+    loss0 = make_loss(S2, zero, NoiseModel(S2), ot_pairing=False)
+    ref = float(jax.jit(loss0)(tr0.init(kl, batch).params, kl, batch))
     # Measured over 20 keys x {default, AVX2, SSE4_2} (centres from the parameters, same ops):
     # ref mean 2.91, sd 0.50, min 2.00, max 3.75; loss / max(ref, 1) mean 7e-13, max 2.2e-11.
     assert ref > 0.5  # the zero field is far off: noise points are ~pi/2 from a centre
@@ -90,7 +94,7 @@ def test_short_training_lowers_the_loss_one_trace(torus_setup, key):
     tr = make_trainer(T2, model, optax.adam(1e-2), noise, ot_pairing=True)
     state = tr.init(key, batch)
     step = jax.jit(chex.assert_max_traces(tr.step, n=1))
-    loss = jax.jit(tr.loss)
+    loss = jax.jit(make_loss(T2, model, noise, ot_pairing=True))
     # average over 8 fixed keys: the stochastic loss has a few percent noise per key
     keys = jax.random.split(jax.random.key(7), 8)
     before = float(jnp.mean(jnp.stack([loss(state.params, k, batch) for k in keys])))
@@ -118,12 +122,13 @@ def test_eight_devices_match_one(torus_setup, key):
     # jax.make_mesh gives Explicit axes on jax 0.10; the trainer converts them to Auto
     mesh = jax.make_mesh((8,), ("data",))
     tr1 = make_trainer(T2, model, optax.adam(1e-2), noise, ot_pairing=False)
-    tr8 = make_trainer(T2, model, optax.adam(1e-2), noise, ot_pairing=False, mesh=mesh)
+    loss1 = make_loss(T2, model, noise, ot_pairing=False)
+    loss8 = make_loss(T2, model, noise, ot_pairing=False, mesh=mesh)
     params = tr1.init(key, batch).params
-    l1 = jax.jit(tr1.loss)(params, key, batch)
+    l1 = jax.jit(loss1)(params, key, batch)
     sharded = shard_batch(batch, mesh)
     assert len(sharded.points.sharding.device_set) == 8
-    l8 = jax.jit(tr8.loss)(params, key, sharded)
+    l8 = jax.jit(loss8)(params, key, sharded)
     # |l8 - l1| / l1 measured over 20 keys (data, init and loss keys) x {default, AVX2,
     # SSE4_2}: mostly 0 to 2.4e-7 (float rounding), but one key gives 8.3e-6 under every ISA
     # (mean 5.3e-7, sd 1.8e-6, max 8.3e-6): rtol 1e-5 had no room. A shard dropped or paired
@@ -133,7 +138,92 @@ def test_eight_devices_match_one(torus_setup, key):
     with pytest.raises(ValueError, match="batch: leading dimension 6"):
         shard_batch(odd, mesh)
     with pytest.raises(ValueError, match="batch: leading dimension 6"):
-        jax.jit(tr8.loss)(params, key, odd)
+        jax.jit(loss8)(params, key, odd)
+    # the mesh convention: any axis name, given as ``axis``
+    clouds = jax.make_mesh((8,), ("clouds",))
+    loss_c = make_loss(T2, model, noise, ot_pairing=False, mesh=clouds, axis="clouds")
+    with pytest.raises(
+        ValueError, match="leading dimension 6 must be divisible by the mesh axis 'c"
+    ):
+        jax.jit(loss_c)(params, key, odd)
+
+
+def test_make_train_equals_stepping_by_hand_and_traces_once(key):
+    # A tiny torus trainer (no cloud pairing, short Sinkhorn) keeps the two compilations cheap.
+    clouds = wrapped_normal_mixture_clouds(jax.random.key(5), 8, 6, n_modes=2)
+    w = jnp.ones((8, 6)).at[::2, 5].set(0.0)
+    model = VectorField(T2, width=8, depth=1, heads=1)
+    noise = NoiseModel(T2)
+    settings = dict(ot_pairing=False, sinkhorn_iterations=30)
+    tr = make_trainer(T2, model, optax.adam(1e-2), noise, **settings)
+    assert isinstance(tr, Algorithm)
+    state0 = tr.init(jax.random.key(1), CloudBatch(clouds[:4], w[:4]))
+    assert isinstance(state0, TrainState) and int(state0.step) == 0
+    train = jax.jit(chex.assert_max_traces(make_train(tr, 3, 4), n=1))
+    state, infos = train(key, state0, clouds, w)
+    assert int(state.step) == 3 and infos.loss.shape == (3,)
+
+    # by hand: the documented key schedule, one jitted step at a time
+    step = jax.jit(tr.step)
+    loss = jax.jit(make_loss(T2, model, noise, **settings))
+    hand, losses, objective = state0, [], []
+    for k in jax.random.split(key, 3):
+        k_idx, k_step = jax.random.split(k)
+        idx = jax.random.choice(k_idx, 8, (4,), replace=False)
+        batch = CloudBatch(clouds[idx], w[idx])
+        objective.append(loss(hand.params, k_step, batch))
+        hand, info = step(k_step, hand, batch)
+        losses.append(info.loss)
+    # Same operations compiled in a scan body and alone: equal up to float rounding (a
+    # different minibatch or key moves the loss by percents).
+    chex.assert_trees_all_close(state.params, hand.params, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(infos.loss, jnp.stack(losses), rtol=1e-5)
+    # make_loss is the step's objective at the parameters before the update
+    np.testing.assert_allclose(jnp.stack(objective), jnp.stack(losses), rtol=1e-5)
+
+    # a second chunk with another key and state reuses the trace
+    state2, _ = train(jax.random.fold_in(key, 1), state, clouds, w)
+    assert int(state2.step) == 6
+
+
+def test_training_settings_are_checked_and_named(key):
+    model = ConstantField((0.0, 0.0))
+    opt = optax.sgd(0.1)
+    with pytest.raises(ValueError, match="epsilon: expected a finite number > 0, got 0"):
+        make_trainer(T2, model, opt, NoiseModel(T2), epsilon=0.0)
+    with pytest.raises(ValueError, match=r"p_uncond: expected a value in \[0, 1\], got 1.5"):
+        make_loss(T2, model, NoiseModel(T2), p_uncond=1.5)
+    with pytest.raises(ValueError, match="sinkhorn_iterations: expected an int >= 1"):
+        make_trainer(T2, model, opt, NoiseModel(T2), sinkhorn_iterations=0)
+    with pytest.raises(TypeError, match="noise: expected a NoiseModel"):
+        make_trainer(T2, model, opt, None)
+    with pytest.raises(TypeError, match="manifold: expected a hexad.geometry.Manifold"):
+        make_trainer("torus", model, opt, NoiseModel(T2))
+    tr = make_trainer(T2, model, opt, NoiseModel(T2), ot_pairing=False)
+    with pytest.raises(ValueError, match="n_steps: expected an int >= 1, got 0"):
+        make_train(tr, 0, 2)
+    with pytest.raises(TypeError, match="trainer: expected an Algorithm"):
+        make_train(object(), 1, 2)
+    clouds = T2.random_uniform(key, (3, 4))
+    train = make_train(tr, 1, 4)
+    with pytest.raises(ValueError, match="batch_size: expected at most the 3 clouds"):
+        train(key, None, clouds, jnp.ones((3, 4)))
+    with pytest.raises(ValueError, match=r"weights: expected shape \(3, 4\)"):
+        train(key, None, clouds, jnp.ones((3, 5)))
+
+
+def test_fit_noise_uses_the_manifold_mean(torus_setup):
+    # The torus noise's centre is the per-angle circular mean of the real points: the formula
+    # fit_noise used before the manifolds had a mean, bit for bit.
+    batch, _, _ = torus_setup
+    x = batch.points.reshape(-1, 2)
+    w = (batch.weights.reshape(-1) > 0).astype(x.dtype)
+    w = w / jnp.sum(w)
+    noise = fit_noise(T2, batch)
+    np.testing.assert_array_equal(noise.loc, jnp.arctan2(w @ jnp.sin(x), w @ jnp.cos(x)))
+    e = fit_noise(Euclidean(2), batch)
+    np.testing.assert_array_equal(e.loc, w @ x)
+    assert noise.kind == "normal" and float(noise.scale) > 0
 
 
 def test_samplers_are_exact_for_constant_fields(key):

@@ -66,7 +66,8 @@ def _trained_models(out_dir):
     if not path.is_file():  # nothing logged
         return []
     rows = [json.loads(s) for s in path.read_text().splitlines()]
-    return [(r["model"], r["step"]) for r in rows if "model" in r]
+    # one line per training chunk (Context.train_chunks), named by its stage
+    return [(r["stage"], r["step"]) for r in rows if "stage" in r]
 
 
 @pytest.mark.slow  # ~48 s of CPU (one study run, compilation); the default budget is ~100 s
@@ -108,7 +109,7 @@ def test_protein_study_interrupted_and_resumed_equals_uninterrupted(tmp_path, mo
     log = _runner.Context.log
 
     def interrupt(self, **m):
-        if m.get("model") == "rwefm" and m.get("step") == 2:
+        if m.get("stage") == "rwefm" and m.get("step") == 2:
             raise _Interrupted
         return log(self, **m)
 

@@ -2,11 +2,13 @@
 
 Manifolds are static ``flax.struct`` dataclasses with closed-form ``exp``, ``log``, distances,
 tangent projections, samplers (uniform, wrapped normal, von Mises-Fisher) and vectorised
-pairwise costs; see :class:`hexad.geometry.Manifold` for the method list.
+pairwise costs and weighted means. :class:`Manifold` (the protocol of :mod:`hexad._base`,
+re-exported here) lists what the rest of hexad asks of a manifold; annotate with it.
 """
 
-from hexad.geometry._checks import check_points, check_weights, is_traced
-from hexad.geometry._manifolds import Euclidean, Manifold, Product, Sphere, Torus, wrap_angle
+from hexad._base import Manifold
+from hexad.geometry._checks import check_points, check_weights
+from hexad.geometry._manifolds import Euclidean, Product, Sphere, Torus, wrap_angle
 
 __all__ = [
     "Euclidean",
@@ -16,6 +18,5 @@ __all__ = [
     "Torus",
     "check_points",
     "check_weights",
-    "is_traced",
     "wrap_angle",
 ]

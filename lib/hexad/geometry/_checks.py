@@ -8,18 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import numpy as np
 
-__all__ = ["check_points", "check_weights", "is_traced"]
+from hexad._base import Manifold, is_traced
+
+__all__ = ["check_points", "check_weights"]
 
 
-def is_traced(x: Any) -> bool:
-    """Returns whether ``x`` is a JAX tracer (values unknown at this point)."""
-    return isinstance(x, jax.core.Tracer)
-
-
-def check_points(manifold: Any, x: Any, name: str, *, ndim: int | None = None, atol=1e-4) -> None:
+def check_points(
+    manifold: Manifold, x: Any, name: str, *, ndim: int | None = None, atol=1e-4
+) -> None:
     """Raises a ValueError naming ``name`` unless ``x`` is finite points ``[..., dim]`` on M.
 
     Args:
@@ -60,6 +58,17 @@ def check_points(manifold: Any, x: Any, name: str, *, ndim: int | None = None, a
 def check_weights(w: Any, name: str, shape: tuple[int, ...]) -> None:
     """Raises a ValueError naming ``name`` unless ``w`` is non-negative weights of ``shape``
     with a positive sum along the last axis.
+
+    Args:
+      w: the array to check.
+      name: the argument's name, used in the message.
+      shape: the exact shape expected.
+
+    >>> check_weights(np.ones((2, 3)), "a", (2, 3))
+    >>> check_weights(np.zeros(3), "a", (3,))
+    Traceback (most recent call last):
+    ...
+    ValueError: a: expected a positive total weight per cloud, got all-zero weights
     """
     if tuple(getattr(w, "shape", np.shape(w))) != tuple(shape):
         raise ValueError(f"{name}: expected weights of shape {tuple(shape)}, got {np.shape(w)}")

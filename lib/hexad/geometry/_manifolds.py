@@ -4,6 +4,8 @@ Every manifold is a ``flax.struct.dataclass`` whose fields are static, so it can
 by a jitted function or passed through ``jit``/``vmap`` without becoming a traced value. Points
 are arrays ``[..., dim]`` in the manifold's coordinates (ambient coordinates for the sphere,
 angles in ``[-pi, pi)`` for the torus); all point-wise methods broadcast over leading axes.
+Each class satisfies :class:`hexad._base.Manifold` structurally (it does not inherit from the
+protocol, so a missing member fails ``isinstance`` instead of inheriting a stub).
 
 The numerics follow the known traps: the sphere's distance uses ``2 atan2(|x-y|, |x+y|)``
 (accurate at small angles and near antipodes), the sphere's ``log`` divides by ``|y - <x,y>x|``
@@ -14,15 +16,15 @@ unique), and torus differences are wrapped into ``[-pi, pi)`` before anything el
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
+from hexad._base import Manifold
+
 __all__ = [
     "Euclidean",
-    "Manifold",
     "Product",
     "Sphere",
     "Torus",
@@ -99,22 +101,17 @@ def _dot(x: Array, y: Array) -> Array:
     return jnp.sum(x * y, axis=-1, keepdims=True)
 
 
-class Manifold:
-    """Interface shared by the manifolds (documentation only; the methods live on each class).
+def _check_mean_args(m: Manifold, x: Array, w: Array) -> None:
+    """Raises a ValueError naming the argument unless ``x`` is ``[n, m.dim]`` and ``w`` ``[n]``
+    (static shapes only, so it also runs under a trace)."""
+    if jnp.ndim(x) != 2 or jnp.shape(x)[-1] != m.dim:
+        raise ValueError(f"x: expected points of shape [n, {m.dim}], got shape {jnp.shape(x)}")
+    if jnp.shape(w) != jnp.shape(x)[:1]:
+        raise ValueError(f"w: expected weights of shape {jnp.shape(x)[:1]}, got {jnp.shape(w)}")
 
-    Attributes every manifold has:
-      dim: number of coordinates of a point (static).
-      intrinsic_dim: the manifold's dimension.
 
-    Methods (``x, y: [..., dim]`` points, ``v: [..., dim]`` tangent vectors at ``x``):
-      ``exp(x, v)``, ``log(x, y)``, ``dist(x, y)``, ``sqdist(x, y)``, ``proj_tangent(x, v)``,
-      ``proj(x)``, ``inner(x, u, v)``, ``geodesic(x, v, t)`` (point and velocity at time
-      ``t`` of ``t -> exp_x(t v)``), ``pairwise_sqdist(x [n,dim], y [m,dim]) -> [n,m]``,
-      ``weighted_log(x [n,dim], w [n,m], y [m,dim]) -> [n,dim]`` (``sum_j w_ij log_{x_i}
-      y_j`` without an ``[n, m, dim]`` intermediate where possible), ``manifold_error(x)``
-      (distance of coordinates from the manifold), ``random_uniform``, ``random_normal``
-      (wrapped normal).
-    """
+def _normalise(w: Array) -> Array:
+    return w / jnp.sum(w)
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,7 +120,7 @@ class Manifold:
 
 
 @struct.dataclass
-class Euclidean(Manifold):
+class Euclidean:
     """Euclidean space ``R^dim``.
 
     Attributes:
@@ -179,6 +176,16 @@ class Euclidean(Manifold):
         del sqdist
         return w @ y - jnp.sum(w, axis=-1, keepdims=True) * x
 
+    def mean(self, x: Array, w: Array) -> Array:
+        """Returns the weighted mean ``[dim]`` of ``x [n, dim]`` (weights ``w [n] >= 0``,
+        normalised here).
+
+        >>> Euclidean(1).mean(jnp.array([[0.0], [3.0]]), jnp.array([2.0, 1.0])).tolist()
+        [1.0]
+        """
+        _check_mean_args(self, x, w)
+        return self.proj(_normalise(w) @ x)
+
     def random_normal(
         self, key: Array, mean: Array, scale: Array | float, shape: tuple[int, ...] = ()
     ) -> Array:
@@ -193,7 +200,7 @@ class Euclidean(Manifold):
 
 
 @struct.dataclass
-class Sphere(Manifold):
+class Sphere:
     """The unit sphere ``S^{dim-1}`` in ``R^dim`` with its round metric.
 
     Attributes:
@@ -277,6 +284,20 @@ class Sphere(Manifold):
         ws = w * s
         out = ws @ y - jnp.sum(ws * c, axis=-1, keepdims=True) * x
         return self.proj_tangent(x, out)
+
+    def mean(self, x: Array, w: Array) -> Array:
+        """Returns the extrinsic mean ``[dim]``: the weighted average of ``x [n, dim]`` (weights
+        ``w [n] >= 0``, normalised here) projected onto the sphere.
+
+        Where the average is the origin (e.g. two antipodes of equal weight) no point is
+        nearest and the result is the zero vector, off the sphere.
+
+        >>> x = jnp.array([[0.6, 0.0, 0.8], [-0.6, 0.0, 0.8]])
+        >>> Sphere(3).mean(x, jnp.ones(2)).round(4).tolist()
+        [0.0, 0.0, 1.0]
+        """
+        _check_mean_args(self, x, w)
+        return self.proj(_normalise(w) @ x)
 
     def random_uniform(self, key: Array, shape: tuple[int, ...] = ()) -> Array:
         """Uniform samples ``[*shape, dim]`` (normalised Gaussians)."""
@@ -364,7 +385,7 @@ def _wood_w(key: Array, kappa: Array, dim: int) -> Array:
 
 
 @struct.dataclass
-class Torus(Manifold):
+class Torus:
     """The flat torus ``T^dim = (R / 2 pi Z)^dim``, points as angles in ``[-pi, pi)``.
 
     Attributes:
@@ -427,6 +448,22 @@ class Torus(Manifold):
         ]
         return jnp.stack(cols, axis=-1)
 
+    def mean(self, x: Array, w: Array) -> Array:
+        """Returns the circular mean ``[dim]`` of angles ``x [n, dim]``, per angle:
+        ``atan2(sum_i w_i sin x_i, sum_i w_i cos x_i)`` (weights ``w [n] >= 0``, normalised
+        here), in ``[-pi, pi]``.
+
+        It is the extrinsic mean on the circle, unaffected by the seam at ``+-pi``; where the
+        weighted unit vectors cancel (e.g. uniform angles) it is 0.
+
+        >>> x = jnp.array([[3.0], [-3.0]])  # both near the seam
+        >>> round(abs(float(Torus(1).mean(x, jnp.ones(2))[0])), 4)  # pi, not 0
+        3.1416
+        """
+        _check_mean_args(self, x, w)
+        w = _normalise(w)
+        return jnp.arctan2(w @ jnp.sin(x), w @ jnp.cos(x))
+
     def random_uniform(self, key: Array, shape: tuple[int, ...] = ()) -> Array:
         """Uniform angles ``[*shape, dim]`` in ``[-pi, pi)``."""
         return jax.random.uniform(key, (*shape, self.dim), minval=-math.pi, maxval=math.pi)
@@ -445,7 +482,7 @@ class Torus(Manifold):
 
 
 @struct.dataclass
-class Product(Manifold):
+class Product:
     """The product ``M_1 x ... x M_k``; a point concatenates the factors' coordinates.
 
     Attributes:
@@ -456,7 +493,7 @@ class Product(Manifold):
     (5, 4)
     """
 
-    factors: tuple[Any, ...] = struct.field(pytree_node=False)
+    factors: tuple[Manifold, ...] = struct.field(pytree_node=False)
 
     @property
     def dim(self) -> int:
@@ -526,6 +563,20 @@ class Product(Manifold):
             for f, xp, yp in zip(self.factors, self._split(x), self._split(y), strict=True)
         ]
         return jnp.concatenate(parts, axis=-1)
+
+    def mean(self, x: Array, w: Array) -> Array:
+        """Returns the factor-wise mean ``[dim]`` of ``x [n, dim]``: each factor's own ``mean``
+        of its coordinates with the same weights ``w [n] >= 0``.
+
+        >>> p = Product((Euclidean(1), Torus(1)))
+        >>> m = p.mean(jnp.array([[1.0, 3.0], [3.0, -3.0]]), jnp.ones(2))
+        >>> [round(float(v), 4) for v in m]
+        [2.0, 3.1416]
+        """
+        _check_mean_args(self, x, w)
+        return jnp.concatenate(
+            [f.mean(xp, w) for f, xp in zip(self.factors, self._split(x), strict=True)], axis=-1
+        )
 
     def random_uniform(self, key: Array, shape: tuple[int, ...] = ()) -> Array:
         keys = jax.random.split(key, len(self.factors))

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.tree_util as jtu
 from ott.geometry import costs
+
+from hexad.geometry import Manifold
 
 __all__ = ["SqGeodesic"]
 
@@ -35,7 +35,7 @@ class SqGeodesic(costs.CostFn):
     2.4674
     """
 
-    def __init__(self, manifold: Any):
+    def __init__(self, manifold: Manifold):
         self.manifold = manifold
 
     def __call__(self, x: jax.Array, y: jax.Array) -> jax.Array:

@@ -16,7 +16,8 @@ from ott.problems.linear import linear_problem
 from ott.solvers.linear import sinkhorn
 from ott.tools import sinkhorn_divergence as ott_sd
 
-from hexad.geometry import check_points, check_weights, is_traced
+from hexad._base import is_traced
+from hexad.geometry import Manifold, check_points, check_weights
 from hexad.ot._costs import SqGeodesic
 from hexad.ot._online import BlockedPointCloud
 
@@ -56,7 +57,7 @@ class EntropicMapOutput(NamedTuple):
 
 
 def barycentric_tangent(
-    manifold: Any,
+    manifold: Manifold,
     x: Array,
     y: Array,
     b: Array,
@@ -133,7 +134,7 @@ class EntropicMap:
     (True, (16, 3))
     """
 
-    manifold: Any = struct.field(pytree_node=False)
+    manifold: Manifold = struct.field(pytree_node=False)
     epsilon: float = struct.field(pytree_node=False, default=0.05)
     threshold: float = struct.field(pytree_node=False, default=1e-3)
     max_iterations: int = struct.field(pytree_node=False, default=500)
@@ -199,7 +200,7 @@ class EntropicMap:
 
 
 def entropic_map(
-    manifold: Any,
+    manifold: Manifold,
     x: Array,
     y: Array,
     a: Array | None = None,
@@ -228,7 +229,9 @@ def entropic_map(
     return solver(x, y, a, b)
 
 
-def mccann_interpolation(manifold: Any, x: Array, tangent: Array, t: Array) -> tuple[Array, Array]:
+def mccann_interpolation(
+    manifold: Manifold, x: Array, tangent: Array, t: Array
+) -> tuple[Array, Array]:
     """Returns McCann's displacement interpolation and its velocity at time ``t``.
 
     ``x_i(t) = exp_{x_i}(t v_i)`` with ``v_i = log_{x_i} T(x_i)`` (the map's ``tangent``), and
@@ -260,7 +263,7 @@ def mccann_interpolation(manifold: Any, x: Array, tangent: Array, t: Array) -> t
 
 
 def sinkhorn_divergence(
-    manifold: Any,
+    manifold: Manifold,
     x: Array,
     y: Array,
     a: Array | None = None,
@@ -325,7 +328,7 @@ def sinkhorn_divergence(
     return div
 
 
-def sinkhorn_w2(manifold: Any, x: Array, y: Array, a=None, b=None, **kwargs: Any) -> Array:
+def sinkhorn_w2(manifold: Manifold, x: Array, y: Array, a=None, b=None, **kwargs: Any) -> Array:
     """Returns ``sqrt(max(S_eps, 0))``, the Sinkhorn-divergence estimate of ``W_2`` on ``M``.
 
     Same arguments as :func:`sinkhorn_divergence`.
@@ -341,7 +344,7 @@ def sinkhorn_w2(manifold: Any, x: Array, y: Array, a=None, b=None, **kwargs: Any
     return jnp.where(zero, 0.0, jnp.sqrt(jnp.where(zero, 1.0, div)))
 
 
-def _validate_pair(manifold: Any, x: Any, y: Any, a: Any, b: Any) -> None:
+def _validate_pair(manifold: Manifold, x: Any, y: Any, a: Any, b: Any) -> None:
     check_points(manifold, x, "x", ndim=2)
     check_points(manifold, y, "y", ndim=2)
     if a is not None:

@@ -4,6 +4,9 @@ Data are clouds (probability measures on M: the sphere, the flat torus, ...). A
 permutation-equivariant transformer :class:`VectorField` is regressed onto the velocities of
 McCann interpolations between noise clouds and data clouds, built from the Riemannian entropic
 map (:mod:`hexad.ot`); :func:`make_sampler` integrates it with Riemannian Euler/midpoint steps.
+Training: :func:`make_trainer` returns the :class:`hexad._base.Algorithm` ``(init, step)``,
+:func:`make_train` scans its step over minibatches of a set of clouds, and :func:`make_loss`
+is the step's objective alone (for evaluation).
 Metrics: Sinkhorn W2 on M between clouds, 1-NN two-sample accuracy, MMD.
 """
 
@@ -14,13 +17,14 @@ from hexad.rwefm._train import (
     CloudBatch,
     NoiseModel,
     Sampler,
-    Trainer,
     TrainInfo,
     TrainState,
     euclidean_baseline,
     fit_noise,
     flow_matching_loss,
+    make_loss,
     make_sampler,
+    make_train,
     make_trainer,
     pair_clouds,
     shard_batch,
@@ -33,13 +37,14 @@ __all__ = [
     "Sampler",
     "TrainInfo",
     "TrainState",
-    "Trainer",
     "VectorField",
     "cloud_distances",
     "euclidean_baseline",
     "fit_noise",
     "flow_matching_loss",
+    "make_loss",
     "make_sampler",
+    "make_train",
     "make_trainer",
     "mmd",
     "one_nn_accuracy",

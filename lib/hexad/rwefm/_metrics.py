@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
+from hexad.geometry import Manifold
 from hexad.ot import sinkhorn_w2
 
 __all__ = ["cloud_distances", "mmd", "one_nn_accuracy", "set_w2"]
@@ -15,7 +14,7 @@ Array = jax.Array
 
 
 def cloud_distances(
-    manifold: Any,
+    manifold: Manifold,
     xs: Array,
     a: Array,
     ys: Array,

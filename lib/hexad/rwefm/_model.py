@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hexad.geometry import Torus
+from hexad.geometry import Manifold, Torus
 
 __all__ = ["VectorField", "time_embedding"]
 
@@ -55,7 +54,7 @@ class VectorField(nn.Module):
     (2, 5, 3)
     """
 
-    manifold: Any
+    manifold: Manifold
     width: int = 64
     depth: int = 2
     heads: int = 4

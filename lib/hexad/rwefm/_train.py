@@ -4,6 +4,11 @@ RWEFM (Riemannian Wasserstein entropic flow matching) regresses a vector field o
 the velocity of McCann's interpolation ``x_i(t) = exp_{x_i}(t log_{x_i} T(x_i))`` between a
 noise cloud and a data cloud, where ``T`` is the Riemannian entropic map (see
 :mod:`hexad.ot`). The Euclidean baseline is the same code with ``Euclidean(d)`` as the manifold.
+
+The trainer follows :mod:`hexad._base`: :func:`make_trainer` returns an
+:class:`hexad._base.Algorithm` ``(init, step)`` over a :class:`hexad._base.TrainState`, with the
+mesh convention ``mesh=None, axis="data"``; :func:`make_loss` is the same objective without the
+update (for evaluation), and :func:`make_train` scans ``n_steps`` minibatch steps in one call.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from ott.geometry import geometry as ott_geometry
 from ott.problems.linear import linear_problem
 from ott.solvers.linear import sinkhorn
 
-from hexad import sharding as _sharding
-from hexad.geometry import Euclidean, Torus, check_points
+from hexad import sharding
+from hexad._base import DATA_AXIS, Algorithm, TrainState, check_int, check_positive, check_unit
+from hexad.geometry import Euclidean, Manifold, check_points
 from hexad.ot import EntropicMap, mccann_interpolation
 
 __all__ = [
@@ -30,11 +36,12 @@ __all__ = [
     "Sampler",
     "TrainInfo",
     "TrainState",
-    "Trainer",
     "euclidean_baseline",
     "fit_noise",
     "flow_matching_loss",
+    "make_loss",
     "make_sampler",
+    "make_train",
     "make_trainer",
     "pair_clouds",
     "shard_batch",
@@ -58,20 +65,6 @@ class CloudBatch(NamedTuple):
     labels: Array | None = None
 
 
-class TrainState(NamedTuple):
-    """Training state.
-
-    Attributes:
-      params: the vector field's parameters (pytree).
-      opt_state: optax state.
-      step: ``[]`` int32, number of steps taken.
-    """
-
-    params: Any
-    opt_state: Any
-    step: Array
-
-
 class TrainInfo(NamedTuple):
     """Diagnostics of one step (all ``[]``).
 
@@ -86,18 +79,6 @@ class TrainInfo(NamedTuple):
     grad_norm: Array
     map_converged: Array
     map_iters: Array
-
-
-class Trainer(NamedTuple):
-    """The RWEFM training functions.
-
-    ``init(key, batch) -> TrainState``; ``step(key, state, batch) -> (TrainState, TrainInfo)``;
-    ``loss(params, key, batch) -> []``, the step's objective (for evaluation).
-    """
-
-    init: Callable
-    step: Callable
-    loss: Callable
 
 
 class Sampler(NamedTuple):
@@ -121,7 +102,7 @@ class NoiseModel:
     (2, 4, 3)
     """
 
-    manifold: Any = struct.field(pytree_node=False)
+    manifold: Manifold = struct.field(pytree_node=False)
     kind: str = struct.field(pytree_node=False, default="uniform")
     loc: Array | None = None
     scale: Array | float = 1.0
@@ -134,12 +115,13 @@ class NoiseModel:
         return self.manifold.random_normal(key, loc, self.scale, shape)
 
 
-def fit_noise(manifold: Any, batch: CloudBatch, kind: str = "normal") -> NoiseModel:
+def fit_noise(manifold: Manifold, batch: CloudBatch, kind: str = "normal") -> NoiseModel:
     """Returns a noise model matched to the data's spread (host-side, concrete arrays).
 
-    ``loc`` is an extrinsic mean (projected onto the sphere; circular mean per angle on the
-    torus; plain mean in Euclidean space) of all points; ``scale`` is the root mean squared
-    geodesic distance to it divided by ``sqrt(intrinsic_dim)``.
+    ``loc`` is ``manifold.mean`` of all real (unpadded) points with equal weights (an extrinsic
+    mean: projected onto the sphere, circular per angle on the torus, plain in Euclidean
+    space); ``scale`` is the root mean squared geodesic distance to it divided by
+    ``sqrt(intrinsic_dim)``.
 
     Args:
       manifold: the manifold.
@@ -155,19 +137,27 @@ def fit_noise(manifold: Any, batch: CloudBatch, kind: str = "normal") -> NoiseMo
         raise ValueError(f"kind: expected 'normal' or 'uniform', got {kind!r}")
     validate_batch(manifold, batch)
     x = batch.points.reshape(-1, manifold.dim)
-    w = (batch.weights.reshape(-1) > 0).astype(x.dtype)
-    w = w / jnp.sum(w)
-    if isinstance(manifold, Torus):
-        loc = jnp.arctan2(w @ jnp.sin(x), w @ jnp.cos(x))
-    else:
-        loc = manifold.proj(w @ x)
+    real = (batch.weights.reshape(-1) > 0).astype(x.dtype)
+    loc = manifold.mean(x, real)
+    w = real / jnp.sum(real)
     d2 = manifold.sqdist(jnp.broadcast_to(loc, x.shape), x)
     scale = jnp.sqrt(jnp.sum(w * d2) / manifold.intrinsic_dim)
     return NoiseModel(manifold, kind, loc, scale)
 
 
-def validate_batch(manifold: Any, batch: CloudBatch, name: str = "batch") -> None:
-    """Raises ValueError/TypeError naming ``name`` for malformed clouds (host side)."""
+def validate_batch(manifold: Manifold, batch: CloudBatch, name: str = "batch") -> None:
+    """Raises ValueError/TypeError naming ``name`` for malformed clouds (host side).
+
+    Checks ``points [B, n, d]`` on ``manifold`` where the weight is positive (padded points may
+    hold anything), ``weights [B, n]`` finite, non-negative and not all zero per cloud, and
+    ``labels [B]`` if given.
+
+    >>> from hexad.geometry import Sphere
+    >>> validate_batch(Sphere(3), CloudBatch(2.0 * jnp.ones((1, 2, 3)), jnp.ones((1, 2))))
+    Traceback (most recent call last):
+    ...
+    ValueError: batch.points: expected points on Sphere(dim=3) (error <= 0.0001), got points ...
+    """
     if not isinstance(batch, CloudBatch):
         raise TypeError(f"{name}: expected a CloudBatch, got {type(batch).__name__}")
     pts, w = batch.points, batch.weights
@@ -209,7 +199,7 @@ def flow_matching_loss(v_pred: Array, v_target: Array, weights: Array) -> Array:
 
 def pair_clouds(
     key: Array,
-    manifold: Any,
+    manifold: Manifold,
     noise: Array,
     noise_w: Array,
     data: Array,
@@ -239,8 +229,13 @@ def pair_clouds(
       rows_per_block: noise clouds whose ``B`` point-level solves run together (static).
         ``None`` picks all ``B`` on accelerators and, on CPU, as many as keep a block near
         ``2**20`` cost entries: the ``B^2`` solves are memory-bound there, and blocks that stay
-        in cache ran 1.9x faster (idle machine; 3x under load) than one ``[B, B, n, m]`` batch
-        at B = 32, n = m = 64 (same result, exactly).
+        in cache run faster than one ``[B, B, n, m]`` batch (same result, exactly).
+
+    >>> from hexad.geometry import Torus
+    >>> x = Torus(2).random_uniform(jax.random.key(0), (3, 4))
+    >>> w = jnp.ones((3, 4))
+    >>> pair_clouds(jax.random.key(1), Torus(2), x, w, x, w).shape
+    (3,)
     """
     solver = sinkhorn.Sinkhorn(
         max_iterations=inner_iterations, min_iterations=inner_iterations, inner_iterations=1
@@ -273,7 +268,7 @@ def pair_clouds(
     return jax.random.categorical(key, logits, axis=-1)
 
 
-def shard_batch(batch: CloudBatch, mesh: Mesh, axis: str = "data") -> CloudBatch:
+def shard_batch(batch: CloudBatch, mesh: Mesh, axis: str = DATA_AXIS) -> CloudBatch:
     """Returns ``batch`` placed on ``mesh`` with its leading (cloud) axis split along ``axis``.
 
     Any mesh is accepted (``jax.make_mesh``'s Explicit axes are converted to Auto axes on the
@@ -284,73 +279,40 @@ def shard_batch(batch: CloudBatch, mesh: Mesh, axis: str = "data") -> CloudBatch
     >>> shard_batch(CloudBatch(jnp.zeros((2, 3, 2)), jnp.ones((2, 3))), mesh).points.shape
     (2, 3, 2)
     """
-    sharding = _sharding.batch_sharding(mesh, axis)
-    _sharding.check_divisible(sharding.mesh, axis, int(jnp.shape(batch.points)[0]), "batch")
-    return jax.tree.map(lambda a: jax.device_put(a, sharding), batch)
+    placement = sharding.batch_sharding(mesh, axis)
+    sharding.check_divisible(placement.mesh, axis, int(jnp.shape(batch.points)[0]), "batch")
+    return jax.tree.map(lambda a: jax.device_put(a, placement), batch)
 
 
-def make_trainer(
-    manifold: Any,
-    model: Any,
-    optimizer: optax.GradientTransformation,
-    noise: NoiseModel,
-    *,
-    epsilon: float = 0.1,
-    sinkhorn_iterations: int = 300,
-    ot_pairing: bool = True,
-    p_uncond: float = 0.1,
-    mesh: Mesh | None = None,
-    data_axis: str = "data",
-) -> Trainer:
-    """Returns the RWEFM :class:`Trainer` (pure ``init``/``step``; the caller jits).
+def _check_settings(manifold, noise, epsilon, sinkhorn_iterations, p_uncond) -> None:
+    if not isinstance(manifold, Manifold):
+        raise TypeError(
+            f"manifold: expected a hexad.geometry.Manifold, got {type(manifold).__name__}"
+        )
+    if not isinstance(noise, NoiseModel):
+        raise TypeError(f"noise: expected a NoiseModel, got {type(noise).__name__}")
+    check_positive("epsilon", epsilon)
+    check_int("sinkhorn_iterations", sinkhorn_iterations)
+    check_unit("p_uncond", p_uncond, lo_open=False, hi_open=False)
 
-    One step: draw a noise cloud per data cloud (same padding mask, uniform masses), pair
-    noise and data clouds by cloud-level minibatch OT (``ot_pairing``), compute the Riemannian
-    entropic map of every pair (vmapped ott-jax Sinkhorn, ``epsilon``), draw ``t ~ U(0, 1)``
-    per cloud, regress ``model(x_t, mask, t, labels)`` onto McCann's velocity at ``x_t`` with
-    :func:`flow_matching_loss`, and apply ``optimizer``. With labels and
-    ``model.num_classes > 0``, labels are replaced by the null label with probability
-    ``p_uncond`` (classifier-free guidance training).
 
-    With ``mesh``, the batch is constrained to be split along ``data_axis`` (parameters are
-    replicated); the same code runs on one device without it. Any mesh is accepted: its axes
-    are made Auto (:func:`hexad.sharding.auto_axes`), and a batch whose number of clouds does
-    not divide the axis raises a ValueError when the step is traced.
-
-    Args:
-      manifold: the manifold (static); ``Euclidean(d)`` gives the Euclidean baseline.
-      model: a flax module called as ``model.apply(params, x, mask, t, labels)``
-        (e.g. :class:`hexad.rwefm.VectorField`) (static).
-      optimizer: an optax transformation (static).
-      noise: the :class:`NoiseModel`.
-      epsilon: entropic regularisation of the point-level maps (static).
-      sinkhorn_iterations: Sinkhorn's iteration bound for the maps (static).
-      ot_pairing: whether to pair clouds by minibatch OT (static).
-      p_uncond: label-dropout probability for CFG (static).
-      mesh: optional device mesh (static).
-      data_axis: the mesh axis that splits clouds (static).
-
-    >>> from hexad.geometry import Torus
-    >>> from hexad.rwefm import VectorField
-    >>> t2 = Torus(2)
-    >>> tr = make_trainer(t2, VectorField(t2, width=8, depth=1, heads=1), optax.adam(1e-3),
-    ...                   NoiseModel(t2), ot_pairing=False)
-    >>> batch = CloudBatch(t2.random_uniform(jax.random.key(0), (2, 4)), jnp.ones((2, 4)))
-    >>> state = tr.init(jax.random.key(1), batch)
-    >>> state, info = tr.step(jax.random.key(2), state, batch)
-    >>> info.loss.shape
-    ()
-    """
+def _objective(
+    manifold, model, noise, epsilon, sinkhorn_iterations, ot_pairing, p_uncond, mesh, axis
+):
+    """The pieces :func:`make_trainer` and :func:`make_loss` share: ``constrain(tree)`` (the
+    mesh constraint), ``targets(key, batch) -> (regression targets, entropic maps)`` and
+    ``regress(params, targets) -> []``."""
+    _check_settings(manifold, noise, epsilon, sinkhorn_iterations, p_uncond)
     mapper = EntropicMap(manifold, epsilon=epsilon, max_iterations=sinkhorn_iterations)
     num_classes = int(getattr(model, "num_classes", 0))
-    sharding = None if mesh is None else _sharding.batch_sharding(mesh, data_axis)
+    placement = None if mesh is None else sharding.batch_sharding(mesh, axis)
 
     def constrain(tree):
-        if sharding is None:
+        if placement is None:
             return tree
         for a in jax.tree.leaves(tree):
-            _sharding.check_divisible(sharding.mesh, data_axis, a.shape[0], "batch")
-        return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, sharding), tree)
+            sharding.check_divisible(placement.mesh, axis, a.shape[0], "batch")
+        return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, placement), tree)
 
     def targets(key: Array, batch: CloudBatch):
         kn, kp, kt, kl = jax.random.split(key, 4)
@@ -371,14 +333,74 @@ def make_trainer(
             labels = jnp.where(drop, num_classes, labels)
         return (xt, mask, t, labels, vt, a), out
 
-    def loss_from_targets(params, tg):
+    def regress(params, tg):
         xt, mask, t, labels, vt, a = tg
         v = model.apply(params, xt, mask, t, labels)
         return flow_matching_loss(v, vt, a)
 
-    def loss(params, key: Array, batch: CloudBatch) -> Array:
-        tg, _ = targets(key, constrain(batch))
-        return loss_from_targets(params, tg)
+    return constrain, targets, regress
+
+
+def make_trainer(
+    manifold: Manifold,
+    model: Any,
+    optimizer: optax.GradientTransformation,
+    noise: NoiseModel,
+    *,
+    epsilon: float = 0.1,
+    sinkhorn_iterations: int = 300,
+    ot_pairing: bool = True,
+    p_uncond: float = 0.1,
+    mesh: Mesh | None = None,
+    axis: str = DATA_AXIS,
+) -> Algorithm:
+    """Returns the RWEFM trainer, an :class:`hexad._base.Algorithm` ``(init, step)``.
+
+    ``init(key, example_batch) -> TrainState`` and ``step(key, state, batch) -> (TrainState,
+    TrainInfo)`` are pure; the caller jits (or scans them with :func:`make_train`).
+
+    One step: draw a noise cloud per data cloud (same padding mask, uniform masses), pair
+    noise and data clouds by cloud-level minibatch OT (``ot_pairing``), compute the Riemannian
+    entropic map of every pair (vmapped ott-jax Sinkhorn, ``epsilon``), draw ``t ~ U(0, 1)``
+    per cloud, regress ``model(x_t, mask, t, labels)`` onto McCann's velocity at ``x_t`` with
+    :func:`flow_matching_loss`, and apply ``optimizer``. With labels and
+    ``model.num_classes > 0``, labels are replaced by the null label with probability
+    ``p_uncond`` (classifier-free guidance training). ``info.loss`` is the objective at the
+    parameters before the update; :func:`make_loss` with the same arguments gives it without
+    the update (``make_loss(...)(state.params, key, batch) == step(key, state, batch)[1].loss``).
+
+    With ``mesh``, the batch is constrained to be split along ``axis`` (parameters are
+    replicated); the same code runs on one device without it. Any mesh is accepted: its axes
+    are made Auto (:func:`hexad.sharding.auto_axes`), and a batch whose number of clouds does
+    not divide the axis raises a ValueError when the step is traced.
+
+    Args:
+      manifold: the manifold (static); ``Euclidean(d)`` gives the Euclidean baseline.
+      model: a flax module called as ``model.apply(params, x, mask, t, labels)``
+        (e.g. :class:`hexad.rwefm.VectorField`) (static).
+      optimizer: an optax transformation (static).
+      noise: the :class:`NoiseModel`.
+      epsilon: entropic regularisation of the point-level maps, ``> 0`` (static).
+      sinkhorn_iterations: Sinkhorn's iteration bound for the maps, ``>= 1`` (static).
+      ot_pairing: whether to pair clouds by minibatch OT (static).
+      p_uncond: label-dropout probability for CFG, in ``[0, 1]`` (static).
+      mesh: optional device mesh (static).
+      axis: the mesh axis that splits clouds (static).
+
+    >>> from hexad.geometry import Torus
+    >>> from hexad.rwefm import VectorField
+    >>> t2 = Torus(2)
+    >>> tr = make_trainer(t2, VectorField(t2, width=8, depth=1, heads=1), optax.adam(1e-3),
+    ...                   NoiseModel(t2), ot_pairing=False)
+    >>> batch = CloudBatch(t2.random_uniform(jax.random.key(0), (2, 4)), jnp.ones((2, 4)))
+    >>> state = tr.init(jax.random.key(1), batch)
+    >>> state, info = tr.step(jax.random.key(2), state, batch)
+    >>> int(state.step), info.loss.shape
+    (1, ())
+    """
+    constrain, targets, regress = _objective(
+        manifold, model, noise, epsilon, sinkhorn_iterations, ot_pairing, p_uncond, mesh, axis
+    )
 
     def init(key: Array, batch: CloudBatch) -> TrainState:
         validate_batch(manifold, batch)
@@ -394,22 +416,136 @@ def make_trainer(
 
     def step(key: Array, state: TrainState, batch: CloudBatch) -> tuple[TrainState, TrainInfo]:
         tg, out = targets(key, constrain(batch))
-        lval, grads = jax.value_and_grad(loss_from_targets)(state.params, tg)
+        lval, grads = jax.value_and_grad(regress)(state.params, tg)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         info = TrainInfo(
             loss=lval,
-            grad_norm=optax.global_norm(grads),
+            grad_norm=optax.tree.norm(grads),
             map_converged=jnp.mean(out.converged.astype(jnp.float32)),
             map_iters=jnp.mean(out.n_iters.astype(jnp.float32)),
         )
         return TrainState(params, opt_state, state.step + 1), info
 
-    return Trainer(init=init, step=step, loss=loss)
+    return Algorithm(init=init, step=step)
+
+
+def make_loss(
+    manifold: Manifold,
+    model: Any,
+    noise: NoiseModel,
+    *,
+    epsilon: float = 0.1,
+    sinkhorn_iterations: int = 300,
+    ot_pairing: bool = True,
+    p_uncond: float = 0.1,
+    mesh: Mesh | None = None,
+    axis: str = DATA_AXIS,
+) -> Callable[[Any, Array, CloudBatch], Array]:
+    """Returns ``loss(params, key, batch) -> []``, the objective of :func:`make_trainer`'s step.
+
+    The same noise, pairing, maps, times and label dropout as the step built with the same
+    arguments (no optimizer) and the same ``key``, without the gradient or the update: for
+    evaluating a model on held-out clouds, or comparing fields. Pure; the caller jits.
+
+    Args:
+      manifold, model, noise, epsilon, sinkhorn_iterations, ot_pairing, p_uncond, mesh, axis:
+        as for :func:`make_trainer` (all static but ``noise``).
+
+    >>> from hexad.geometry import Torus
+    >>> from hexad.rwefm import VectorField
+    >>> t2 = Torus(2)
+    >>> f = VectorField(t2, width=8, depth=1, heads=1)
+    >>> loss = make_loss(t2, f, NoiseModel(t2), ot_pairing=False)
+    >>> batch = CloudBatch(t2.random_uniform(jax.random.key(0), (2, 4)), jnp.ones((2, 4)))
+    >>> params = f.init(jax.random.key(1), batch.points, batch.weights > 0, jnp.zeros(2))
+    >>> float(loss(params, jax.random.key(2), batch)) >= 0.0
+    True
+    """
+    constrain, targets, regress = _objective(
+        manifold, model, noise, epsilon, sinkhorn_iterations, ot_pairing, p_uncond, mesh, axis
+    )
+
+    def loss(params, key: Array, batch: CloudBatch) -> Array:
+        tg, _ = targets(key, constrain(batch))
+        return regress(params, tg)
+
+    return loss
+
+
+def make_train(
+    trainer: Algorithm, n_steps: int, batch_size: int, replace: bool = False
+) -> Callable[..., tuple[TrainState, TrainInfo]]:
+    """Returns ``train(key, state, clouds, weights, labels=None) -> (state, infos)``.
+
+    ``n_steps`` calls of ``trainer.step`` in one ``lax.scan`` (the loop of
+    :func:`hexad.policy.make_train`, for clouds): step ``s`` takes the ``s``-th key of
+    ``jax.random.split(key, n_steps)``, splits it into ``(k_idx, k_step)``, draws
+    ``batch_size`` clouds with ``jax.random.choice(k_idx, N, (batch_size,), replace=replace)``
+    and calls ``trainer.step(k_step, state, CloudBatch(clouds[idx], weights[idx],
+    labels[idx]))``. Jit ``train``; call it once per chunk (e.g. from a progress-bar loop
+    with ``jax.random.fold_in(key, chunk)``). Sharding is the trainer's (its ``mesh``).
+
+    Args:
+      trainer: an ``Algorithm`` whose ``step(key, state, batch: CloudBatch)`` returns
+        ``(state, info)``, e.g. :func:`make_trainer`'s (static).
+      n_steps: steps per call, ``>= 1`` (static).
+      batch_size: clouds per step, ``>= 1`` (static); at most ``N`` without ``replace``.
+      replace: draw each minibatch with replacement (static).
+
+    Returns:
+      ``train(key, state, clouds [N, n, d], weights [N, n], labels [N] | None = None)``
+      returning the final state and the stacked infos (each field ``[n_steps]``).
+
+    >>> from hexad.geometry import Torus
+    >>> from hexad.rwefm import VectorField
+    >>> t2 = Torus(2)
+    >>> tr = make_trainer(t2, VectorField(t2, width=8, depth=1, heads=1), optax.adam(1e-3),
+    ...                   NoiseModel(t2), ot_pairing=False)
+    >>> clouds = t2.random_uniform(jax.random.key(0), (4, 5))
+    >>> w = jnp.ones((4, 5))
+    >>> state = tr.init(jax.random.key(1), CloudBatch(clouds[:2], w[:2]))
+    >>> state, infos = jax.jit(make_train(tr, 3, 2))(jax.random.key(2), state, clouds, w)
+    >>> int(state.step), infos.loss.shape
+    (3, (3,))
+    """
+    if not callable(getattr(trainer, "step", None)):
+        raise TypeError(
+            f"trainer: expected an Algorithm with a step function, got {type(trainer).__name__}"
+        )
+    n_steps = check_int("n_steps", n_steps)
+    batch_size = check_int("batch_size", batch_size)
+    if not isinstance(replace, bool):
+        raise TypeError(f"replace: expected a bool, got {replace!r}")
+
+    def train(key: Array, state: Any, clouds: Array, weights: Array, labels: Array | None = None):
+        if jnp.ndim(clouds) != 3:
+            raise ValueError(f"clouds: expected shape [N, n, d], got {jnp.shape(clouds)}")
+        n = jnp.shape(clouds)[0]
+        if jnp.shape(weights) != jnp.shape(clouds)[:2]:
+            raise ValueError(
+                f"weights: expected shape {jnp.shape(clouds)[:2]}, got {jnp.shape(weights)}"
+            )
+        if labels is not None and jnp.shape(labels) != (n,):
+            raise ValueError(f"labels: expected shape ({n},), got {jnp.shape(labels)}")
+        if not replace and batch_size > n:
+            raise ValueError(
+                f"batch_size: expected at most the {n} clouds without replace, got {batch_size}"
+            )
+
+        def body(st, k):
+            k_idx, k_step = jax.random.split(k)
+            idx = jax.random.choice(k_idx, n, (batch_size,), replace=replace)
+            sub = None if labels is None else labels[idx]
+            return trainer.step(k_step, st, CloudBatch(clouds[idx], weights[idx], sub))
+
+        return jax.lax.scan(body, state, jax.random.split(key, n_steps))
+
+    return train
 
 
 def make_sampler(
-    manifold: Any,
+    manifold: Manifold,
     model: Any,
     *,
     n_steps: int = 100,
@@ -474,7 +610,7 @@ def make_sampler(
     return Sampler(sample=sample)
 
 
-def euclidean_baseline(manifold: Any) -> Euclidean:
+def euclidean_baseline(manifold: Manifold) -> Euclidean:
     """Returns the ambient Euclidean space of ``manifold`` (for the baseline).
 
     >>> from hexad.geometry import Sphere
