@@ -58,9 +58,8 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from experiments import _runner
-from hexad import cachex
+from hexad import cachex, sharding
 from hexad import cvxclust as cc
-from hexad.sharding import batch_sharding, data_mesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,25 +89,6 @@ class Config:
         _runner.positive(self, "mu_scale", "recovery_tol", "tol")
 
 
-def _draw(rng, cfg: Config, dpq: float, sep: float):
-    n = cfg.n
-    y = np.repeat([0, 1], n // 2)
-    prob = np.where(y[:, None] == y[None, :], 0.5 + dpq / 2, 0.5 - dpq / 2)
-    a = np.triu(rng.random((n, n)) < prob, 1).astype(np.float64)
-    mean = np.zeros(cfg.d)
-    mean[0] = sep / 2
-    x = (2 * y[:, None] - 1) * mean + rng.normal(size=(n, cfg.d))
-    half = cfg.n_labeled // 2
-    labeled = np.zeros(n, bool)
-    labeled[rng.choice(n // 2, half, replace=False)] = True
-    labeled[n // 2 + rng.choice(n // 2, cfg.n_labeled - half, replace=False)] = True
-    noisy = np.where(rng.random(n) < cfg.label_noise, 1 - y, y)
-    if len(set(noisy[labeled])) < 2:  # both classes must stay labelled (documented redraw)
-        noisy[np.flatnonzero(labeled)[0]] = 0
-        noisy[np.flatnonzero(labeled)[-1]] = 1
-    return a + a.T, x, noisy, labeled, y
-
-
 def _problems(cfg: Config, mu: float, a, x, noisy, labeled):
     k = cc.feature_similarity(x)
     alpha = cfg.feature_scale / np.std(k[~np.eye(cfg.n, dtype=bool)])
@@ -126,9 +106,8 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     mu = cfg.mu_scale * float(np.sqrt(cfg.n))
     solver = cc.NuclearSolver(tol=cfg.tol, max_iters=cfg.max_iters)
     y = jnp.asarray(np.repeat([0, 1], cfg.n // 2))
-    devices = jax.devices()
-    mesh = data_mesh(devices[: math.gcd(cfg.trials, len(devices))])
-    sharding = batch_sharding(mesh, "data")
+    mesh = sharding.data_mesh(jax.devices()[: math.gcd(cfg.trials, jax.device_count())])
+    spec = sharding.batch_sharding(mesh)
 
     @jax.jit
     def solve_batch(problems):
@@ -143,8 +122,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     # Each finished grid row is checkpointed through hexad.cachex (its rates and non-converged
     # count); --resume skips finished rows. Row i draws from its own generator (seed, i), so a
     # resumed run sees exactly the draws of an uninterrupted one.
-    mngr = cachex.CacheXManager(ctx.checkpoint_dir)
-    try:
+    with cachex.CacheXManager(ctx.checkpoint_dir) as mngr:
         done = cachex.ItemCheckpoint(
             mngr, rows, config={"seed": ctx.seed, **dataclasses.asdict(cfg)}, enabled=ctx.resume
         )
@@ -160,15 +138,17 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
                 rng = np.random.default_rng([ctx.seed, i])
                 row_nc = 0
                 for j in range(shape[1]):
+                    p, q, sep = 0.5 + cfg.dpq[i] / 2, 0.5 - cfg.dpq[i] / 2, cfg.sep[j]
+                    args = (cfg.n, p, q, sep, cfg.d, cfg.n_labeled, cfg.label_noise)
                     draws = [
-                        _problems(cfg, mu, *_draw(rng, cfg, cfg.dpq[i], cfg.sep[j])[:4])
+                        _problems(cfg, mu, *cc.contextual_sbm(rng, *args)[:4])
                         for _ in range(cfg.trials)
                     ]
                     for name, col in zip(
                         ("graph", "features", "joint"), zip(*draws, strict=True), strict=True
                     ):
                         stacked = jax.tree.map(lambda *v: jnp.stack(v), *col)
-                        err, conv = solve_batch(jax.device_put(stacked, sharding))
+                        err, conv = solve_batch(jax.device_put(stacked, spec))
                         rates[name][i, j] = float(jnp.mean(err <= cfg.recovery_tol))
                         row_nc += int(jnp.sum(~conv))
                     ctx.log(
@@ -179,8 +159,6 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
                     rows[i],
                     {**{k: v[i].tolist() for k, v in rates.items()}, "not_converged": row_nc},
                 )
-    finally:
-        mngr.close()
     g, f, jt = rates["graph"], rates["features"], rates["joint"]
     syn = (jt >= 0.5) & (g < 0.5) & (f < 0.5)
     syn_list = [[cfg.dpq[i], cfg.sep[j]] for i, j in zip(*np.nonzero(syn), strict=True)]

@@ -105,7 +105,7 @@ import jax.numpy as jnp
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from experiments import _runner
+from experiments import _cvxclust, _runner
 from hexad import cvxclust as cc
 from hexad.data import load_planetoid
 
@@ -136,25 +136,6 @@ class Config:
         _runner.in_unit(self, "lp_alpha", hi_open=True)
 
 
-def label_propagation(edges, n: int, labels, labeled, num_classes: int, alpha: float):
-    """Zhou et al. (2004) label spreading on an undirected edge list; returns ``[n]`` labels."""
-    e = np.concatenate([edges, edges[:, ::-1]])
-    deg = np.bincount(e[:, 0], minlength=n).astype(np.float32)
-    dinv = np.where(deg > 0, 1.0 / np.sqrt(np.maximum(deg, 1.0)), 0.0)
-    w = jnp.asarray(dinv[e[:, 0]] * dinv[e[:, 1]])
-    src, dst = jnp.asarray(e[:, 0]), jnp.asarray(e[:, 1])
-    y0 = jax.nn.one_hot(jnp.asarray(labels), num_classes) * jnp.asarray(labeled)[:, None]
-
-    @jax.jit
-    def spread(y0):
-        def body(_, f):
-            return alpha * jax.ops.segment_sum(w[:, None] * f[src], dst, n) + (1 - alpha) * y0
-
-        return jax.lax.fori_loop(0, 200, body, y0)
-
-    return np.asarray(jnp.argmax(spread(y0), axis=1))
-
-
 def _solver(cfg: Config, n: int, rank: int, split: bool):
     solver = cc.NuclearSolver(
         tol=cfg.tol,
@@ -166,28 +147,22 @@ def _solver(cfg: Config, n: int, rank: int, split: bool):
     return cc.SplitNuclearSolver(solver) if split else jax.jit(solver)
 
 
-_certificate = jax.jit(cc.nuclear_certificate)
-
-
-def _solve_report(out) -> dict:
-    """Per-solve convergence record: iterations, last residuals, rank."""
-    it = int(out.n_iters)
-    return {
-        "iters": it,
-        "converged": bool(out.converged),
-        "primal_res": float(out.primal_residuals[it - 1]),
-        "dual_res": float(out.dual_residuals[it - 1]),
-        "rank": int(out.rank),
-        "rank_saturated": bool(out.rank_saturated),
-    }
-
-
-def _certify(cfg: Config, problem, out) -> dict:
-    """Duality gap of the better of two primal candidates (``Z`` and the eigen-thresholded
-    ``L``, each projected onto ``B``: both are upper bounds) against the ADMM multiplier."""
-    y = out.rho * out.dual
-    gap = min(float(_certificate(problem, c, y).rel_gap) for c in (out.l, out.low_rank))
-    return {"rel_gap": gap, "certified": bool(gap <= cfg.cert_tol)}
+def _inputs(cfg: Config, edges, labels, labeled_idx, num_classes: int) -> dict:
+    """The graph-and-labels arguments of ``cc.joint_problem`` (balanced graph weights)."""
+    n = len(labels)
+    a = cc.adjacency_from_edges(edges, n)
+    c_a, c_ac = cc.balanced_weights(a)
+    labeled = np.zeros(n, bool)
+    labeled[labeled_idx] = True
+    return dict(
+        adjacency=a,
+        labels=labels,
+        labeled=labeled,
+        num_classes=num_classes,
+        beta=cfg.beta,
+        edge_weight=c_a,
+        nonedge_weight=c_ac,
+    )
 
 
 def _karate(cfg: Config) -> dict:
@@ -197,25 +172,14 @@ def _karate(cfg: Config) -> dict:
     n = g.number_of_nodes()
     y = np.array([0 if g.nodes[v]["club"] == "Mr. Hi" else 1 for v in range(n)])
     edges = np.array(g.edges())
-    labeled = np.zeros(n, bool)
-    labeled[[0, 33]] = True
-    a = cc.adjacency_from_edges(edges, n)
-    t = a.sum() / (n * (n - 1))
-    p = cc.joint_problem(
-        cfg.mu_scales[0] * np.sqrt(n) / 2,
-        adjacency=a,
-        labels=y,
-        labeled=labeled,
-        num_classes=2,
-        beta=cfg.beta,
-        edge_weight=1 - t,
-        nonedge_weight=t,
-    )
+    common = _inputs(cfg, edges, y, [0, 33], 2)
+    labeled = common["labeled"]
+    p = cc.joint_problem(cfg.mu_scales[0] * np.sqrt(n) / 2, **common)
     out = jax.jit(cc.NuclearSolver(tol=1e-5, max_iters=3000))(p)
     pred, _ = cc.assign_labels(out.l, jnp.asarray(y), jnp.asarray(labeled), 2)
-    lp = label_propagation(edges, n, y, labeled, 2, cfg.lp_alpha)
+    lp = np.asarray(cc.label_propagation(edges, y, labeled, 2, alpha=cfg.lp_alpha))
     rest = ~labeled
-    rep = _solve_report(out) | _certify(cfg, p, out)
+    rep = _cvxclust.solve_report(out) | _cvxclust.certify(p, out, cfg.cert_tol)
     return {
         "karate_acc": float((np.asarray(pred)[rest] == y[rest]).mean()),
         "karate_lp_acc": float((lp[rest] == y[rest]).mean()),
@@ -231,22 +195,9 @@ def _planetoid(cfg: Config, name: str, ctx) -> dict:
     g = load_planetoid(name)
     n, k = g.features.shape[0], g.num_classes
     edges = g.edges[g.edges[:, 0] != g.edges[:, 1]]
-    a = cc.adjacency_from_edges(edges, n)
-    t = a.sum() / (n * (n - 1))
-    labeled = np.zeros(n, bool)
-    labeled[g.train_idx] = True
-    test = g.test_idx
-    ky = g.labels
+    common = _inputs(cfg, edges, g.labels, g.train_idx, k)
+    labeled, test, ky = common["labeled"], g.test_idx, g.labels
     alpha = cfg.feature_scale / np.std(cc.feature_similarity(g.features))
-    common = dict(
-        adjacency=a,
-        labels=ky,
-        labeled=labeled,
-        num_classes=k,
-        beta=cfg.beta,
-        edge_weight=1 - t,
-        nonedge_weight=t,
-    )
     res = {}
     programs = (
         ("", {"features": g.features, "alpha": alpha}, cfg.joint_mu_scales, cfg.joint_rank, False),
@@ -269,7 +220,7 @@ def _planetoid(cfg: Config, name: str, ctx) -> dict:
             init = (out.l, out.dual, out.rho)
             pred = np.asarray(cc.assign_labels(out.l, jnp.asarray(ky), jnp.asarray(labeled), k)[0])
             val = float((pred[g.val_idx] == ky[g.val_idx]).mean())
-            rep = _solve_report(out)
+            rep = _cvxclust.solve_report(out)
             ctx.log(
                 dataset=name,
                 program=tag or "_joint",
@@ -281,23 +232,21 @@ def _planetoid(cfg: Config, name: str, ctx) -> dict:
             if best is None or val > best[0]:
                 best = (val, scale, pred, rep, secs, p, out)
         val, scale, pred, rep, secs, p, out = best
-        rep = rep | _certify(cfg, p, out)  # the chosen solve only (two dense eigh each)
+        rep = rep | _cvxclust.certify(p, out, cfg.cert_tol)  # the chosen solve only
         del p, out
         res[f"{name}{tag}_acc"] = float((pred[test] == ky[test]).mean())
         res[f"{name}{tag}_val_acc"] = val
         res[f"{name}{tag}_mu_scale"] = scale
         res[f"{name}{tag}_unassigned"] = int((pred[test] < 0).sum())
-        for key, v in rep.items():
-            res[f"{name}{tag}_{key}"] = v
-        res[f"{name}{tag}_solve_s"] = round(secs, 1)
+        res.update({f"{name}{tag}_{k}": v for k, v in (rep | {"solve_s": round(secs, 1)}).items()})
     x = g.features / np.maximum(g.features.sum(1, keepdims=True), 1.0)
-    best = (-1.0, None)
-    for c in cfg.lr_cs:
-        m = LogisticRegression(C=c, max_iter=1000).fit(x[g.train_idx], ky[g.train_idx])
-        best = max(best, (m.score(x[g.val_idx], ky[g.val_idx]), c), key=lambda b: b[0])
-    m = LogisticRegression(C=best[1], max_iter=1000).fit(x[g.train_idx], ky[g.train_idx])
+    fits = [
+        LogisticRegression(C=c, max_iter=1000).fit(x[g.train_idx], ky[g.train_idx])
+        for c in cfg.lr_cs
+    ]
+    m = max(fits, key=lambda f: f.score(x[g.val_idx], ky[g.val_idx]))  # the first best C
     res[f"{name}_linear_acc"] = float(m.score(x[test], ky[test]))
-    lp = label_propagation(edges, n, ky, labeled, k, cfg.lp_alpha)
+    lp = np.asarray(cc.label_propagation(edges, ky, labeled, k, alpha=cfg.lp_alpha))
     res[f"{name}_lp_acc"] = float((lp[test] == ky[test]).mean())
     return res
 

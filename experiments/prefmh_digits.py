@@ -42,8 +42,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments import _runner
-from hexad import cachex, prefmh
+from experiments import _prefmh, _runner
+from hexad import prefmh
+
+METHODS = ("mh_latent", "prefmh_k1_latent", "prefmh_k3_latent", "prefmh_k1_indep")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,33 +60,20 @@ class Config:
     latent_step: float = 0.6
     train_steps: int = 400
     sliced_directions: int = 64
-    methods: tuple[str, ...] = (
-        "mh_latent",
-        "prefmh_k1_latent",
-        "prefmh_k3_latent",
-        "prefmh_k1_indep",
-    )
+    methods: tuple[str, ...] = METHODS
 
     def __post_init__(self):
         _runner.check_chains(self)
         _runner.at_least(self, 1, "latent_dim", "train_steps", "sliced_directions")
         _runner.in_range(self, 0, 9, "target")
         _runner.positive(self, "beta", "latent_step")
+        _runner.one_of(self, METHODS, "methods")
 
 
 class MLP(nn.Module):
     @nn.compact
     def __call__(self, x):
         return nn.Dense(10)(nn.relu(nn.Dense(64)(x)))
-
-
-def fit_ppca(x: np.ndarray, d: int):
-    """Returns ``(mean [D], W [D, d])`` of the maximum-likelihood probabilistic PCA."""
-    mean = x.mean(0)
-    evals, evecs = np.linalg.eigh(np.cov(x - mean, rowvar=False))
-    evals, evecs = evals[::-1], evecs[:, ::-1]
-    noise = evals[d:].mean()
-    return mean, evecs[:, :d] * np.sqrt(np.maximum(evals[:d] - noise, 0.0))
 
 
 def train_classifier(key, x, y, steps):
@@ -107,9 +96,8 @@ def train_classifier(key, x, y, steps):
 
 
 def _diversity(images: np.ndarray, rng) -> float:
-    i, j = rng.integers(0, len(images), (2, 4000))
-    keep = i != j
-    return float(np.mean(np.linalg.norm(images[i[keep]] - images[j[keep]], axis=1)))
+    i, j = _prefmh.random_pairs(rng, len(images), 4000)
+    return float(np.mean(np.linalg.norm(images[i] - images[j], axis=1)))
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
@@ -121,117 +109,77 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     rng = np.random.default_rng(ctx.seed)
     perm = rng.permutation(len(x_all))
     tr, te = perm[:1400], perm[1400:]
-    mean, w = fit_ppca(x_all[tr], cfg.latent_dim)
-    mean_j, w_j = jnp.asarray(mean, jnp.float32), jnp.asarray(w, jnp.float32)
-    decode = lambda z: mean_j + w_j @ z
-    decode_batch = jax.jit(jax.vmap(decode))
+    ppca = prefmh.fit_ppca(x_all[tr], cfg.latent_dim)
+    decode_batch = jax.jit(jax.vmap(ppca.decode))
     key = ctx.key()
     k_cls, k_base, k_init, key = jax.random.split(key, 4)
-    logits_fn = train_classifier(
-        k_cls, jnp.asarray(x_all[tr], jnp.float32), jnp.asarray(y_all[tr]), cfg.train_steps
-    )
+    x_tr, x_te = jnp.asarray(x_all[tr], jnp.float32), jnp.asarray(x_all[te], jnp.float32)
+    logits_fn = train_classifier(k_cls, x_tr, jnp.asarray(y_all[tr]), cfg.train_steps)
     evaluator = KNeighborsClassifier(n_neighbors=5).fit(x_all[tr], y_all[tr])
     summary = {
-        "classifier_test_acc": float(
-            np.mean(np.argmax(logits_fn(jnp.asarray(x_all[te], jnp.float32)), 1) == y_all[te])
-        ),
+        "classifier_test_acc": float(np.mean(np.argmax(logits_fn(x_te), 1) == y_all[te])),
         "evaluator_test_acc": float(evaluator.score(x_all[te], y_all[te])),
     }
-    base_z = jax.random.normal(k_base, (4000, cfg.latent_dim))
-    base_img = np.asarray(decode_batch(base_z))
+    base_img = np.asarray(decode_batch(jax.random.normal(k_base, (4000, cfg.latent_dim))))
     summary["base_rate"] = float(np.mean(evaluator.predict(base_img) == cfg.target))
     summary["base_diversity"] = _diversity(base_img, rng)
 
-    judge = prefmh.classifier_judge(logits_fn, cfg.target, beta=cfg.beta)
-    latent_judge = prefmh.pullback_judge(judge, decode)
+    judge = prefmh.pullback_judge(
+        prefmh.classifier_judge(logits_fn, cfg.target, beta=cfg.beta), ppca.decode
+    )
     walk = prefmh.latent_random_walk(cfg.latent_step)
     indep = prefmh.independent(lambda k: jax.random.normal(k, (cfg.latent_dim,)))
-    known = {
+    methods = {
         "mh_latent": (walk, "mh", 1),
         "prefmh_k1_latent": (walk, "kbudget", 1),
         "prefmh_k3_latent": (walk, "kbudget", 3),
         "prefmh_k1_indep": (indep, "kbudget", 1),
     }
-    unknown = set(cfg.methods) - set(known)
-    if unknown:
-        raise ValueError(f"methods: unknown {sorted(unknown)}; known: {sorted(known)}")
-    methods = [(n, prefmh.prefmh(latent_judge, *known[n])) for n in cfg.methods]
-    dirs = rng.standard_normal((cfg.sliced_directions, cfg.latent_dim))
-    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    dirs = _prefmh.directions(rng, cfg.sliced_directions, cfg.latent_dim)
     z0 = jax.random.normal(k_init, (cfg.num_chains, cfg.latent_dim))
-    kept = cfg.num_chains * (cfg.num_steps - cfg.burn_in)
-    mh_draws, shown = None, {}
-    names = [name for name, _ in methods]
+    names = list(cfg.methods)
     stride = max(1, (cfg.num_steps - cfg.burn_in) // 20)
     rows = cfg.num_chains * len(range(0, cfg.num_steps - cfg.burn_in, stride))
-    # Each finished rule is checkpointed through hexad.cachex (its summary values, its shown
-    # images and, for MH, the sorted projections the later rules compare with); --resume
-    # skips finished rules.
-    mngr = cachex.CacheXManager(ctx.checkpoint_dir)
-    try:
-        done = cachex.ItemCheckpoint(
-            mngr,
-            names,
-            {
-                "shown": ((len(names), 8, 64), "float32"),
-                "mh_proj": ((rows, cfg.sliced_directions), "float64"),
-            },
-            config={"seed": ctx.seed, **dataclasses.asdict(cfg)},
-            enabled=ctx.resume,
-        )
-        for i, (name, algo) in enumerate(ctx.progress(methods, desc="rules")):
-            key, sub = jax.random.split(key)
-            if done.done(name):
-                m = done.record(name)
-                shown[name] = done.arrays["shown"][i]
-                if name == "mh_latent" and mh_draws is None:
-                    mh_draws = done.arrays["mh_proj"]
-                summary.update(m)
-                ctx.log(method=name, resumed=True, **m)
-                continue
-            out = prefmh.run_chains(
-                sub, algo, z0, cfg.num_steps, burn_in=cfg.burn_in, chunk_size=cfg.chunk_size
-            )
-            draws = np.asarray(out.trace[:, ::stride]).reshape(-1, cfg.latent_dim)
-            imgs = np.asarray(decode_batch(jnp.asarray(draws)))
-            final = np.asarray(decode_batch(out.state.position))
-            shown[name] = final[:8]
-            proj = draws @ dirs.T  # chain-major rows
-            if mh_draws is None and name == "mh_latent":
-                # Noise floor: the first half of the MH chains against the second half.
-                half = len(proj) // 2
-                sw1 = float(
-                    np.mean(np.abs(np.sort(proj[:half], 0) - np.sort(proj[half:][:half], 0)))
-                )
-                mh_draws = np.sort(proj, 0)
-                done.arrays["mh_proj"][...] = mh_draws
-            elif mh_draws is not None:
-                sw1 = float(np.mean(np.abs(np.sort(proj, 0) - mh_draws)))
-            else:
-                sw1 = None  # no MH run to compare with: the key is left out
-            ess = float(jnp.min(out.ess))
-            calls = float(jnp.mean(out.judge_calls)) / cfg.num_steps
-            rng_i = np.random.default_rng([ctx.seed, i])  # per rule: a resume skips rules exactly
-            m = {
-                f"rate_{name}": float(np.mean(evaluator.predict(imgs) == cfg.target)),
-                f"judge_rate_{name}": float(
-                    np.mean(np.argmax(logits_fn(jnp.asarray(imgs)), 1) == cfg.target)
-                ),
-                f"diversity_{name}": _diversity(final, rng_i),
-                f"acc_{name}": float(jnp.mean(out.acceptance)),
-                f"ess_per_step_{name}": ess / kept,
-            }
-            if sw1 is not None:
-                m[f"sw1_to_mh_{name}"] = sw1
-            if name != "mh_latent":
-                m[f"ess_per_kcall_{name}"] = 1000.0 * ess / (calls * kept)
-            done.arrays["shown"][i] = shown[name]
-            done.complete(name, m)
-            summary.update(m)
-            ctx.log(method=name, **m)
-    finally:
-        mngr.close()
-    _plot(ctx, shown, base_img[:8])
+
+    def run_rule(i, name, key, arrays):
+        out = _prefmh.run_chains(ctx, cfg, key, prefmh.prefmh(judge, *methods[name]), z0, name)
+        draws = np.asarray(out.trace[:, ::stride]).reshape(-1, cfg.latent_dim)  # chain-major
+        imgs = np.asarray(decode_batch(jnp.asarray(draws)))
+        final = np.asarray(decode_batch(out.state.position))
+        arrays["shown"][i] = final[:8]
+        # Sliced W1 to the MH chains' draws when MH ran before this rule; for MH itself, between
+        # the first and the second half of its chains (the noise floor).
+        sw1, mh = None, arrays["mh_draws"]
+        if name == "mh_latent":
+            half = len(draws) // 2
+            sw1 = prefmh.sliced_w1(draws[:half], draws[half:][:half], dirs)
+            mh[...] = draws
+        elif "mh_latent" in names[:i]:
+            sw1 = prefmh.sliced_w1(draws, mh, dirs)
+        f = _prefmh.figures(out, cfg)
+        m = {
+            f"rate_{name}": float(np.mean(evaluator.predict(imgs) == cfg.target)),
+            f"judge_rate_{name}": float(
+                np.mean(np.argmax(logits_fn(jnp.asarray(imgs)), 1) == cfg.target)
+            ),
+            # One generator per rule: a resumed run skips rules exactly.
+            f"diversity_{name}": _diversity(final, np.random.default_rng([ctx.seed, i])),
+            f"acc_{name}": f["acc"],
+            f"ess_per_step_{name}": f["ess_per_step"],
+        }
+        if sw1 is not None:
+            m[f"sw1_to_mh_{name}"] = float(sw1)
+        if name != "mh_latent":
+            m[f"ess_per_kcall_{name}"] = f["ess_per_kcall"]
+        return m
+
+    arrays = {
+        "shown": ((len(names), 8, 64), "float32"),
+        "mh_draws": ((rows, cfg.latent_dim), "float32"),
+    }
+    records, arrays = _prefmh.run_rules(ctx, cfg, names, key, run_rule, arrays)
+    summary.update(records)
+    _plot(ctx, dict(zip(names, arrays["shown"], strict=True)), base_img[:8])
     return summary
 
 

@@ -38,8 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import _runner
-from hexad import cachex, prefmh
+from experiments import _prefmh, _runner
+from hexad import prefmh
 
 WEIGHTS = np.array([0.3, 0.2, 0.2, 0.15, 0.15])
 MEANS = np.array([[-2.0, -1.5], [2.0, -1.5], [0.0, 2.0], [-2.5, 2.5], [2.5, 2.5]])
@@ -96,136 +96,68 @@ def grid_probabilities(bins: int, half: float) -> np.ndarray:
     return p
 
 
-def grid_tv(samples: np.ndarray, p: np.ndarray, half: float) -> float:
-    bins = p.shape[0]
-    h, _, _ = np.histogram2d(
-        samples[:, 0], samples[:, 1], bins=bins, range=[[-half, half], [-half, half]]
-    )
-    h = h / len(samples)
-    outside = (1.0 - h.sum()) - (1.0 - p.sum())
-    return 0.5 * (np.abs(h - p).sum() + abs(outside))
-
-
-def sliced_w1(a: np.ndarray, b: np.ndarray, directions: np.ndarray) -> float:
-    pa = np.sort(a @ directions.T, axis=0)
-    pb = np.sort(b @ directions.T, axis=0)
-    return float(np.mean(np.abs(pa - pb)))
-
-
 def _methods(cfg: Config):
-    unknown = set(cfg.rules) - {"mh", "kbudget", "two_coin", "majority"}
-    if unknown:
-        raise ValueError(
-            f"rules: expected a subset of ('mh', 'kbudget', 'two_coin', 'majority'), "
-            f"got unknown {sorted(unknown)}"
-        )
     judge = prefmh.bradley_terry_judge(logdensity)
     rw = prefmh.random_walk(cfg.step_size)
-    out = []
+    out = {}
     if "mh" in cfg.rules:
-        out.append(("mh", "mh", prefmh.prefmh(judge, rw, "mh")))
+        out["mh"] = ("mh", prefmh.prefmh(judge, rw, "mh"))
     for k in cfg.ks if "kbudget" in cfg.rules else ():
-        out.append((f"prefmh_k{k}", f"k{k}", prefmh.prefmh(judge, rw, "kbudget", k)))
+        out[f"prefmh_k{k}"] = (f"k{k}", prefmh.prefmh(judge, rw, "kbudget", k))
     if "two_coin" in cfg.rules:
         ar = prefmh.autoregressive(cfg.step_size, cfg.ar_shrink)
-        out.append(("two_coin", "two_coin", prefmh.prefmh(judge, ar, "two_coin")))
+        out["two_coin"] = ("two_coin", prefmh.prefmh(judge, ar, "two_coin"))
     mk = cfg.majority_k
     if "majority" in cfg.rules:
-        out.append((f"majority_k{mk}", f"majority_k{mk}", prefmh.prefmh(judge, rw, "majority", mk)))
+        out[f"majority_k{mk}"] = (f"majority_k{mk}", prefmh.prefmh(judge, rw, "majority", mk))
     return out
-
-
-def _run_rule(cfg, ctx, name, short, algo, key, x0, p_grid, ref, dirs, index):
-    """Runs one rule's chains; returns its summary values and its 2-D histogram."""
-    bar = None
-    if ctx.show_progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.num_steps, desc=name, leave=False)
-    out = prefmh.run_chains(
-        key,
-        algo,
-        x0,
-        cfg.num_steps,
-        burn_in=cfg.burn_in,
-        chunk_size=cfg.chunk_size,
-        callback=None if bar is None else lambda d, n, b=bar: b.update(d - b.n),
-    )
-    if bar is not None:
-        bar.close()
-    kept = cfg.num_chains * (cfg.num_steps - cfg.burn_in)
-    n_sw = min(cfg.sliced_points, kept)
-    rng = np.random.default_rng([ctx.seed, index])  # per rule: a resumed run skips rules exactly
-    samples = np.asarray(out.trace).reshape(-1, 2)
-    ess = float(jnp.min(out.ess))
-    calls_per_step = float(jnp.mean(out.judge_calls)) / cfg.num_steps
-    m = {
-        f"tv_{name}": grid_tv(samples, p_grid, cfg.grid_half_width),
-        f"sw1_{name}": sliced_w1(samples[rng.choice(len(samples), n_sw, False)], ref, dirs),
-        f"acc_{name}": float(jnp.mean(out.acceptance)),
-        f"calls_per_step_{name}": calls_per_step,
-        f"ess_per_step_{name}": ess / kept,
-        f"rhat_{name}": float(jnp.max(out.rhat)),
-    }
-    if name == "two_coin":
-        m["truncated_two_coin"] = int(jnp.sum(out.truncated))
-    if name != "mh":
-        m[f"ess_per_kcall_{short}"] = 1000.0 * ess / (calls_per_step * kept)
-    hist = np.histogram2d(
-        samples[:, 0],
-        samples[:, 1],
-        bins=cfg.grid_bins,
-        range=[[-cfg.grid_half_width, cfg.grid_half_width]] * 2,
-    )[0]
-    return m, hist
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
     rng = np.random.default_rng(ctx.seed)
     p_grid = grid_probabilities(cfg.grid_bins, cfg.grid_half_width)
-    dirs = rng.standard_normal((cfg.sliced_directions, 2))
-    dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
+    dirs = _prefmh.directions(rng, cfg.sliced_directions, 2)
     kept = cfg.num_chains * (cfg.num_steps - cfg.burn_in)
     n_sw = min(cfg.sliced_points, kept)
     ref = exact_samples(rng, n_sw)
     iid = exact_samples(rng, kept)
     summary = {
-        "tv_iid": grid_tv(iid, p_grid, cfg.grid_half_width),
-        "sw1_iid": sliced_w1(exact_samples(rng, n_sw), ref, dirs),
+        "tv_iid": float(prefmh.grid_tv(iid, p_grid, cfg.grid_half_width)),
+        "sw1_iid": float(prefmh.sliced_w1(exact_samples(rng, n_sw), ref, dirs)),
         "num_samples": kept,
     }
     key = ctx.key()
     k_init, key = jax.random.split(key)
     x0 = 3.0 * jax.random.normal(k_init, (cfg.num_chains, 2))
-    hists = {}
     methods = _methods(cfg)
-    names = [name for name, _, _ in methods]
-    # Each finished rule is checkpointed through hexad.cachex; --resume skips finished rules.
-    mngr = cachex.CacheXManager(ctx.checkpoint_dir)
-    try:
-        done = cachex.ItemCheckpoint(
-            mngr,
-            names,
-            {"hists": ((len(names), cfg.grid_bins, cfg.grid_bins), "float64")},
-            config={"seed": ctx.seed, **dataclasses.asdict(cfg)},
-            enabled=ctx.resume,
-        )
-        for i, (name, short, algo) in enumerate(ctx.progress(methods, desc="rules")):
-            key, sub = jax.random.split(key)
-            if done.done(name):
-                m = done.record(name)
-                hists[name] = done.arrays["hists"][i]
-                summary.update(m)
-                ctx.log(method=name, resumed=True, **m)
-                continue
-            m, hists[name] = _run_rule(cfg, ctx, name, short, algo, sub, x0, p_grid, ref, dirs, i)
-            done.arrays["hists"][i] = hists[name]
-            done.complete(name, m)
-            summary.update(m)
-            ctx.log(method=name, **m)
-    finally:
-        mngr.close()
-    _plot(ctx, cfg, p_grid, hists, summary)
+    h = cfg.grid_half_width
+
+    def run_rule(i, name, key, arrays):
+        short, algo = methods[name]
+        out = _prefmh.run_chains(ctx, cfg, key, algo, x0, name)
+        samples = np.asarray(out.trace).reshape(-1, 2)
+        pick = np.random.default_rng([ctx.seed, i]).choice(len(samples), n_sw, False)
+        f = _prefmh.figures(out, cfg)
+        m = {
+            f"tv_{name}": float(prefmh.grid_tv(samples, p_grid, h)),
+            f"sw1_{name}": float(prefmh.sliced_w1(samples[pick], ref, dirs)),
+            f"acc_{name}": f["acc"],
+            f"calls_per_step_{name}": f["calls_per_step"],
+            f"ess_per_step_{name}": f["ess_per_step"],
+            f"rhat_{name}": float(jnp.max(out.rhat)),
+        }
+        if name == "two_coin":
+            m["truncated_two_coin"] = int(jnp.sum(out.truncated))
+        if name != "mh":
+            m[f"ess_per_kcall_{short}"] = f["ess_per_kcall"]
+        arrays["hists"][i] = np.histogram2d(*samples.T, bins=cfg.grid_bins, range=[[-h, h]] * 2)[0]
+        return m
+
+    names = list(methods)
+    hists = {"hists": ((len(names), cfg.grid_bins, cfg.grid_bins), "float64")}
+    records, arrays = _prefmh.run_rules(ctx, cfg, names, key, run_rule, hists)
+    summary.update(records)
+    _plot(ctx, cfg, p_grid, dict(zip(names, arrays["hists"], strict=True)), summary)
     return summary
 
 

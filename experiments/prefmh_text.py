@@ -42,10 +42,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments import _runner
-from hexad import cachex, prefmh
+from experiments import _prefmh, _runner
+from hexad import prefmh
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz .,()'_"  # '_' stands for every other character
+#: method -> (its ``ess_per_kcall`` suffix, or None for the oracle; (rule, K)).
+METHODS = {
+    "mh": (None, ("mh", 1)),
+    "prefmh_k1": ("k1", ("kbudget", 1)),
+    "prefmh_k3": ("k3", ("kbudget", 3)),
+    "majority_k3": ("majority_k3", ("majority", 3)),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,12 +67,13 @@ class Config:
     min_count: int = 2
     pool: int = 200000
     smoothing: float = 0.1
-    methods: tuple[str, ...] = ("mh", "prefmh_k1", "prefmh_k3", "majority_k3")
+    methods: tuple[str, ...] = tuple(METHODS)
 
     def __post_init__(self):
         _runner.check_chains(self)
         _runner.at_least(self, 1, "length", "min_count", "pool")
         _runner.positive(self, "beta", "smoothing")
+        _runner.one_of(self, METHODS, "methods")
         _runner.require(
             len(self.target) >= 1 and all(c in ALPHABET for c in self.target),
             "target",
@@ -82,45 +90,6 @@ def corpus_tokens() -> np.ndarray:
     index = {c: i for i, c in enumerate(ALPHABET)}
     other = index["_"]
     return np.array([index.get(c, other) for c in text], np.int32)
-
-
-def train_trigram(tokens: np.ndarray, smoothing: float):
-    """Returns ``(log p(first two) [V, V], log p(c | a, b) [V, V, V])``."""
-    v = len(ALPHABET)
-    tri = np.zeros((v, v, v))
-    np.add.at(tri, (tokens[:-2], tokens[1:-1], tokens[2:]), 1.0)
-    tri += smoothing
-    cond = np.log(tri / tri.sum(axis=2, keepdims=True))
-    bi = np.zeros((v, v))
-    np.add.at(bi, (tokens[:-1], tokens[1:]), 1.0)
-    bi += smoothing
-    return jnp.asarray(np.log(bi / bi.sum()), jnp.float32), jnp.asarray(cond, jnp.float32)
-
-
-def make_sampler(log_start, log_cond, length: int):
-    """Returns ``sample(key) -> [length]`` int32, a string drawn from the trigram model."""
-    v = log_start.shape[0]
-    # Inverse-CDF sampling: one uniform per character (cheaper than Gumbel-max over V).
-    cdf_start = jnp.cumsum(jnp.exp(log_start.reshape(-1)))
-    cdf_cond = jnp.cumsum(jnp.exp(log_cond), axis=-1)
-
-    def draw(u, cdf):
-        return jnp.minimum(jnp.sum(u * cdf[-1] > cdf), cdf.shape[0] - 1)
-
-    def sample(key):
-        u = jax.random.uniform(key, (length - 1,))
-        first = draw(u[0], cdf_start)
-        a, b = first // v, first % v
-
-        def body(carry, ui):
-            a, b = carry
-            c = draw(ui, cdf_cond[a, b])
-            return (b, c), c
-
-        _, rest = jax.lax.scan(body, (a, b), u[1:])
-        return jnp.concatenate([jnp.stack([a, b]), rest]).astype(jnp.int32)
-
-    return sample
 
 
 def make_count(target: str):
@@ -145,10 +114,8 @@ def _count_law(counts: np.ndarray, support: int) -> np.ndarray:
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
-    if len(cfg.target) < 1 or any(c not in ALPHABET for c in cfg.target):
-        raise ValueError(f"target: expected characters from {ALPHABET!r}, got {cfg.target!r}")
-    log_start, log_cond = train_trigram(corpus_tokens(), cfg.smoothing)
-    sample = make_sampler(log_start, log_cond, cfg.length)
+    model = prefmh.fit_trigram(corpus_tokens(), len(ALPHABET), cfg.smoothing)
+    sample = prefmh.trigram_sampler(model, cfg.length)
     count = make_count(cfg.target)
     key = ctx.key()
     k_pool, k_init, key = jax.random.split(key, 3)
@@ -168,69 +135,35 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     }
     judge = prefmh.bradley_terry_judge(lambda x: cfg.beta * count(x))
     proposal = prefmh.independent(sample)
-    known = {
-        "mh": (None, ("mh", 1)),
-        "prefmh_k1": ("k1", ("kbudget", 1)),
-        "prefmh_k3": ("k3", ("kbudget", 3)),
-        "majority_k3": ("majority_k3", ("majority", 3)),
-    }
-    unknown = set(cfg.methods) - set(known)
-    if unknown:
-        raise ValueError(f"methods: unknown {sorted(unknown)}; known: {sorted(known)}")
-    methods = [
-        (name, known[name][0], prefmh.prefmh(judge, proposal, *known[name][1]))
-        for name in cfg.methods
-    ]
     x0 = jax.jit(jax.vmap(sample))(jax.random.split(k_init, cfg.num_chains))
-    kept = cfg.num_chains * (cfg.num_steps - cfg.burn_in)
     count_batch = jax.jit(jax.vmap(jax.vmap(count)))
-    # Each finished rule is checkpointed through hexad.cachex; --resume skips finished rules.
-    mngr = cachex.CacheXManager(ctx.checkpoint_dir)
-    try:
-        done = cachex.ItemCheckpoint(
-            mngr,
-            [name for name, _, _ in methods],
-            config={"seed": ctx.seed, **dataclasses.asdict(cfg)},
-            enabled=ctx.resume,
-        )
-        for i, (name, short, algo) in enumerate(ctx.progress(methods, desc="rules")):
-            key, sub = jax.random.split(key)
-            if done.done(name):
-                m = done.record(name)
-                summary.update(m)
-                ctx.log(
-                    method=name, resumed=True, **{k: v for k, v in m.items() if k != "examples"}
-                )
-                continue
-            out = prefmh.run_chains(
-                sub, algo, x0, cfg.num_steps, burn_in=cfg.burn_in, chunk_size=cfg.chunk_size
-            )
-            counts = count_batch(out.trace)  # [chains, kept]
-            law = _count_law(np.asarray(counts).reshape(-1), support)
-            ess = float(prefmh.effective_sample_size(counts))
-            final = np.asarray(out.state.position)
-            rng = np.random.default_rng([ctx.seed, i])  # per rule: a resume skips rules exactly
-            a, b = rng.integers(0, cfg.num_chains, (2, 2000))
-            a, b = a[a != b], b[a != b]
-            calls_per_step = float(jnp.mean(out.judge_calls)) / cfg.num_steps
-            m = {
-                f"rate_{name}": float(law[cfg.min_count :].sum()),
-                f"tv_count_{name}": float(0.5 * np.abs(law - exact).sum()),
-                f"mean_count_{name}": float(law @ cs),
-                f"acc_{name}": float(jnp.mean(out.acceptance)),
-                f"unique_frac_{name}": len({r.tobytes() for r in final}) / cfg.num_chains,
-                f"hamming_{name}": float(np.mean(final[a] != final[b])),
-                f"ess_per_step_{name}": ess / kept,
-            }
-            if short is not None:
-                m[f"ess_per_kcall_{short}"] = 1000.0 * ess / (calls_per_step * kept)
-            ctx.log(method=name, **m)
-            if name == "prefmh_k1":
-                m["examples"] = [decode(final[c]) for c in range(3)]
-            done.complete(name, m)
-            summary.update(m)
-    finally:
-        mngr.close()
+
+    def run_rule(i, name, key, arrays):
+        short, rule = METHODS[name]
+        out = _prefmh.run_chains(ctx, cfg, key, prefmh.prefmh(judge, proposal, *rule), x0, name)
+        counts = count_batch(out.trace)  # [chains, kept]
+        law = _count_law(np.asarray(counts).reshape(-1), support)
+        f = _prefmh.figures(out, cfg, float(prefmh.effective_sample_size(counts)))
+        final = np.asarray(out.state.position)
+        # One generator per rule: a resumed run skips rules exactly.
+        a, b = _prefmh.random_pairs(np.random.default_rng([ctx.seed, i]), cfg.num_chains, 2000)
+        m = {
+            f"rate_{name}": float(law[cfg.min_count :].sum()),
+            f"tv_count_{name}": float(0.5 * np.abs(law - exact).sum()),
+            f"mean_count_{name}": float(law @ cs),
+            f"acc_{name}": f["acc"],
+            f"unique_frac_{name}": len({r.tobytes() for r in final}) / cfg.num_chains,
+            f"hamming_{name}": float(np.mean(final[a] != final[b])),
+            f"ess_per_step_{name}": f["ess_per_step"],
+        }
+        if short is not None:
+            m[f"ess_per_kcall_{short}"] = f["ess_per_kcall"]
+        if name == "prefmh_k1":
+            m["examples"] = [decode(final[c]) for c in range(3)]
+        return m
+
+    records, _ = _prefmh.run_rules(ctx, cfg, list(cfg.methods), key, run_rule)
+    summary.update(records)
     _plot(ctx, cfg, base, exact, summary)
     return summary
 

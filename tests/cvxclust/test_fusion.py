@@ -145,6 +145,21 @@ def test_clusterpath_merges_monotonically_and_finds_the_blobs():
     assert any((np.asarray(c) == truth).all() for c in path.clusters)
 
 
+def test_clusterpath_nan_gamma_is_rejected_or_poisons_the_rest_of_the_path():
+    x = np.array([[0.0], [1.0], [3.0]])
+    p = cc.FusionProblem.create(x, np.array([[0, 1], [1, 2]]), np.ones(2), 0.0)
+    with pytest.raises(ValueError, match="gammas: expected a non-empty ascending finite"):
+        cc.clusterpath(p, np.array([0.1, np.nan, 1.0]))
+    # Under jit the gammas are not checked: a NaN entry must not restart the path from a zero
+    # dual (which gave finite, wrong solutions after it); its solve and all later ones are NaN.
+    path = jax.jit(cc.clusterpath)(p, jnp.array([0.1, jnp.nan, 1.0, 2.0]))
+    clean = jax.jit(cc.clusterpath)(p, jnp.array([0.1, 1.0]))
+    np.testing.assert_allclose(path.u[0], clean.u[0], atol=1e-12)
+    assert bool(clean.converged.all()) and np.isfinite(np.asarray(clean.objective)).all()
+    assert np.isnan(np.asarray(path.u[1:])).all() and np.isnan(np.asarray(path.objective[1:])).all()
+    assert path.converged.tolist() == [True, False, False, False]
+
+
 def test_fused_clusters_components():
     u = jnp.array([[0.0], [0.0], [0.0], [7.0], [7.0]])
     ids, k = cc.fused_clusters(u, jnp.array([[0, 1], [1, 2], [3, 4], [2, 3]]), 1e-6)

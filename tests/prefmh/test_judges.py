@@ -51,8 +51,10 @@ def test_classifier_judge():
         prefmh.classifier_judge(logits_fn, target_class=5).log_odds(x, y)
     with pytest.raises(ValueError, match="beta"):
         prefmh.classifier_judge(logits_fn, 0, beta=-1.0)
-    with pytest.raises(TypeError, match="target_class"):
+    with pytest.raises(ValueError, match=r"target_class: expected an int >= 0, got 1\.0"):
         prefmh.classifier_judge(logits_fn, 1.0)
+    with pytest.raises(ValueError, match="target_class"):
+        prefmh.classifier_judge(logits_fn, True)
 
 
 def test_pullback_judge():

@@ -38,6 +38,22 @@ def test_runner_sharded_matches_unsharded_and_calls_back(key):
         prefmh.run_chains(key, algo, jnp.zeros((12, 2)), 40, chunk_size=40, mesh=mesh)
 
 
+def test_runner_shards_along_the_named_axis(key):
+    # The mesh convention: `mesh=None, axis="data"`; another axis name is passed as `axis`.
+    algo = prefmh.prefmh(prefmh.bradley_terry_judge(_score), prefmh.random_walk(1.0))
+    mesh = jax.make_mesh((2, 4), ("model", "chains"))
+    out = prefmh.run_chains(
+        key, algo, jnp.zeros((8, 2)), 10, chunk_size=10, mesh=mesh, axis="chains"
+    )
+    assert out.state.position.sharding.spec[0] == "chains"
+    with pytest.raises(ValueError, match="axis: 'data' is not one of the mesh axes"):
+        prefmh.run_chains(key, algo, jnp.zeros((8, 2)), 10, chunk_size=10, mesh=mesh)
+    with pytest.raises(ValueError, match=r"thin: expected an int >= 1, got 0"):
+        prefmh.run_chains(key, algo, jnp.zeros((8, 2)), 10, thin=0)
+    with pytest.raises(ValueError, match=r"max_rounds: expected an int >= 1, got 2\.0"):
+        prefmh.prefmh(prefmh.bradley_terry_judge(_score), prefmh.random_walk(1.0), max_rounds=2.0)
+
+
 @pytest.mark.slow
 def test_runner_sharded_equals_unsharded(key):
     algo = prefmh.prefmh(prefmh.bradley_terry_judge(_score), prefmh.random_walk(1.0), "kbudget", 3)

@@ -12,8 +12,12 @@ shape (``solver(problem, init=None) -> Output``, a ``lax.while_loop`` with a tol
   duality-gap certificate of any candidate (:func:`nuclear_certificate`);
   :class:`SplitNuclearSolver` solves it exactly block by block (:func:`nuclear_blocks`: the
   connected components of the pairs whose entrywise optimum is not zero).
+- :func:`label_propagation`: the label-spreading baseline (Zhou et al. 2004) on an edge list;
+  :func:`balanced_weights` (Chen, Sanghavi & Xu's graph weights) and :func:`contextual_sbm`
+  (graph, features and noisy labels of two planted communities).
 """
 
+from hexad.cvxclust._baselines import label_propagation
 from hexad.cvxclust._fusion import (
     FusionOutput,
     FusionPath,
@@ -26,9 +30,12 @@ from hexad.cvxclust._fusion import (
     with_labels,
 )
 from hexad.cvxclust._graphs import (
+    ContextualSBM,
     adjacency_from_edges,
+    balanced_weights,
     check_adjacency,
     check_edges,
+    contextual_sbm,
     knn_gaussian_weights,
 )
 from hexad.cvxclust._nuclear import (
@@ -50,6 +57,7 @@ from hexad.cvxclust._nuclear import (
 from hexad.cvxclust._split import SplitNuclearSolver, nuclear_blocks
 
 __all__ = [
+    "ContextualSBM",
     "FusionOutput",
     "FusionPath",
     "FusionProblem",
@@ -61,10 +69,12 @@ __all__ = [
     "SplitNuclearSolver",
     "adjacency_from_edges",
     "assign_labels",
+    "balanced_weights",
     "box_violation",
     "check_adjacency",
     "check_edges",
     "clusterpath",
+    "contextual_sbm",
     "feature_similarity",
     "fused_clusters",
     "fusion_dual_objective",
@@ -72,6 +82,7 @@ __all__ = [
     "graph_problem",
     "joint_problem",
     "knn_gaussian_weights",
+    "label_propagation",
     "label_similarity",
     "matrix_clusters",
     "nuclear_blocks",

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hexad._base import check_positive, is_traced
 from hexad.cvxclust._graphs import check_edges
 
 __all__ = [
@@ -113,12 +114,10 @@ class FusionProblem:
             raise ValueError(
                 f"x: the logistic loss expects entries in [0, 1], got [{xa.min()}, {xa.max()}]"
             )
-        if not huber_delta > 0:
-            raise ValueError(f"huber_delta: expected a float > 0, got {huber_delta!r}")
+        huber_delta = check_positive("huber_delta", huber_delta)
         n = xa.shape[0]
         e, w = check_edges(edges, n, weights)
-        if not (np.isfinite(gamma) and gamma >= 0):
-            raise ValueError(f"gamma: expected a finite float >= 0, got {gamma!r}")
+        check_positive("gamma", gamma, allow_zero=True)
         if mask is None:
             m = np.ones(xa.shape)
         else:
@@ -174,8 +173,7 @@ def with_labels(
             f"labels, labeled: expected shape ({n},), got {labels.shape}, {labeled.shape}"
         )
     _check_labels(labels, labeled, num_classes)
-    if not label_weight > 0:
-        raise ValueError(f"label_weight: expected a float > 0, got {label_weight!r}")
+    label_weight = check_positive("label_weight", label_weight)
     y = np.zeros((n, num_classes))
     y[np.flatnonzero(labeled), labels[labeled]] = 1.0
     m = np.concatenate(
@@ -547,7 +545,8 @@ def clusterpath(
 
     Args:
       problem: the problem (its own ``gamma`` is ignored).
-      gammas: ``[k]`` ascending fusion strengths ``>= 0``.
+      gammas: ``[k]`` ascending finite fusion strengths ``>= 0`` (checked when concrete;
+        under ``jit`` a NaN entry makes its solve and every later one NaN, not converged).
       solver: the solver (default ``FusionSolver()``).
       rtol: fusion threshold relative to the RMS of ``X`` (static).
 
@@ -556,10 +555,11 @@ def clusterpath(
     [2, 1]
     """
     solver = FusionSolver() if solver is None else solver
-    if not isinstance(gammas, jax.core.Tracer):  # validate when concrete (outside jit)
+    if not is_traced(gammas):  # validate when concrete (outside jit)
         g = np.asarray(gammas)
-        if g.ndim != 1 or g.size == 0 or (g < 0).any() or (np.diff(g) < 0).any():
-            raise ValueError(f"gammas: expected a non-empty ascending [k] array >= 0, got {g!r}")
+        bad = g.ndim != 1 or g.size == 0 or not np.isfinite(g).all()
+        if bad or (g < 0).any() or (np.diff(g) < 0).any():
+            raise ValueError(f"gammas: expected a non-empty ascending finite [k] >= 0, got {g!r}")
     gammas = jnp.asarray(gammas, problem.x.dtype)
     n = problem.n
     thresh = rtol * jnp.sqrt(jnp.mean(problem.x**2))
@@ -570,7 +570,12 @@ def clusterpath(
     def step(carry, gamma):
         u, lam, g_old, fused = carry
         p = problem.replace(gamma=gamma)
-        lam = lam * jnp.where(g_old > 0, gamma / jnp.maximum(g_old, 1e-30), 0.0)
+        # A NaN gamma (possible only under jit, where gammas are not checked) poisons its solve
+        # and the rest of the path: restarting from a zero dual would give finite, wrong ones.
+        poisoned = jnp.isnan(gamma) | jnp.isnan(g_old)
+        scale = jnp.where(g_old > 0, gamma / jnp.maximum(g_old, 1e-30), 0.0)
+        lam = lam * jnp.where(poisoned, jnp.nan, scale)
+        u = jnp.where(poisoned, jnp.nan, u)
         out = solver(p, (u, lam))
         now = _norms(_diff(p.edges, out.u)) <= thresh
         _, raw_k = _compact(_components(p.edges, now, n))

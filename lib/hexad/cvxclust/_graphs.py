@@ -1,4 +1,5 @@
-"""Host-side graph construction and validation (edge lists, k-NN Gaussian weights).
+"""Host-side graph construction and validation (edge lists, k-NN Gaussian weights, weights,
+and the contextual stochastic block model the recovery studies draw from).
 
 These run once, before a solve, on NumPy arrays: they decide the (static) number of edges, so
 they cannot be traced. Everything they return is a plain array that a problem pytree holds.
@@ -6,10 +7,22 @@ they cannot be traced. Everything they return is a plain array that a problem py
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from scipy.spatial import cKDTree
 
-__all__ = ["adjacency_from_edges", "check_adjacency", "check_edges", "knn_gaussian_weights"]
+from hexad._base import check_int, check_positive, check_unit
+
+__all__ = [
+    "ContextualSBM",
+    "adjacency_from_edges",
+    "balanced_weights",
+    "check_adjacency",
+    "check_edges",
+    "contextual_sbm",
+    "knn_gaussian_weights",
+]
 
 
 def knn_gaussian_weights(x, k: int = 10, phi: float | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -37,8 +50,7 @@ def knn_gaussian_weights(x, k: int = 10, phi: float | None = None) -> tuple[np.n
     if x.ndim != 2:
         raise ValueError(f"x: expected a [n, d] array, got shape {x.shape}")
     n = x.shape[0]
-    if not isinstance(k, int | np.integer) or not 1 <= k < n:
-        raise ValueError(f"k: expected an int in [1, {n - 1}], got {k!r}")
+    k = check_int("k", k, 1, n - 1)
     if not np.isfinite(x).all():
         raise ValueError("x: expected finite values, got NaN or inf")
     dist, idx = cKDTree(x).query(x, k=k + 1)
@@ -53,8 +65,7 @@ def knn_gaussian_weights(x, k: int = 10, phi: float | None = None) -> tuple[np.n
     if phi is None:
         med = float(np.median(d2))
         phi = 1.0 / med if med > 0 else 1.0
-    if not phi > 0:
-        raise ValueError(f"phi: expected a positive float, got {phi!r}")
+    phi = check_positive("phi", phi)
     edges = np.stack([key // n, key % n], axis=1).astype(np.int32)
     return edges, np.exp(-phi * d2).astype(np.float32)
 
@@ -116,3 +127,103 @@ def check_adjacency(a, name: str = "adjacency") -> np.ndarray:
     a = a.astype(np.float32)
     np.fill_diagonal(a, 0.0)
     return a
+
+
+def balanced_weights(adjacency) -> tuple[float, float]:
+    """Returns ``(edge_weight, nonedge_weight) = (1 - t, t)``, ``t`` the graph's edge density.
+
+    Chen, Sanghavi & Xu's balancing (arXiv:1210.3335): with ``c_A = 1 - t`` on edges and
+    ``c_Ac = t`` on non-edges, the edges and the non-edges weigh the same in total
+    (``(1 - t) t n (n - 1)`` each), however sparse the graph. For :func:`graph_problem` and
+    :func:`joint_problem`.
+
+    Args:
+      adjacency: ``[n, n]`` binary symmetric adjacency, ``n >= 2`` (diagonal ignored).
+
+    >>> c_a, c_ac = balanced_weights(np.array([[0, 1, 0], [1, 0, 0], [0, 0, 0]]))
+    >>> round(c_a, 4), round(c_ac, 4)
+    (0.6667, 0.3333)
+    """
+    a = check_adjacency(adjacency)
+    n = a.shape[0]
+    if n < 2:
+        raise ValueError(f"adjacency: expected at least 2 nodes, got shape {a.shape}")
+    t = a.sum() / (n * (n - 1))  # float32, as check_adjacency returns
+    return float(1 - t), float(t)
+
+
+class ContextualSBM(NamedTuple):
+    """A draw of :func:`contextual_sbm` (NumPy arrays).
+
+    Attributes:
+      adjacency: ``[n, n]`` float64 symmetric 0/1 adjacency, zero diagonal.
+      features: ``[n, dim]`` node features.
+      labels: ``[n]`` int observed labels (noisy; meaningful on ``labeled`` nodes).
+      labeled: ``[n]`` bool, which nodes carry a label.
+      truth: ``[n]`` int true communities (the first ``n / 2`` nodes are class 0).
+    """
+
+    adjacency: np.ndarray
+    features: np.ndarray
+    labels: np.ndarray
+    labeled: np.ndarray
+    truth: np.ndarray
+
+
+def contextual_sbm(
+    rng: np.random.Generator,
+    n: int,
+    p: float,
+    q: float,
+    sep: float,
+    dim: int,
+    n_labeled: int,
+    label_noise: float,
+) -> ContextualSBM:
+    """Draws two balanced communities with a graph, node features and a few noisy labels.
+
+    The graph is an SBM: each pair is an edge with probability ``p`` inside a community and
+    ``q`` across. Features are ``x_v = +-(sep / 2) e_1 + N(0, I_dim)`` (``+`` for class 1).
+    ``n_labeled`` nodes, half (rounded down) drawn in class 0 and the rest in class 1, carry
+    their label, each flipped with probability ``label_noise``; if the flips leave a single
+    class among the labels, the first labelled node is set to 0 and the last to 1, so that both
+    classes stay labelled.
+
+    Args:
+      rng: a NumPy generator (consumed in a fixed order: pairs, features, labelled nodes,
+        flips).
+      n: number of nodes, even, ``>= 4``.
+      p, q: within- and across-community edge probabilities in ``[0, 1]``.
+      sep: feature separation ``>= 0``.
+      dim: feature dimension ``>= 1``.
+      n_labeled: labelled nodes, in ``[2, n]``.
+      label_noise: flip probability in ``[0, 1]``.
+
+    >>> g = contextual_sbm(np.random.default_rng(0), 8, 0.9, 0.1, 4.0, 1, 2, 0.0)
+    >>> g.adjacency.shape, g.labels[g.labeled].tolist()
+    ((8, 8), [0, 1])
+    """
+    n = check_int("n", n, lo=4)
+    if n % 2:
+        raise ValueError(f"n: expected an even int (two balanced communities), got {n}")
+    p = check_unit("p", p, lo_open=False, hi_open=False)
+    q = check_unit("q", q, lo_open=False, hi_open=False)
+    sep = check_positive("sep", sep, allow_zero=True)
+    dim = check_int("dim", dim)
+    n_labeled = check_int("n_labeled", n_labeled, 2, n)
+    label_noise = check_unit("label_noise", label_noise, lo_open=False, hi_open=False)
+    y = np.repeat([0, 1], n // 2)
+    prob = np.where(y[:, None] == y[None, :], p, q)
+    a = np.triu(rng.random((n, n)) < prob, 1).astype(np.float64)
+    mean = np.zeros(dim)
+    mean[0] = sep / 2
+    x = (2 * y[:, None] - 1) * mean + rng.normal(size=(n, dim))
+    half = n_labeled // 2
+    labeled = np.zeros(n, bool)
+    labeled[rng.choice(n // 2, half, replace=False)] = True
+    labeled[n // 2 + rng.choice(n // 2, n_labeled - half, replace=False)] = True
+    noisy = np.where(rng.random(n) < label_noise, 1 - y, y)
+    if len(set(noisy[labeled])) < 2:
+        noisy[np.flatnonzero(labeled)[0]] = 0
+        noisy[np.flatnonzero(labeled)[-1]] = 1
+    return ContextualSBM(a + a.T, x, noisy, labeled, y)

@@ -78,6 +78,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hexad._base import check_int, check_positive
 from hexad.cvxclust._fusion import _check_labels
 from hexad.cvxclust._graphs import check_adjacency
 
@@ -120,23 +121,10 @@ class NuclearProblem:
         return self.target.shape[0]
 
 
-def _sym_check(m, name: str, n: int) -> np.ndarray:
-    m = np.asarray(m, dtype=np.float64)
-    if m.shape != (n, n):
-        raise ValueError(f"{name}: expected shape ({n}, {n}), got {m.shape}")
-    if not np.isfinite(m).all():
-        raise ValueError(f"{name}: expected finite values, got NaN or inf")
-    if not np.allclose(m, m.T, atol=1e-6):
-        raise ValueError(f"{name}: expected a symmetric matrix, got an asymmetric one")
-    return m
-
-
 def _cost_matrix(adj, observed, edge_weight, nonedge_weight) -> np.ndarray:
     n = adj.shape[0]
-    if not (edge_weight >= 0 and nonedge_weight >= 0):
-        raise ValueError(
-            f"edge_weight, nonedge_weight: expected >= 0, got {edge_weight!r}, {nonedge_weight!r}"
-        )
+    check_positive("edge_weight", edge_weight, allow_zero=True)
+    check_positive("nonedge_weight", nonedge_weight, allow_zero=True)
     c = np.where(adj > 0, edge_weight, nonedge_weight)
     if observed is not None:
         obs = np.asarray(observed)
@@ -173,8 +161,7 @@ def graph_problem(
     (3, 3)
     """
     a = check_adjacency(adjacency)
-    if not (np.isfinite(mu) and mu > 0):
-        raise ValueError(f"mu: expected a finite float > 0, got {mu!r}")
+    check_positive("mu", mu)
     c = _cost_matrix(a, observed, edge_weight, nonedge_weight)
     a = a.copy()
     np.fill_diagonal(a, 1.0)
@@ -261,10 +248,9 @@ def joint_problem(
     """
     if adjacency is None and features is None and labels is None:
         raise ValueError("adjacency, features, labels: expected at least one, got none")
-    if not (np.isfinite(mu) and mu > 0):
-        raise ValueError(f"mu: expected a finite float > 0, got {mu!r}")
-    if not (alpha >= 0 and beta >= 0):
-        raise ValueError(f"alpha, beta: expected >= 0, got {alpha!r}, {beta!r}")
+    check_positive("mu", mu)
+    check_positive("alpha", alpha, allow_zero=True)
+    check_positive("beta", beta, allow_zero=True)
     sizes = {
         name: np.shape(v)[0]
         for name, v in (("adjacency", adjacency), ("features", features), ("labels", labels))
@@ -515,8 +501,8 @@ class NuclearSolver:
         onto ``B`` first)."""
         n = problem.n
         dt = problem.target.dtype
-        if self.rank is not None and not 1 <= self.rank <= n:
-            raise ValueError(f"rank: expected None or an int in [1, {n}], got {self.rank!r}")
+        if self.rank is not None:
+            check_int("rank", self.rank, 1, n)
         if not 0.0 < self.relaxation < 2.0:
             raise ValueError(f"relaxation: expected a float in (0, 2), got {self.relaxation!r}")
         if init is None:

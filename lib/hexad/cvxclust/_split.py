@@ -44,6 +44,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.sparse.csgraph import connected_components
 
+from hexad._base import check_int
 from hexad.cvxclust._nuclear import (
     NuclearOutput,
     NuclearProblem,
@@ -141,8 +142,7 @@ class SplitNuclearSolver:
         """Solves ``problem``; ``init`` as for :class:`~hexad.cvxclust.NuclearSolver`."""
         if not isinstance(self.solver, NuclearSolver):
             raise TypeError(f"solver: expected a NuclearSolver, got {type(self.solver).__name__}")
-        if not isinstance(self.small_max, int) or self.small_max < 1:
-            raise ValueError(f"small_max: expected an int >= 1, got {self.small_max!r}")
+        check_int("small_max", self.small_max)
         n = problem.n
         dt = problem.target.dtype
         if init is None:

@@ -5,6 +5,11 @@ A judge that follows the Bradley-Terry model prefers ``y`` over ``x`` with proba
 binary outcomes into an exact reversible chain; with a budget of ``K`` comparisons the rule
 ``a*(k) = min(1, rho k / (K + 1 - k))`` is Peskun-optimal.
 
+Judges, proposals, acceptance rules, the kernel
+(:func:`prefmh`: ``(init, step)`` in the BlackJAX shape), the chain runner
+(:func:`run_chains`), diagnostics (ESS, R-hat, sliced W1, grid TV) and two small generators
+to tilt (:func:`fit_ppca`, :func:`fit_trigram`).
+
 >>> import jax, jax.numpy as jnp
 >>> from hexad import prefmh
 >>> judge = prefmh.bradley_terry_judge(lambda x: -0.5 * jnp.sum(x**2))
@@ -12,7 +17,13 @@ binary outcomes into an exact reversible chain; with a budget of ``K`` compariso
 >>> out = prefmh.run_chains(jax.random.key(0), algo, jnp.zeros((8, 2)), 200, burn_in=100)
 """
 
-from hexad.prefmh._diagnostics import effective_sample_size, potential_scale_reduction
+from hexad.prefmh._diagnostics import (
+    effective_sample_size,
+    grid_tv,
+    potential_scale_reduction,
+    sliced_w1,
+)
+from hexad.prefmh._generators import PPCA, Trigram, fit_ppca, fit_trigram, trigram_sampler
 from hexad.prefmh._judges import (
     BTConsistency,
     Judge,
@@ -44,6 +55,7 @@ from hexad.prefmh._rules import (
 from hexad.prefmh._runner import ChainResult, run_chains
 
 __all__ = [
+    "PPCA",
     "RULES",
     "BTConsistency",
     "ChainResult",
@@ -52,6 +64,7 @@ __all__ = [
     "PrefMHInfo",
     "PrefMHState",
     "SamplingAlgorithm",
+    "Trigram",
     "acceptance_probability",
     "autoregressive",
     "barker_acceptance",
@@ -61,6 +74,9 @@ __all__ = [
     "classifier_judge",
     "effective_sample_size",
     "external_judge",
+    "fit_ppca",
+    "fit_trigram",
+    "grid_tv",
     "independent",
     "init",
     "kbudget_acceptance",
@@ -72,5 +88,7 @@ __all__ = [
     "pullback_judge",
     "random_walk",
     "run_chains",
+    "sliced_w1",
+    "trigram_sampler",
     "two_coin_acceptance",
 ]

@@ -1,15 +1,22 @@
-"""Chain diagnostics: effective sample size and potential scale reduction (R-hat).
+"""Chain diagnostics: mixing (ESS, R-hat) and distance of the draws to a known target.
 
-Own implementations (BlackJAX is only a test dependency) of the estimators used by Stan and
-``blackjax.diagnostics``; the tests check agreement with BlackJAX's.
+:func:`effective_sample_size` and :func:`potential_scale_reduction` are own implementations
+(BlackJAX is only a test dependency) of the estimators used by Stan and
+``blackjax.diagnostics``; the tests check agreement with BlackJAX's. :func:`sliced_w1` (to exact
+reference draws) and :func:`grid_tv` (to exact cell probabilities) measure how far the draws
+are from the target; run them on i.i.d. draws of the same size for the Monte-Carlo floor.
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
-__all__ = ["effective_sample_size", "potential_scale_reduction"]
+from hexad._base import check_int, check_positive
+
+__all__ = ["effective_sample_size", "grid_tv", "potential_scale_reduction", "sliced_w1"]
 
 
 def _check(samples: jax.Array, name: str) -> jax.Array:
@@ -97,3 +104,83 @@ def _ess(samples):
     tau = jnp.maximum(tau, 1.0 / jnp.log10(m * n))
     degenerate = ~(var0 > 0)
     return jnp.where(degenerate, 0.0, m * n / tau)
+
+
+def sliced_w1(a: jax.Array, b: jax.Array, directions: jax.Array) -> jax.Array:
+    """Returns the sliced Wasserstein-1 distance between two equal-size empirical measures.
+
+    ``mean_theta W1(theta . a, theta . b)`` over the given directions; in one dimension W1 of
+    two ``n``-point measures is the mean absolute difference of the sorted values.
+
+    Args:
+      a: ``[n, d]`` draws.
+      b: ``[n, d]`` draws (e.g. exact i.i.d. draws of the target).
+      directions: ``[m, d]`` projection directions (unit vectors, e.g. normalised Gaussians).
+
+    Returns:
+      ``[]`` the distance (0 for equal multisets of points).
+
+    >>> a = jnp.array([[0.0, 0.0], [1.0, 0.0]])
+    >>> float(sliced_w1(a, a + jnp.array([[2.0, 0.0]]), jnp.eye(2)))  # (2 + 0) / 2
+    1.0
+    """
+    a, b, directions = jnp.asarray(a), jnp.asarray(b), jnp.asarray(directions)
+    if a.ndim != 2 or a.shape != b.shape:
+        raise ValueError(f"a, b: expected equal shapes [n, d], got {a.shape} and {b.shape}")
+    if directions.ndim != 2 or directions.shape[1] != a.shape[1]:
+        raise ValueError(f"directions: expected [m, {a.shape[1]}], got shape {directions.shape}")
+    return _sliced_w1(a, b, directions)
+
+
+@jax.jit
+def _sliced_w1(a, b, directions):
+    pa = jnp.sort(a @ directions.T, axis=0)
+    pb = jnp.sort(b @ directions.T, axis=0)
+    return jnp.mean(jnp.abs(pa - pb))
+
+
+def grid_tv(samples: jax.Array, probs: jax.Array, half_width: float) -> jax.Array:
+    """Returns the total variation between the draws' and the target's masses on a grid.
+
+    The grid splits ``[-half_width, half_width]^d`` into ``probs.shape`` equal cells (cell
+    ``i`` holds ``[e_i, e_{i+1})``, the last one also its upper edge, as in
+    ``numpy.histogramdd``); everything outside is one more cell, of mass ``1 - sum(probs)``
+    for the target. Returns ``(sum_cells |h - p| + |h_out - p_out|) / 2`` with ``h`` the
+    fractions of the draws.
+
+    Args:
+      samples: ``[N, d]`` draws.
+      probs: ``[bins_1, ..., bins_d]`` the target's exact mass of each cell (static shape).
+      half_width: (static) half the side of the grid, ``> 0``.
+
+    >>> probs = jnp.array([[0.5, 0.0], [0.0, 0.5]])
+    >>> float(grid_tv(jnp.array([[-0.5, -0.5], [-0.5, -0.5]]), probs, 1.0))
+    0.5
+    """
+    samples, probs = jnp.asarray(samples), jnp.asarray(probs)
+    if samples.ndim != 2 or samples.shape[1] != probs.ndim or samples.shape[0] < 1:
+        raise ValueError(
+            f"samples: expected [N >= 1, {probs.ndim}] (one column per axis of probs), "
+            f"got shape {samples.shape}"
+        )
+    for i, bins in enumerate(probs.shape):
+        check_int(f"probs.shape[{i}]", bins)
+    return _grid_tv(samples, probs, check_positive("half_width", half_width))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _grid_tv(samples, probs, half_width):
+    index = jnp.zeros(samples.shape[0], jnp.int32)
+    inside = jnp.ones(samples.shape[0], bool)
+    for axis, bins in enumerate(probs.shape):
+        x = samples[:, axis]
+        edges = jnp.linspace(-half_width, half_width, bins + 1, dtype=samples.dtype)
+        cell = jnp.searchsorted(edges, x, side="right") - 1
+        cell = jnp.where(x == edges[-1], bins - 1, cell)
+        inside = inside & (cell >= 0) & (cell < bins)
+        index = index * bins + jnp.clip(cell, 0, bins - 1)
+    ftype = jnp.result_type(float)
+    counts = jax.ops.segment_sum(inside.astype(ftype), index, probs.size)
+    h = counts.reshape(probs.shape) / samples.shape[0]
+    outside = (1.0 - jnp.sum(h)) - (1.0 - jnp.sum(probs))
+    return 0.5 * (jnp.sum(jnp.abs(h - probs)) + jnp.abs(outside))

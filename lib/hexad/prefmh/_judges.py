@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hexad._base import check_int, check_positive
 from hexad.prefmh._rules import check_num_comparisons
 
 __all__ = [
@@ -171,12 +172,8 @@ def classifier_judge(
     """
     if not callable(logits_fn):
         raise TypeError(f"logits_fn: expected a callable, got {type(logits_fn).__name__}")
-    if isinstance(target_class, bool) or not isinstance(target_class, (int, np.integer)):
-        raise TypeError(f"target_class: expected an int, got {target_class!r}")
-    if target_class < 0:
-        raise ValueError(f"target_class: expected an int >= 0, got {target_class}")
-    if not (np.isfinite(beta) and beta > 0):
-        raise ValueError(f"beta: expected a finite float > 0, got {beta!r}")
+    target_class = check_int("target_class", target_class, lo=0)
+    beta = check_positive("beta", beta)
 
     def score(x):
         logits = jnp.asarray(logits_fn(x))

@@ -25,8 +25,8 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from hexad._base import check_int
 from hexad.prefmh._judges import Judge
 from hexad.prefmh._rules import (
     RULES,
@@ -125,11 +125,7 @@ def _validate(judge, proposal, rule, num_comparisons, max_rounds):
     num_comparisons = check_num_comparisons(num_comparisons)
     if rule in ("mh", "barker_oracle") and judge.log_odds_features is None:
         raise ValueError(f"rule={rule!r} needs a judge with known log_odds; this judge has none")
-    if isinstance(max_rounds, bool) or not isinstance(max_rounds, (int, np.integer)):
-        raise TypeError(f"max_rounds: expected an int >= 1, got {max_rounds!r}")
-    if max_rounds < 1:
-        raise ValueError(f"max_rounds: expected an int >= 1, got {max_rounds}")
-    return num_comparisons, int(max_rounds)
+    return num_comparisons, check_int("max_rounds", max_rounds)
 
 
 def build_kernel(

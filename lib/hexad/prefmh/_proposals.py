@@ -14,16 +14,10 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from hexad._base import check_positive, check_unit
 
 __all__ = ["autoregressive", "independent", "latent_random_walk", "random_walk"]
-
-
-def _check_scale(name: str, value: float) -> float:
-    value = float(value)
-    if not (np.isfinite(value) and value > 0):
-        raise ValueError(f"{name}: expected a finite float > 0, got {value!r}")
-    return value
 
 
 def random_walk(sigma: float) -> Callable:
@@ -36,7 +30,7 @@ def random_walk(sigma: float) -> Callable:
     >>> y.shape, float(log_rho)
     ((2,), 0.0)
     """
-    sigma = _check_scale("sigma", sigma)
+    sigma = check_positive("sigma", sigma)
 
     def propose(key, x):
         x = jnp.asarray(x)
@@ -60,10 +54,8 @@ def autoregressive(sigma: float, shrink: float) -> Callable:
     >>> y.shape
     (2,)
     """
-    sigma = _check_scale("sigma", sigma)
-    shrink = float(shrink)
-    if not (0.0 <= shrink < 1.0):
-        raise ValueError(f"shrink: expected a float in [0, 1), got {shrink!r}")
+    sigma = check_positive("sigma", sigma)
+    shrink = check_unit("shrink", shrink, lo_open=False)
     c = 1.0 - shrink
 
     def propose(key, x):
@@ -124,7 +116,7 @@ def latent_random_walk(sigma: float, log_prior_fn: Callable | None = None) -> Ca
     >>> bool(log_rho <= 0)
     True
     """
-    sigma = _check_scale("sigma", sigma)
+    sigma = check_positive("sigma", sigma)
     if log_prior_fn is None:
         log_prior_fn = lambda z: -0.5 * jnp.sum(z**2)
     elif not callable(log_prior_fn):

@@ -19,7 +19,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+from hexad._base import check_int
 
 __all__ = [
     "RULES",
@@ -38,14 +39,7 @@ RULES = ("mh", "barker_oracle", "kbudget", "majority", "two_coin")
 
 def check_num_comparisons(num_comparisons: int) -> int:
     """Returns ``num_comparisons`` as an int or raises a ValueError naming it."""
-    if isinstance(num_comparisons, bool) or not isinstance(num_comparisons, (int, np.integer)):
-        raise TypeError(
-            f"num_comparisons: expected an int >= 1, got {type(num_comparisons).__name__} "
-            f"{num_comparisons!r}"
-        )
-    if num_comparisons < 1:
-        raise ValueError(f"num_comparisons: expected an int >= 1, got {num_comparisons}")
-    return int(num_comparisons)
+    return check_int("num_comparisons", num_comparisons)
 
 
 def mh_acceptance(log_ratio: jax.Array) -> jax.Array:

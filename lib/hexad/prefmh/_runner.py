@@ -7,9 +7,9 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from hexad import sharding as hsharding
+from hexad import sharding
+from hexad._base import DATA_AXIS, check_int
 from hexad.prefmh._diagnostics import effective_sample_size, potential_scale_reduction
 
 __all__ = ["ChainResult", "run_chains"]
@@ -70,14 +70,14 @@ def run_chains(
     thin: int = 1,
     chunk_size: int = 100,
     mesh: jax.sharding.Mesh | None = None,
-    axis_name: str = "data",
+    axis: str = DATA_AXIS,
     callback: Callable[[int, int], None] | None = None,
 ) -> ChainResult:
     """Runs many chains of ``algorithm`` and returns the trace and its diagnostics.
 
     The chains are vmapped; the steps run in jitted ``lax.scan`` chunks of ``chunk_size``
     steps (one compilation), and ``callback(steps_done, num_steps)`` is called from the host
-    between chunks (progress bars). With ``mesh`` the chains are sharded along ``axis_name``.
+    between chunks (progress bars). With ``mesh`` the chains are sharded along ``axis``.
     A step whose judge outcome or proposal ratio was invalid raises a ``ValueError`` after
     its chunk.
 
@@ -89,8 +89,8 @@ def run_chains(
       burn_in: (static) steps left out of the trace.
       thin: (static) keep every ``thin``-th step; must divide ``chunk_size``.
       chunk_size: (static) steps per jitted chunk.
-      mesh: optional mesh; ``chains`` must be divisible by ``mesh.shape[axis_name]``.
-      axis_name: (static) the mesh axis of the chains.
+      mesh: optional mesh; ``chains`` must be divisible by ``mesh.shape[axis]``.
+      axis: (static) the mesh axis of the chains.
       callback: optional host function ``callback(steps_done, num_steps)``.
 
     >>> from hexad.prefmh import bradley_terry_judge, prefmh, random_walk
@@ -99,14 +99,10 @@ def run_chains(
     >>> out.trace.shape
     (4, 100, 2)
     """
-    for name, v, lo in (
-        ("num_steps", num_steps, 1),
-        ("burn_in", burn_in, 0),
-        ("thin", thin, 1),
-        ("chunk_size", chunk_size, 1),
-    ):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ValueError(f"{name}: expected an int >= {lo}, got {v!r}")
+    num_steps = check_int("num_steps", num_steps)
+    burn_in = check_int("burn_in", burn_in, lo=0)
+    thin = check_int("thin", thin)
+    chunk_size = check_int("chunk_size", chunk_size)
     if burn_in >= num_steps:
         raise ValueError(f"burn_in: expected < num_steps = {num_steps}, got {burn_in}")
     chunk_size = min(chunk_size, num_steps)
@@ -124,18 +120,18 @@ def run_chains(
     if positions.ndim < 1:
         raise ValueError(f"initial_positions: expected [chains, ...], got {positions.shape}")
     num_chains = positions.shape[0]
-    sharding = None
+    spec = None
     if mesh is not None:
         # The chains are independent: shard them on an Auto mesh and let XLA propagate.
-        hsharding.check_divisible(mesh, axis_name, num_chains, "initial_positions")
-        sharding = hsharding.batch_sharding(mesh, axis_name)
+        sharding.check_divisible(mesh, axis, num_chains, "initial_positions")
+        spec = sharding.batch_sharding(mesh, axis)
     states = jax.vmap(lambda p: algorithm.init(p))(positions)
-    if sharding is not None:
-        states = jax.device_put(states, sharding)
+    if spec is not None:
+        states = jax.device_put(states, spec)
 
     kwargs = {}
-    if sharding is not None:
-        kwargs = dict(in_shardings=(sharding, sharding), out_shardings=sharding)
+    if spec is not None:
+        kwargs = dict(in_shardings=(spec, spec), out_shardings=spec)
     chunk_fn = jax.jit(_make_chunk(algorithm.step, thin), **kwargs)
 
     acc = jnp.zeros((num_chains,), jnp.result_type(float))
@@ -147,8 +143,8 @@ def run_chains(
         n = chunk_size
         key, sub = jax.random.split(key)
         keys = jax.random.split(sub, num_chains * n).reshape(num_chains, n)
-        if sharding is not None:
-            keys = jax.device_put(keys, sharding)
+        if spec is not None:
+            keys = jax.device_put(keys, spec)
         states, pos, a, c, t, ok = chunk_fn(keys, states)
         if not bool(jnp.all(ok)):
             bad = int(jnp.sum(~ok))
