@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hexad._base import check_int
+
 __all__ = [
     "ImageSet",
     "load_cifar10",
@@ -126,8 +128,7 @@ def load_digits(size: int = 16) -> ImageSet:
     >>> load_digits(8).x.shape
     (1797, 8, 8, 1)
     """
-    if not isinstance(size, int) or size < 8:
-        raise ValueError(f"size: expected an int >= 8, got {size!r}")
+    check_int("size", size, 8)
     from sklearn.datasets import load_digits as _sk_digits
 
     d = _sk_digits()
@@ -187,12 +188,9 @@ def make_procedural(
     >>> make_procedural(0, n_per_class=3, size=8, num_classes=2).x.shape
     (6, 8, 8, 1)
     """
-    if not isinstance(size, int) or size < 8:
-        raise ValueError(f"size: expected an int >= 8, got {size!r}")
-    if not isinstance(num_classes, int) or not 2 <= num_classes <= len(PROCEDURAL_CLASSES):
-        raise ValueError(f"num_classes: expected an int in [2, 10], got {num_classes!r}")
-    if not isinstance(n_per_class, int) or n_per_class < 1:
-        raise ValueError(f"n_per_class: expected a positive int, got {n_per_class!r}")
+    check_int("size", size, 8)
+    check_int("num_classes", num_classes, 2, len(PROCEDURAL_CLASSES))
+    check_int("n_per_class", n_per_class)
     rng = np.random.default_rng(seed)
     xs, ys = [], []
     for k in range(num_classes):
@@ -390,8 +388,7 @@ def load_gtsrb(path: str | os.PathLike, size: int = 32, crop_roi: bool = True) -
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"path: no such folder {str(root)!r}")
-    if not isinstance(size, int) or size < 1:
-        raise ValueError(f"size: expected a positive int, got {size!r}")
+    check_int("size", size)
     csvs = sorted(root.rglob("GT-*.csv"))
     if not csvs:
         raise FileNotFoundError("path: no GT-*.csv annotation files below it")

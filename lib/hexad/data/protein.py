@@ -48,13 +48,14 @@ from pathlib import Path
 
 import numpy as np
 
+from hexad._base import check_int
 from hexad.data import _bundled
+from hexad.data._bundled import cache_dir
 
 __all__ = [
     "Torsions",
     "alanine_dipeptide",
     "alanine_dipeptide_pdb",
-    "cache_dir",
     "dihedral",
     "generate",
     "load_torsions",
@@ -66,11 +67,6 @@ __all__ = [
 
 SOLVENTS = ("obc", "vacuum")
 _SAMPLE = ("protein", "alanine_dipeptide_sample.npz")
-
-
-def cache_dir() -> Path:
-    """The cache folder of generated torsion sets (``$HEXAD_CACHE/protein``), not created."""
-    return _bundled.cache_dir("protein")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,8 +194,7 @@ def _check_settings(temperature, n_frames, steps_per_frame, equil_steps, solvent
         ("steps_per_frame", steps_per_frame, 1),
         ("equil_steps", equil_steps, 0),
     ):
-        if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < low:
-            raise ValueError(f"{name}: expected an int >= {low}, got {v!r}")
+        check_int(name, v, low)
     if solvent not in SOLVENTS:
         raise ValueError(f"solvent: expected one of {SOLVENTS}, got {solvent!r}")
 
@@ -421,11 +416,12 @@ def alanine_dipeptide(
 
     Args:
       temperatures, seeds, n_frames, steps_per_frame, equil_steps, solvent: see :func:`generate`.
-      path: an explicit ``.npz``; default a file in :func:`cache_dir` named by the settings.
+      path: an explicit ``.npz``; default a file in ``hexad.data.cache_dir("protein")`` named by the
+        settings.
       progress: passed to :func:`generate` when simulating.
     """
     if path is None:
-        path = cache_dir() / _file_name(
+        path = cache_dir("protein") / _file_name(
             temperatures, seeds, n_frames, steps_per_frame, equil_steps, solvent
         )
     path = Path(path)
@@ -467,8 +463,7 @@ def torsion_clouds(
     """
     stride = window if stride is None else stride
     for name, v in (("window", window), ("stride", stride)):
-        if not isinstance(v, int | np.integer) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        check_int(name, v)
     if window > data.n_frames:
         raise ValueError(f"window: expected at most n_frames={data.n_frames}, got {window}")
     traj = np.arange(data.n_traj) if select is None else np.asarray(select, np.int64)
@@ -496,7 +491,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
     name = a.name or _file_name(
         a.temperatures, a.seeds, a.frames, a.steps_per_frame, a.equil_steps, a.solvent
     )
-    path = (a.out or cache_dir()) / name
+    path = (a.out or cache_dir("protein")) / name
 
     def report(i, n, t, s, sec):
         print(f"trajectory {i + 1}/{n}: T={t:g} K seed={s}: {sec:.1f} s", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""PointMaze offline data: the oracle reaches goals, D4RL fields are consistent, npz round trip."""
+"""PointMaze offline data and the shared pieces of hexad.data.offline_rl: the oracle reaches
+goals, D4RL fields are consistent, npz round trip and refusals, cache names."""
 
 import numpy as np
 import pytest
@@ -56,6 +57,8 @@ def test_geometry():
     np.testing.assert_allclose(wp, [[0.0, 1.0]])  # first step of the path round the U
     goals = D.sample_free_goals(np.random.default_rng(0), (-1.0, -1.0), 1.0, 50)
     assert np.all(g.is_free(goals)) and np.all(np.linalg.norm(goals + 1.0, axis=1) <= 1.0)
+    with pytest.raises(ValueError, match="maze_map"):
+        D.MazeGeometry(np.zeros(5))
 
 
 def test_npz_round_trip_and_refusals(small, tmp_path):
@@ -75,8 +78,21 @@ def test_npz_round_trip_and_refusals(small, tmp_path):
     np.savez(tmp_path / "nan2.npz", **nan)
     with pytest.raises(ValueError, match="finite"):
         D.load_offline_rl(tmp_path / "nan2.npz")
+    with pytest.raises(ValueError, match="rows"):
+        D.validate_offline_rl(dict(small, rewards=small["rewards"][:-1]), "x")
     with pytest.raises(FileNotFoundError):
         D.load_offline_rl(tmp_path / "absent.npz")
+
+
+def test_argument_checks():
+    with pytest.raises(ValueError, match="n_transitions"):
+        D.generate_pointmaze(0)
+    with pytest.raises(ValueError, match="episode_steps"):
+        D.generate_pointmaze(10, episode_steps=1)
+    with pytest.raises(ValueError, match="random_action_frac"):
+        D.generate_pointmaze(10, random_action_frac=1.5)
+    with pytest.raises(ValueError, match="n_envs"):
+        D.generate_pointmaze(10, n_envs=True)  # a bool is not an int
 
 
 def test_cached_dataset(tmp_path):
@@ -84,3 +100,14 @@ def test_cached_dataset(tmp_path):
     assert (tmp_path / "c.npz").is_file()
     b = D.pointmaze_dataset(64, seed=1, path=tmp_path / "c.npz")
     np.testing.assert_array_equal(a["actions"], b["actions"])
+
+
+def test_cache_names_are_the_spec_hash(monkeypatch, tmp_path):
+    # The name is sha1 of the settings as sorted JSON: existing caches keep hitting only if
+    # neither the spec nor its hashing changes. The literal is the name the files have had
+    # since the data set was introduced.
+    monkeypatch.setenv("HEXAD_CACHE", str(tmp_path))
+    spec = {"env": "PointMaze_UMaze-v3", "n": 2000, "seed": 0, "noise": 0.3, "rand": 0.0}
+    path = D.offline_rl_path("pointmaze_umaze", spec | {"version": 1})
+    assert path == tmp_path / "offline_rl" / "pointmaze_umaze_efd1363851ba.npz"
+    assert D.spec_tag({"b": 1, "a": 2}) == D.spec_tag({"a": 2, "b": 1})

@@ -1,15 +1,38 @@
-"""Locomotion offline data from SAC behaviour policies: D4RL fields, levels, caching."""
+"""Locomotion offline data: D4RL fields and levels of hexad.policy.locomotion_dataset, caching,
+refusals, level selection, collection and the shifted-reward evaluation."""
 
+import jax
 import numpy as np
 import pytest
 
+from hexad import policy as P
 from hexad.data import offline_rl as D
+
+# With 32 online steps and SAC's batch of 256 no update runs here; SAC's update is tested in
+# tests/policy, and updates inside the online loop in tests/policy/test_behaviour.py.
+TINY_HOPPER = dict(
+    total_steps=32,
+    hidden=8,
+    n_per_level=64,
+    start_steps=16,
+    snapshot_every=16,
+    eval_steps=10,
+)
 
 
 @pytest.fixture(scope="module")
-def levels(tiny_hopper_cache):
-    root, data, _ = tiny_hopper_cache
-    return root / "offline_rl", data
+def levels(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hexad_cache") / "offline_rl"
+    before = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)  # compile-bound
+    try:
+        data = {
+            lv: P.locomotion_dataset("Hopper-v5", lv, path_dir=folder, **TINY_HOPPER)
+            for lv in D.LOCOMOTION_LEVELS
+        }
+    finally:
+        jax.config.update("jax_disable_most_optimizations", before)
+    return folder, data
 
 
 def test_levels_fields_and_consistency(levels):
@@ -31,27 +54,57 @@ def test_levels_fields_and_consistency(levels):
         assert np.all(ctrl <= 1e-5)
         np.testing.assert_allclose(d["infos/reward_forward"], d["infos/x_velocity"], rtol=1e-5)
         assert 0 <= float(d["meta/snapshot_step"]) <= 32
+        assert d["meta/snapshot_returns"].shape == (3,)  # steps 0, 16, 32
     assert data["random"]["meta/snapshot_step"] == 0
     assert data["expert"]["meta/policy_return"] == data["expert"]["meta/expert_return"]
+    assert data["expert"]["meta/expert_return"] == data["expert"]["meta/snapshot_returns"].max()
     # medium-replay is the replay buffer up to the medium snapshot (uniform actions first).
     # (at least one vector step of the 4 envs when the medium snapshot is the initial one).
     rows = data["medium-replay"]["observations"].shape[0]
     assert rows == max(int(data["medium"]["meta/snapshot_step"]), 4)
 
 
-def test_cached_and_refusals(levels, tmp_path, tiny_hopper_cache):
+def test_cached_and_refusals(levels, tmp_path):
     folder, data = levels
-    kw = tiny_hopper_cache[2]
-    again = D.locomotion_dataset("Hopper-v5", "medium", path_dir=folder, **kw)  # no retraining
+    again = P.locomotion_dataset("Hopper-v5", "medium", path_dir=folder, **TINY_HOPPER)
     np.testing.assert_array_equal(again["actions"], data["medium"]["actions"])
     with pytest.raises(ValueError, match="level"):
-        D.locomotion_dataset("Hopper-v5", "medium-expert", path_dir=folder, **kw)
+        P.locomotion_dataset("Hopper-v5", "medium-expert", path_dir=folder, **TINY_HOPPER)
     with pytest.raises(ValueError, match="env_id"):
-        D.locomotion_dataset("Walker2d-v4", "medium", path_dir=folder, **kw)
+        P.locomotion_dataset("Walker2d-v4", "medium", path_dir=folder, **TINY_HOPPER)
+    with pytest.raises(ValueError, match="snapshot_every"):
+        P.generate_locomotion("Hopper-v5", 32, snapshot_every=6)
     bad = {k: v for k, v in data["medium"].items() if k != "terminals"}
     np.savez(tmp_path / "bad.npz", **bad)
     with pytest.raises(ValueError, match="terminals"):
         D.load_offline_rl(tmp_path / "bad.npz")
+
+
+def test_locomotion_levels_rule():
+    # random is the first snapshot, expert the best, medium the earliest snapshot up to the
+    # expert at least a third of the way from random to expert: here 0 + 9 / 3 = 3.
+    assert D.locomotion_levels([0.0, 2.0, 3.0, 9.0, 4.0]) == {
+        "random": 0,
+        "medium": 2,
+        "expert": 3,
+    }
+    assert D.locomotion_levels([5.0, 1.0]) == {"random": 0, "medium": 0, "expert": 0}
+    with pytest.raises(ValueError, match="snapshot_returns"):
+        D.locomotion_levels([])
+
+
+def test_collect_locomotion_calls_the_policy_on_float32_observations():
+    seen = []
+
+    def policy(obs):
+        seen.append(obs)
+        return np.full((obs.shape[0], 3), 0.5, np.float32)
+
+    d = D.collect_locomotion(policy, "Hopper-v5", 10, seed=3, n_envs=2, episode_steps=4)
+    assert len(seen) == 5 and all(o.dtype == np.float32 and o.shape == (2, 11) for o in seen)
+    assert d["observations"].shape == (10, 11) and np.all(d["actions"] == 0.5)
+    # Env-major: env 0's five steps, then env 1's; the first rows are env 0's observations.
+    np.testing.assert_array_equal(d["observations"][:5], np.stack([o[0] for o in seen]))
 
 
 def test_evaluate_locomotion_shifted_reward():
