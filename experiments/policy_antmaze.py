@@ -1,10 +1,11 @@
 """PoE / KL composition of frozen offline actors with goal-conditioned priors on AntMaze.
 
-The PointMaze diagnostic (``experiments.policy_pointmaze``; every method, key and plot is the
-same) on gymnasium-robotics' ``AntMaze_UMaze-v5``: an 8-d torque action space and a 29-d
-observation (x, y, then ``Ant-v5``'s 27, D4RL's ant layout), where the offline actor must learn
-locomotion as well as navigation. Data (``hexad.data.offline_rl``, cached): a scripted noisy
-oracle, in the manner of D4RL's antmaze, i.e. a direction-commanded SAC ant trained online here
+The PointMaze diagnostic (``experiments.policy_pointmaze``, run by
+``experiments._policy.run_maze``; every method, key and plot is the same) on gymnasium-robotics'
+``AntMaze_UMaze-v5``: an 8-d torque action space and a 29-d observation (x, y, then ``Ant-v5``'s
+27, D4RL's ant layout), where the offline actor must learn locomotion as well as navigation.
+Data (``hexad.policy.antmaze_dataset``, cached): a scripted noisy oracle, in the manner of
+D4RL's antmaze, i.e. a direction-commanded SAC ant trained online here
 (``train_ant_controller``, cached) driven towards the next waypoint of the maze's shortest path,
 with Gaussian action noise ``noise_std``; the task goal is the centre of cell (3, 1), the far
 end of the U. At deployment each episode starts in cell (1, 1) and must reach a new goal drawn
@@ -60,20 +61,20 @@ from __future__ import annotations
 import dataclasses
 from functools import partial
 
-from experiments import _runner
-from experiments import policy_pointmaze as pm
-from hexad.data import offline_rl as D
+from experiments import _policy, _runner
+from hexad import policy
+from hexad.data import offline_rl
 
-PRIORS = pm.PRIORS
+PRIORS = _policy.PRIORS
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(pm.Config):
+class Config(_policy.MazeConfig):
     n_transitions: int = 200_000
     noise_std: float = 0.2
     goal_shift: float = 4.0
     episode_steps: int = 700
-    # The SAC ant controller (hexad.data.offline_rl.train_ant_controller's settings; the
+    # The SAC ant controller (hexad.policy.train_ant_controller's settings; the
     # defaults are its own, the real controller; its cache folder is named by all of them).
     controller_steps: int = 400_000
     controller_chunk_steps: int = 50_000
@@ -98,7 +99,7 @@ class Config(pm.Config):
         )
 
     def controller_kwargs(self) -> dict:
-        """The keyword arguments of :func:`hexad.data.offline_rl.train_ant_controller`."""
+        """The keyword arguments of :func:`hexad.policy.train_ant_controller`."""
         return {
             "total_steps": self.controller_steps,
             "chunk_steps": self.controller_chunk_steps,
@@ -135,25 +136,25 @@ QUICK_SIZES = {
 }
 
 
-def antmaze(cfg: Config, ctx: _runner.Context) -> pm.Maze:
+def antmaze(cfg: Config, ctx: _runner.Context) -> _policy.Maze:
     """The AntMaze data set, geometry, evaluator and scripted oracle (trained and cached on
     first use)."""
     ckw = cfg.controller_kwargs()
-    raw = D.antmaze_dataset(
+    raw = policy.antmaze_dataset(
         cfg.n_transitions,
         seed=ctx.seed,
         noise_std=cfg.noise_std,
         controller_kwargs=ckw,
         progress=ctx.progress,
     )
-    controller = D.train_ant_controller(progress=ctx.progress, **ckw)  # cached: a load
-    geom = D.antmaze_geometry()
-    oracle = partial(D.antmaze_oracle, controller, geom=geom)
-    return pm.Maze(raw, geom, D.evaluate_antmaze, oracle, 0.2 * geom.scaling)
+    controller = policy.train_ant_controller(progress=ctx.progress, **ckw)  # cached: a load
+    geom = offline_rl.antmaze_geometry()
+    oracle = partial(offline_rl.antmaze_oracle, controller, geom=geom)
+    return _policy.Maze(raw, geom, offline_rl.evaluate_antmaze, oracle, 0.2 * geom.scaling)
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
-    return pm.run_maze(cfg, ctx, antmaze(cfg, ctx))
+    return _policy.run_maze(cfg, ctx, antmaze(cfg, ctx))
 
 
 STUDY = _runner.Study(
@@ -162,7 +163,7 @@ STUDY = _runner.Study(
     run,
     # Smaller than PointMaze's --quick (the ant's simulation is the cost), with the tiny
     # controller and a small data set of its own, so --quick needs nothing cached.
-    quick={**pm.STUDY.quick, **QUICK_CONTROLLER, **QUICK_SIZES},
+    quick={**_policy.MAZE_QUICK, **QUICK_CONTROLLER, **QUICK_SIZES},
     doc=__doc__,
 )
 

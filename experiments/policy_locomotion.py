@@ -1,14 +1,14 @@
 """PoE / KL composition of a frozen offline actor with a velocity-conditioned prior on locomotion.
 
 The locomotion half of issue 6 at our scale, on gymnasium MuJoCo ``HalfCheetah-v5``, ``Hopper-v5``
-and ``Walker2d-v5``. Data: SAC behaviour policies trained online here (``hexad.data.offline_rl``,
-cached npz with D4RL names): *medium* and *medium-replay* levels; the snapshot returns that define
-them are reported. Offline, IQL trains the frozen *actor* on the medium data (the environment's own
-reward: run forward fast). A *good* prior is velocity-conditioned BC on the medium-replay data: its
-input is (observation, v), where v is the hindsight goal, the mean x velocity over the next
-``velocity_horizon`` steps of the same trajectory. The *degraded* prior is the good one with
-parameter noise (``degrade_scale`` times each weight tensor's std); the *random* prior is an
-untrained network.
+and ``Walker2d-v5``. Data: SAC behaviour policies trained online here
+(``hexad.policy.locomotion_dataset``, cached npz with D4RL names): *medium* and *medium-replay*
+levels; the snapshot returns that define them are reported. Offline, IQL trains the frozen *actor*
+on the medium data (the environment's own reward: run forward fast). A *good* prior is
+velocity-conditioned BC on the medium-replay data: its input is (observation, v), where v is the
+hindsight goal, the mean x velocity over the next ``velocity_horizon`` steps of the same
+trajectory. The *degraded* prior is the good one with parameter noise (``degrade_scale`` times each
+weight tensor's std); the *random* prior is an untrained network.
 
 Shifted objective: track a target velocity ``v* = target_velocity_frac`` times the medium data's
 mean x velocity. The shifted reward replaces the environment's forward term by
@@ -47,8 +47,7 @@ about 50 on HalfCheetah: the random policy's control cost dominates.) Every scor
 shifted return.
 
 Command:  python -m experiments.policy_locomotion [--quick] [--out DIR] [--seed N] [--set k=v]
-          The data are generated once (``python -m hexad.data.offline_rl locomotion --env E``
-          gives the full-size sets) and cached. The frozen actors and priors are checkpointed
+          The data are generated once and cached. The frozen actors and priors are checkpointed
           through hexad.cachex in ``--ckpt``; ``--resume`` restores them and re-runs only the
           evaluation.
 Runtime:  --quick (tiny SAC data: 3000 online steps, 64-wide networks, 1000 updates each for
@@ -111,21 +110,18 @@ import inspect
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from experiments import _runner
-from experiments.policy_pointmaze import _mean_se
-from hexad import cachex
-from hexad import policy as P
-from hexad.data import offline_rl as D
+from experiments import _policy, _runner
+from hexad import policy
+from hexad.data import offline_rl
+from hexad.policy import ExpertLibrary, Method, Row
 
-PRIORS = ("good", "degraded", "random")
-POE, ADDITIVE, KL_STATE, RANDOM, GUIDED, ZERO, SFGPI = 0, 1, 2, 3, 4, 5, 6
+PRIORS = _policy.PRIORS
 HEALTHY_BONUS = {"HalfCheetah-v5": 0.0, "Hopper-v5": 1.0, "Walker2d-v5": 1.0}
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(_policy.CompositionConfig):
     envs: tuple[str, ...] = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
     data_steps: int = 20_000
     data_hidden: int = 64
@@ -138,58 +134,38 @@ class Config:
     iql_steps: int = 5000
     bc_steps: int = 5000
     train_chunk: int = 500
-    batch_size: int = 256
-    lr: float = 3e-4
     expectile: float = 0.7
     temperature: float = 3.0
     velocity_horizon: int = 10
     target_velocity_frac: float = 0.5
-    alphas: tuple[float, ...] = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
-    kl_budget: float = 1.0
-    n_kl_states: int = 2048
-    degrade_scale: float = 1.0
     n_episodes: int = 5
     episode_steps: int = 1000
     n_envs: int = 32
-    guide_cql_steps: int = 5000
-    guide_action_samples: int = 4
-    guide_steps: int = 10
     guide_step_size: float = 0.1
     guide_shifts: tuple[float, ...] = (0.25, 0.5, 1.0)
     sf_velocities: int = 5
-    sf_steps: int = 5000
-    sf_batch_size: int = 128
-    sf_discount: float = 0.99
-    sf_ridge: float = 1e-4
 
     def __post_init__(self):
-        _runner.one_of(self, D.LOCOMOTION_ENVS, "envs")
+        super().__post_init__()
+        _runner.one_of(self, offline_rl.LOCOMOTION_ENVS, "envs")
         _runner.at_least(self, 1, "data_steps", "data_hidden", "data_per_level")
-        _runner.at_least(self, 1, "data_snapshot_every", "data_eval_steps", "hidden")
-        _runner.at_least(self, 1, "iql_steps", "bc_steps", "train_chunk", "batch_size")
-        _runner.at_least(self, 1, "velocity_horizon", "n_kl_states", "n_episodes")
-        _runner.at_least(self, 1, "episode_steps", "n_envs", "guide_cql_steps")
-        _runner.at_least(self, 1, "guide_action_samples", "sf_velocities", "sf_steps")
-        _runner.at_least(self, 1, "sf_batch_size")
-        _runner.at_least(self, 0, "data_seed", "data_start_steps", "kl_budget", "degrade_scale")
-        _runner.at_least(self, 0, "temperature", "guide_steps", "guide_shifts", "sf_ridge")
-        _runner.positive(self, "lr", "guide_step_size")
-        _runner.in_unit(self, "expectile", lo_open=True, hi_open=True)
-        _runner.in_unit(self, "alphas")
-        _runner.in_unit(self, "sf_discount", hi_open=True)
+        _runner.at_least(self, 1, "data_snapshot_every", "data_eval_steps", "velocity_horizon")
+        _runner.at_least(self, 1, "sf_velocities")
+        _runner.at_least(self, 0, "data_seed", "data_start_steps")
 
 
-def _data(cfg: Config, env_id: str, level: str, ctx) -> dict:
+def locomotion_data(cfg: Config, env_id: str, level: str, ctx) -> dict:
+    """One level of the SAC-generated data (cached)."""
     kw = {
         "start_steps": cfg.data_start_steps,
         "snapshot_every": cfg.data_snapshot_every,
         "eval_steps": cfg.data_eval_steps,
     }
     # Only settings that differ from the generator's defaults name the cache file, so the
-    # full study reads the files that `python -m hexad.data.offline_rl locomotion` writes.
-    defaults = inspect.signature(D.generate_locomotion).parameters
+    # full study reads the files that the generator's defaults write.
+    defaults = inspect.signature(policy.generate_locomotion).parameters
     kw = {k: v for k, v in kw.items() if v != defaults[k].default}
-    return D.locomotion_dataset(
+    return policy.locomotion_dataset(
         env_id,
         level,
         cfg.data_steps,
@@ -199,16 +175,6 @@ def _data(cfg: Config, env_id: str, level: str, ctx) -> dict:
         progress=ctx.progress,
         **kw,
     )
-
-
-def hindsight_velocity(raw: dict, horizon: int) -> np.ndarray:
-    """``[N]`` mean ``infos/x_velocity`` over the next ``horizon`` steps of each trajectory."""
-    ends = P.trajectory_ends(raw["terminals"], raw["timeouts"])
-    v = raw["infos/x_velocity"].astype(np.float64)
-    cs = np.concatenate([[0.0], np.cumsum(v)])
-    i = np.arange(v.shape[0])
-    j = np.minimum(i + horizon, ends + 1)
-    return ((cs[j] - cs[i]) / (j - i)).astype(np.float32)
 
 
 def sf_features(raw: dict, grid: np.ndarray) -> np.ndarray:
@@ -223,363 +189,171 @@ def sf_features(raw: dict, grid: np.ndarray) -> np.ndarray:
     return np.concatenate([-np.abs(v - grid[None]), rest], -1).astype(np.float32)
 
 
-def _train(ctx, algo, data, n_steps, key, desc, batch_size, chunk):
-    state = algo.init(key, data)
-    train = jax.jit(P.make_train(algo, min(chunk, n_steps), batch_size))
-    infos = None
-    for i in ctx.progress(range(max(n_steps // chunk, 1)), desc=desc):
-        state, infos = train(jax.random.fold_in(key, i), state, data)
-        ctx.log(stage=desc, chunk=i, **{k: float(v[-1]) for k, v in infos._asdict().items()})
-    return state, infos
-
-
 def _run_env(cfg: Config, ctx, env_id: str, key) -> dict:
     name = env_id.split("-")[0].lower()
-    med_raw = _data(cfg, env_id, "medium", ctx)
-    rep_raw = _data(cfg, env_id, "medium-replay", ctx)
-    med, rep = P.batch_from_dataset(med_raw), P.batch_from_dataset(rep_raw)
+    med_raw, rep_raw = (locomotion_data(cfg, env_id, lv, ctx) for lv in ("medium", "medium-replay"))
+    med, rep = policy.batch_from_dataset(med_raw), policy.batch_from_dataset(rep_raw)
     # One observation normaliser (from the union of both sets) for every network.
     allobs = np.concatenate([med_raw["observations"], rep_raw["observations"]])
     mu = jnp.asarray(allobs.mean(0, keepdims=True), jnp.float32)  # [1, o]
     sd = jnp.asarray(allobs.std(0, keepdims=True) + 1e-3, jnp.float32)
-    norm = lambda o: (o - mu) / sd  # noqa: E731
+
+    def norm(o):
+        return (o - mu) / sd
+
     med = med._replace(
         observations=norm(med.observations), next_observations=norm(med.next_observations)
     )
-    goals = hindsight_velocity(rep_raw, cfg.velocity_horizon)
+    ends = policy.trajectory_ends(rep_raw["terminals"], rep_raw["timeouts"])
+    goals = policy.hindsight_mean(rep_raw["infos/x_velocity"], ends, cfg.velocity_horizon)
     v_scale = float(np.std(goals) + 1e-3)
     g_in = jnp.asarray(goals / v_scale, jnp.float32)[:, None]
-    gdata = rep._replace(observations=jnp.concatenate([norm(rep.observations), g_in], -1))
+    rep_obs, rep_next = norm(rep.observations), norm(rep.next_observations)
+    gdata = rep._replace(observations=jnp.concatenate([rep_obs, g_in], -1))
     # The guide's data: goal in both observations, the shifted reward for that goal.
     shifted = rep_raw["rewards"] - rep_raw["infos/reward_forward"]
     shifted = shifted - np.abs(rep_raw["infos/x_velocity"] - goals)
     guide_data = gdata._replace(
-        next_observations=jnp.concatenate([norm(rep.next_observations), g_in], -1),
+        next_observations=jnp.concatenate([rep_next, g_in], -1),
         rewards=jnp.asarray(shifted, jnp.float32),
     )
-
-    act_dim = med.actions.shape[1]
-    hid = (cfg.hidden, cfg.hidden)
-    actor_net, prior_net = P.GaussianActor(act_dim, hid), P.GaussianActor(act_dim, hid)
-    critic_net = P.TwinCritic(hid)
     # SF + GPI: the library is each prior commanded with a fixed velocity grid (quantiles of
     # the replay data's hindsight velocities, not the target) plus the frozen actor.
     grid = np.quantile(goals, np.linspace(0.1, 0.9, cfg.sf_velocities)).astype(np.float32)
-    g_grid = jnp.asarray(grid / v_scale, jnp.float32)  # [M]
-    n_grid = grid.shape[0]
-    n_lib = len(PRIORS) * n_grid + 1
-    sf_net = P.SuccessorFeatures(n_lib, n_grid + 1, hid)
-    rep_obs, rep_next = norm(rep.observations), norm(rep.next_observations)
-    sf_data = P.SFBatch(
-        rep_obs,
-        rep.actions,
-        jnp.asarray(sf_features(rep_raw, grid)),
-        rep_next,
-        rep.terminals,
-    )
+    g_grid = jnp.asarray(grid / v_scale, jnp.float32)[:, None]  # [M, 1]
+    act_dim = med.actions.shape[1]
+    nets = _policy.make_nets(cfg, act_dim, len(PRIORS) * len(grid) + 1, len(grid) + 1)
+    phi = jnp.asarray(sf_features(rep_raw, grid))
+    sf_data = policy.SFBatch(rep_obs, rep.actions, phi, rep_next, rep.terminals)
     keys = jax.random.split(key, 6)
-    init = {
-        "actor": actor_net.init(keys[0], med.observations[:1]),
-        "priors": (prior_net.init(keys[1], gdata.observations[:1]),) * 3,
-        "guide": critic_net.init(keys[4], gdata.observations[:1], med.actions[:1]),
-        "sf": sf_net.init(keys[5], med.observations[:1], med.actions[:1]),
-        "diag": jnp.zeros(3),
-    }
-
-    def library(a_params, p_params, o):
-        """``[B, K, d]``: each prior at each grid velocity, then the actor, at ``o [B, o]``."""
-        b = o.shape[0]
-        og = jnp.concatenate(
-            [
-                jnp.broadcast_to(o[:, None, :], (b, n_grid, o.shape[-1])),
-                jnp.broadcast_to(g_grid[None, :, None], (b, n_grid, 1)),
-            ],
-            -1,
-        )
-        acts = [jnp.tanh(prior_net.apply(pp, og).mean) for pp in p_params]
-        acts.append(jnp.tanh(actor_net.apply(a_params, o).mean)[:, None, :])
-        return jnp.concatenate(acts, axis=1)
-
-    mngr = cachex.CacheXManager(ctx.checkpoint_dir / name)
-    try:
-        start, frozen = cachex.resume(mngr, init, ctx.resume)
-        if start == 0:
-            opt = optax.adam(cfg.lr)
-            iql = P.iql(
-                actor_net,
-                P.TwinCritic(hid),
-                P.ValueNet(hid),
-                opt,
-                opt,
-                opt,
-                expectile=cfg.expectile,
-                temperature=cfg.temperature,
-            )
-            bs, ch = cfg.batch_size, cfg.train_chunk
-            iql_state, iql_info = _train(
-                ctx, iql, med, cfg.iql_steps, keys[0], f"{name}_iql", bs, ch
-            )
-            bc = P.bc(prior_net, optax.adam(cfg.lr))
-            pstate, pinfo = _train(ctx, bc, gdata, cfg.bc_steps, keys[1], f"{name}_vcbc", bs, ch)
-            cql = P.cql(
-                prior_net,
-                critic_net,
-                opt,
-                opt,
-                n_action_samples=cfg.guide_action_samples,
-            )
-            guide, _ = _train(
-                ctx, cql, guide_data, cfg.guide_cql_steps, keys[4], f"{name}_cql", bs, ch
-            )
-            priors = (
-                pstate.params,
-                P.degrade_params(keys[2], pstate.params, cfg.degrade_scale),
-                prior_net.init(keys[3], gdata.observations[:1]),
-            )
-            actor = iql_state.actor_params
-            sf = P.sf_td(
-                sf_net,
-                opt,
-                lambda o: library(actor, priors, o),
-                discount=cfg.sf_discount,
-            )
-            sf_state, sf_info = _train(
-                ctx, sf, sf_data, cfg.sf_steps, keys[5], f"{name}_sf", cfg.sf_batch_size, ch
-            )
-            frozen = {
-                "actor": actor,
-                "guide": guide.critic_params,
-                "priors": priors,
-                "sf": sf_state.params,
-                "diag": jnp.stack([iql_info.critic_loss[-1], pinfo.loss[-1], sf_info.loss[-1]]),
-            }
-            mngr.save(0, frozen)
-            mngr.wait_until_finished()
-    finally:
-        mngr.close()
-    actor_params, prior_params, guide = frozen["actor"], frozen["priors"], frozen["guide"]
+    cql = (_policy.cql(cfg, nets.prior), guide_data, cfg.guide_cql_steps, keys[4], f"{name}_cql")
+    stages = (f"{name}_iql", f"{name}_vcbc", f"{name}_sf")
+    frozen = _policy.train_frozen(
+        ctx, cfg, nets, med, gdata, sf_data, g_grid, keys, {"cql": cql}, name, stages
+    )
+    lib = ExpertLibrary(nets.actor, nets.prior, frozen["actors"], frozen["priors"], g_grid)
 
     v_med = float(med_raw["infos/x_velocity"].mean())
     v_star = cfg.target_velocity_frac * v_med
     g_star = jnp.float32(v_star / v_scale)
-
     rng = np.random.default_rng(ctx.seed)
     idx = rng.choice(med.observations.shape[0], cfg.n_kl_states, replace=False)
     s = med.observations[idx]
     s_g = jnp.concatenate([s, jnp.full((s.shape[0], 1), g_star)], -1)
     select = jax.jit(
-        lambda pp: P.kl_budget_alpha(
-            actor_net.apply(actor_params, s), prior_net.apply(pp, s_g), cfg.kl_budget
+        lambda pp: policy.kl_budget_alpha(
+            nets.actor.apply(lib.actor_params[0], s), nets.prior.apply(pp, s_g), cfg.kl_budget
         )
     )
-    kl_alpha = [float(select(pp)) for pp in prior_params]
-
+    kl_alpha = {(0, pi): float(select(pp)) for pi, pp in enumerate(lib.prior_params)}
     # SF task weights of the shifted objective: least squares on the replay transitions.
     phi_all = sf_features(rep_raw, grid)
     r_shift = (rep_raw["rewards"] - rep_raw["infos/reward_forward"]).astype(np.float64)
     r_shift = r_shift - np.abs(rep_raw["infos/x_velocity"] - v_star)
-    w_sf = P.task_weights(jnp.asarray(phi_all), jnp.asarray(r_shift, jnp.float32), cfg.sf_ridge)
+    w_sf = policy.task_weights(
+        jnp.asarray(phi_all), jnp.asarray(r_shift, jnp.float32), cfg.sf_ridge
+    )
     fit = phi_all @ np.asarray(w_sf)
     sf_r2 = 1.0 - np.sum((r_shift - fit) ** 2) / np.sum((r_shift - r_shift.mean()) ** 2)
-    psi_fn = lambda s_, a_: sf_net.apply(frozen["sf"], s_, a_)  # noqa: E731
-
-    @jax.jit
-    def composed(obs, spec):
-        p_id, mode, alpha = spec[:, 0].astype(int), spec[:, 1].astype(int), spec[:, 2]
-        o = norm(obs)
-        a = actor_net.apply(actor_params, o)
-        og = jnp.concatenate([o, jnp.full((o.shape[0], 1), g_star)], -1)
-        p_all = [prior_net.apply(pp, og) for pp in prior_params]
-        p = jax.tree.map(
-            lambda *xs: jnp.take_along_axis(jnp.stack(xs), p_id[None, :, None], 0)[0], *p_all
-        )
-        alpha = jnp.where(mode == KL_STATE, P.kl_budget_alpha_per_state(a, p, cfg.kl_budget), alpha)
-        mean = jnp.where(
-            (mode == ADDITIVE)[:, None], P.additive(a, p, alpha).mean, P.poe(a, p, alpha).mean
-        )
-        q_fn = lambda s_, a_: jnp.minimum(*critic_net.apply(guide, s_, a_))  # noqa: E731
-        shift = jnp.where(mode == GUIDED, alpha, 1.0)
-        steered = P.q_steer(q_fn, og, a.mean, cfg.guide_step_size, cfg.guide_steps, shift)
-        lib = library(actor_params, prior_params, o)
-        gpi_act = jnp.zeros_like(mean)
-        for pi in range(len(PRIORS)):
-            members = np.zeros(n_lib, bool)
-            members[pi * n_grid : (pi + 1) * n_grid] = True
-            members[-1] = True  # the actor
-            act_k, _ = P.gpi(psi_fn, o, lib[:, members], w_sf, policy_mask=members)
-            gpi_act = jnp.where((p_id == pi)[:, None], act_k, gpi_act)
-        out = jnp.where((mode == GUIDED)[:, None], steered, jnp.tanh(mean))
-        out = jnp.where((mode == SFGPI)[:, None], gpi_act, out)
-        return jnp.where((mode == ZERO)[:, None], 0.0, out)
-
-    methods = [(0, RANDOM, 0.0), (0, ZERO, 0.0)]  # (prior id, mode, alpha or shift)
-    methods += [(0, GUIDED, sh) for sh in cfg.guide_shifts]
-    for pi in range(len(PRIORS)):
-        methods.append((pi, SFGPI, 0.0))
-        methods += [(pi, POE, a) for a in cfg.alphas]
-        methods += [(pi, ADDITIVE, a) for a in cfg.alphas]
-        methods += [(pi, POE, kl_alpha[pi]), (pi, ADDITIVE, kl_alpha[pi]), (pi, KL_STATE, 0.0)]
-    methods = list(dict.fromkeys(methods))
-    specs = np.repeat(np.asarray(methods, np.float32), cfg.n_episodes, axis=0)
-    ep = np.tile(np.arange(cfg.n_episodes), len(methods))
+    composed = _policy.deploy(
+        cfg,
+        lib,
+        nets,
+        frozen,
+        {Method.CQL_GUIDED: "cql"},
+        norm,
+        lambda o, goal: jnp.concatenate([o, jnp.full((o.shape[0], 1), g_star)], -1),
+        lambda goal: w_sf,
+    )
+    rand_row, zero_row = Row(0, 0, Method.RANDOM, 0.0), Row(0, 0, Method.ZERO, 0.0)
+    guided = {Method.CQL_GUIDED: "cql_guided"}
+    rows = _policy.method_rows(1, guided, cfg.guide_shifts, cfg.alphas, kl_alpha)
+    table = _policy.Table(dict.fromkeys([rand_row, zero_row, *rows]), cfg.n_episodes)
     act_rng = np.random.default_rng(ctx.seed + 1)
 
-    def policy(o, sp):
-        a = np.asarray(composed(jnp.asarray(o, jnp.float32), jnp.asarray(sp)))
-        rand = sp[:, 1] == RANDOM
-        if rand.any():
-            a = np.where(rand[:, None], act_rng.uniform(-1, 1, a.shape), a)
-        return a
+    def act(o, sp):
+        row, shape = table.batch(sp), (len(o), act_dim)
+        # Uniform draws only for a batch with a random row, from the study's own generator.
+        rand = np.any(row.method == Method.RANDOM)
+        u = act_rng.uniform(-1, 1, shape) if rand else np.zeros(shape)
+        return composed(jnp.asarray(o, jnp.float32), None, row, jnp.asarray(u, jnp.float32))
 
-    res = D.evaluate_locomotion(
-        policy,
+    ep = table.episode
+    res = offline_rl.evaluate_locomotion(
+        act,
         env_id,
-        specs,
+        table.specs,
         1000 * ctx.seed + ep,
         min(cfg.n_envs, len(ep)),
         cfg.episode_steps,
         target_velocity=v_star,
         progress=ctx.progress,
     )
-
-    def stat(key, m):
-        rows = np.all(np.isclose(specs, np.asarray(m, np.float32)[None]), axis=1)
-        return float(np.mean(res[key][rows]))
-
     # Normalised score: 0 = the zero-action policy (standing still, measured on the same
     # episodes), 100 = the exact-tracking bound (not achieved by any policy here).
-    ret = lambda m: stat("shifted_return", m)  # noqa: E731
-    r_rand, r_zero = ret((0, RANDOM, 0.0)), ret((0, ZERO, 0.0))
+    r_zero = table.mean(res["shifted_return"], zero_row)
     r_ideal = HEALTHY_BONUS[env_id] * cfg.episode_steps
-    score = lambda m: 100.0 * (ret(m) - r_zero) / (r_ideal - r_zero)  # noqa: E731
-    learned = [m for m in methods if m[1] not in (RANDOM, ZERO)]
-    best_m = max(learned, key=ret)
 
-    pre = name + "_"
+    def stat(metric, row):
+        if metric == "score":
+            return 100.0 * (stat("return", row) - r_zero) / (r_ideal - r_zero)
+        return table.mean(res["shifted_return" if metric == "return" else metric], row)
+
+    learned = [r for r in table.rows if r.method not in (Method.RANDOM, Method.ZERO)]
+    best = max(learned, key=lambda r: stat("return", r))
+    pre, se = name + "_", _runner.mean_se(res["shifted_return"], len(table.rows))
     out = {
         pre + "target_velocity": v_star,
         pre + "medium_velocity": v_med,
         pre + "replay_velocity_range": [float(goals.min()), float(goals.max())],
-        pre + "random_return": r_rand,
-        pre + "random_score": score((0, RANDOM, 0.0)),
+        pre + "random_return": stat("return", rand_row),
+        pre + "random_score": stat("score", rand_row),
         pre + "zero_return": r_zero,
         pre + "ideal_return": r_ideal,
-        pre + "best_return": ret(best_m),
-        pre + "best_score": score(best_m),
-        pre + "best_method": _describe(best_m),
-        pre + "return_se": _mean_se(res["shifted_return"], len(methods)),
+        pre + "best_return": stat("return", best),
+        pre + "best_score": stat("score", best),
+        pre + "best_method": _describe(best),
+        pre + "return_se": se,
+        pre + "score_se": None if se is None else 100.0 * se / (r_ideal - r_zero),
         pre + "data_expert_return": float(med_raw["meta/expert_return"]),
         pre + "data_medium_return": float(med_raw["meta/policy_return"]),
         pre + "data_random_return": float(med_raw["meta/random_return"]),
-        pre + "iql_final_critic_loss": float(frozen["diag"][0]),
-        pre + "prior_final_nll": float(frozen["diag"][1]),
-        pre + "sf_final_loss": float(frozen["diag"][2]),
+        **_policy.diagnostics(frozen, pre),
         pre + "sf_reward_fit_r2": float(sf_r2),
         pre + "sf_velocity_grid": [float(v) for v in grid],
-        pre + "actor_score": score((0, POE, 0.0)),
-        pre + "actor_return": ret((0, POE, 0.0)),
-        pre + "actor_velocity": stat("velocity", (0, POE, 0.0)),
     }
-    g_sc = [score((0, GUIDED, sh)) for sh in cfg.guide_shifts]
-    g_best = int(np.argmax(g_sc))
-    se = out[pre + "return_se"]
-    out[pre + "score_se"] = None if se is None else 100.0 * se / (r_ideal - r_zero)
-    out[pre + "cql_guided_score_curve"] = g_sc
-    out[pre + "cql_guided_shift"] = cfg.guide_shifts[g_best]
-    out[pre + "cql_guided_score"] = g_sc[g_best]
-    out[pre + "cql_guided_return"] = ret((0, GUIDED, cfg.guide_shifts[g_best]))
+    metrics, curves = ("score", "return"), (("poe", "score"), ("poe", "return"))
+    curves += (("additive", "score"), ("poe", "velocity"))
+    out |= _policy.actor_summary(stat, 0, cfg, kl_alpha, guided, metrics, "score", curves, pre)
+    out[pre + "actor_velocity"] = stat("velocity", Row(0, 0, Method.POE, 0.0))
     for pi, q in enumerate(PRIORS):
-        ka = kl_alpha[pi]
-        poe_c = [score((pi, POE, a)) for a in cfg.alphas]
-        add_c = [score((pi, ADDITIVE, a)) for a in cfg.alphas]
-        best, best_add = int(np.argmax(poe_c)), int(np.argmax(add_c))
-        for key, m in (
-            ("poe_kl_budget", (pi, POE, ka)),
-            ("poe_kl_state", (pi, KL_STATE, 0.0)),
-            ("oracle", (pi, POE, cfg.alphas[best])),
-            ("additive", (pi, ADDITIVE, ka)),
-            ("additive_oracle", (pi, ADDITIVE, cfg.alphas[best_add])),
-            ("prior_only", (pi, POE, 1.0)),
-            ("sfgpi", (pi, SFGPI, 0.0)),
-        ):
-            out[f"{pre}{key}_score_{q}"] = score(m)
-            out[f"{pre}{key}_return_{q}"] = ret(m)
-        out.update(
-            {
-                f"{pre}poe_kl_budget_alpha_{q}": ka,
-                f"{pre}oracle_alpha_{q}": cfg.alphas[best],
-                f"{pre}additive_oracle_alpha_{q}": cfg.alphas[best_add],
-                f"{pre}prior_only_velocity_{q}": stat("velocity", (pi, POE, 1.0)),
-                f"{pre}sfgpi_velocity_{q}": stat("velocity", (pi, SFGPI, 0.0)),
-                f"{pre}poe_score_curve_{q}": poe_c,
-                f"{pre}poe_return_curve_{q}": [ret((pi, POE, a)) for a in cfg.alphas],
-                f"{pre}additive_score_curve_{q}": add_c,
-                f"{pre}poe_velocity_curve_{q}": [
-                    stat("velocity", (pi, POE, a)) for a in cfg.alphas
-                ],
-            }
-        )
+        out[f"{pre}prior_only_velocity_{q}"] = stat("velocity", Row(0, pi, Method.POE, 1.0))
+        out[f"{pre}sfgpi_velocity_{q}"] = stat("velocity", Row(0, pi, Method.SFGPI, 0.0))
     return out
 
 
-def _describe(m) -> str:
-    """A method row ``(prior id, mode, alpha)`` in words, e.g. ``"poe alpha=0.25 good"``."""
-    p_id, mode, alpha = m
-    names = {POE: "poe", ADDITIVE: "additive", KL_STATE: "poe_kl_state", GUIDED: "cql_guided"}
-    names[SFGPI] = "sfgpi"
-    if mode == GUIDED:
-        return f"cql_guided shift={alpha:g}"
-    if mode in (KL_STATE, SFGPI):
-        return f"{names[mode]} {PRIORS[int(p_id)]}"
-    return f"{names[mode]} alpha={alpha:g} {PRIORS[int(p_id)]}"
+def _describe(row: Row) -> str:
+    """A method row in words, e.g. ``"poe alpha=0.25 good"``."""
+    if row.method == Method.CQL_GUIDED:
+        return f"cql_guided shift={row.alpha:g}"
+    name = {Method.KL_STATE: "poe_kl_state"}.get(row.method, row.method.name.lower())
+    if row.method in (Method.KL_STATE, Method.SFGPI):
+        return f"{name} {PRIORS[row.prior]}"
+    return f"{name} alpha={row.alpha:g} {PRIORS[row.prior]}"
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
-    for e in cfg.envs:
-        if e not in D.LOCOMOTION_ENVS:
-            raise ValueError(f"envs: expected names in {D.LOCOMOTION_ENVS}, got {e!r}")
-    if 1.0 not in cfg.alphas or 0.0 not in cfg.alphas:
-        raise ValueError(f"alphas: expected a sweep containing 0.0 and 1.0, got {cfg.alphas}")
     out = {"alphas": list(cfg.alphas)}
     # A task's key is the run key's split at the task's index in LOCOMOTION_ENVS, not at its
     # position in cfg.envs: a task run alone trains the same networks as in the full run.
-    keys = jax.random.split(ctx.key(), len(D.LOCOMOTION_ENVS))
+    keys = jax.random.split(ctx.key(), len(offline_rl.LOCOMOTION_ENVS))
     for e in cfg.envs:
-        out.update(_run_env(cfg, ctx, e, keys[D.LOCOMOTION_ENVS.index(e)]))
-    _plot(ctx, cfg, out)
-    return out
-
-
-def _plot(ctx, cfg, out):
-    import matplotlib.pyplot as plt
-
-    names = [e.split("-")[0].lower() for e in cfg.envs]
-    fig, axes = plt.subplots(
-        len(names), len(PRIORS), figsize=(4.2 * len(PRIORS), 3.2 * len(names)), squeeze=False
+        out.update(_run_env(cfg, ctx, e, keys[offline_rl.LOCOMOTION_ENVS.index(e)]))
+    panels = [(e.split("-")[0].lower() + "_", e.split("-")[0].lower() + ", ") for e in cfg.envs]
+    _policy.plot_alpha_curves(
+        ctx, "score_vs_alpha", cfg.alphas, out, panels, "score", "normalised shifted score"
     )
-    for row, name in zip(axes, names, strict=True):
-        pre = name + "_"
-        for ax, q in zip(row, PRIORS, strict=True):
-            ax.plot(cfg.alphas, out[f"{pre}poe_score_curve_{q}"], "o-", c="C0", label="PoE")
-            ax.plot(
-                cfg.alphas, out[f"{pre}additive_score_curve_{q}"], "s-", c="C1", label="additive"
-            )
-            ax.axvline(
-                out[f"{pre}poe_kl_budget_alpha_{q}"], c="C2", ls="--", label="KL-budget alpha"
-            )
-            ax.plot(
-                out[f"{pre}oracle_alpha_{q}"],
-                out[f"{pre}oracle_score_{q}"],
-                "*",
-                c="C3",
-                ms=14,
-                label="oracle alpha",
-            )
-            ax.set_title(f"{name}, {q} prior")
-            ax.set_xlabel("alpha")
-        row[0].set_ylabel("normalised shifted score")
-    axes[0, -1].legend(fontsize=7)
-    ctx.save_plot(fig, "score_vs_alpha")
+    return out
 
 
 STUDY = _runner.Study(

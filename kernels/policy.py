@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hexad import policy as P
+from hexad import policy
 from kernels._harness import Case
 
 OBS, ACT, HID, BATCH = 17, 6, 256, 256
@@ -62,10 +62,10 @@ _TWO_NETWORKS = (
 )
 
 
-def _dataset(n: int) -> P.Batch:
+def _dataset(n: int) -> policy.Batch:
     k = jax.random.split(jax.random.key(0), 4)
     obs = jax.random.normal(k[0], (n, OBS))
-    return P.Batch(
+    return policy.Batch(
         obs,
         jnp.tanh(jax.random.normal(k[1], (n, ACT))),
         jax.random.normal(k[2], (n,)),
@@ -174,16 +174,16 @@ def _peer_loop(k_steps: int, state, keys, data):
 def _iql_case(quick: bool) -> Case:
     k_steps = 50 if quick else 200
     data = _dataset(10_000)
-    algo = P.iql(
-        P.GaussianActor(ACT, (HID, HID)),
-        P.TwinCritic((HID, HID)),
-        P.ValueNet((HID, HID)),
+    algo = policy.iql(
+        policy.GaussianActor(ACT, (HID, HID)),
+        policy.TwinCritic((HID, HID)),
+        policy.ValueNet((HID, HID)),
         optax.adam(3e-4),
         optax.adam(3e-4),
         optax.adam(3e-4),
     )
     state = algo.init(jax.random.key(1), data)
-    train = P.make_train(algo, k_steps, BATCH)
+    train = policy.make_train(algo, k_steps, BATCH)
     peer_state = _peer_init(jax.random.key(1))
     keys = list(jax.random.split(jax.random.key(2), k_steps))
     jax.block_until_ready(_peer_update_jit(peer_state, keys[0], data))  # compile outside timing
@@ -210,8 +210,8 @@ def _iql_case(quick: bool) -> Case:
 
 
 def _latency_cases(batch: int) -> list[Case]:
-    actor = P.GaussianActor(ACT, (HID, HID))
-    prior = P.GaussianActor(ACT, (HID, HID))
+    actor = policy.GaussianActor(ACT, (HID, HID))
+    prior = policy.GaussianActor(ACT, (HID, HID))
     obs = jax.random.normal(jax.random.key(3), (batch, OBS))
     goal_obs = jax.random.normal(jax.random.key(4), (batch, OBS + 2))
     ap = actor.init(jax.random.key(5), obs)
@@ -219,13 +219,15 @@ def _latency_cases(batch: int) -> list[Case]:
     given = prior.apply(pp, goal_obs)
 
     def own(ap, obs):
-        return P.squash(actor.apply(ap, obs))
+        return policy.squash(actor.apply(ap, obs))
 
     def composed(ap, pp, obs, goal_obs, alpha):
-        return P.squash(P.poe(actor.apply(ap, obs), prior.apply(pp, goal_obs), alpha))
+        return policy.squash(policy.poe(actor.apply(ap, obs), prior.apply(pp, goal_obs), alpha))
 
     def head(ap, obs, prior_mean, prior_std, alpha):
-        return P.squash(P.poe(actor.apply(ap, obs), P.DiagGaussian(prior_mean, prior_std), alpha))
+        return policy.squash(
+            policy.poe(actor.apply(ap, obs), policy.DiagGaussian(prior_mean, prior_std), alpha)
+        )
 
     # Fused: the prior sees (obs, goal), the actor obs only. Zero-pad the actor's first-layer
     # kernel with rows for the goal inputs, stack both parameter trees and run the two networks
@@ -242,7 +244,7 @@ def _latency_cases(batch: int) -> list[Case]:
         both = jax.vmap(prior.apply, in_axes=(0, None))(stacked, goal_obs)
         a = jax.tree.map(lambda x: x[0], both)
         p = jax.tree.map(lambda x: x[1], both)
-        return P.squash(P.poe(a, p, alpha))
+        return policy.squash(policy.poe(a, p, alpha))
 
     def floor(obs):
         return obs + 1.0
@@ -294,10 +296,10 @@ def _latency_cases(batch: int) -> list[Case]:
 
 
 def _sfgpi_cases(batch: int, n_cmd: int = 5) -> list[Case]:
-    actor = P.GaussianActor(ACT, (HID, HID))
-    prior = P.GaussianActor(ACT, (HID, HID))
+    actor = policy.GaussianActor(ACT, (HID, HID))
+    prior = policy.GaussianActor(ACT, (HID, HID))
     n_lib = n_cmd + 1
-    sf_net = P.SuccessorFeatures(n_lib, n_cmd + 1, (HID, HID))
+    sf_net = policy.SuccessorFeatures(n_lib, n_cmd + 1, (HID, HID))
     obs = jax.random.normal(jax.random.key(7), (batch, OBS))
     ap = actor.init(jax.random.key(8), obs)
     pp = prior.init(jax.random.key(9), jnp.zeros((1, OBS + 1)))
@@ -305,28 +307,19 @@ def _sfgpi_cases(batch: int, n_cmd: int = 5) -> list[Case]:
     cmds = jnp.linspace(-1.0, 1.0, n_cmd)
     w = jax.random.normal(jax.random.key(11), (n_cmd + 1,))
 
-    def library(ap, pp, obs):
-        b = obs.shape[0]
-        og = jnp.concatenate(
-            [
-                jnp.broadcast_to(obs[:, None, :], (b, n_cmd, OBS)),
-                jnp.broadcast_to(cmds[None, :, None], (b, n_cmd, 1)),
-            ],
-            -1,
-        )
-        lib = jnp.tanh(prior.apply(pp, og).mean)  # [B, M, d]
-        return jnp.concatenate([lib, jnp.tanh(actor.apply(ap, obs).mean)[:, None, :]], 1)
+    def library(ap, pp, obs):  # [B, M + 1, d]: the prior at each command, then the actor
+        return policy.ExpertLibrary(actor, prior, (ap,), (pp,), cmds[:, None]).actions(obs)
 
     def action(ap, pp, sp, obs, w):
-        psi_fn = lambda s_, a_: sf_net.apply(sp, s_, a_)  # noqa: E731
-        return P.gpi(psi_fn, obs, library(ap, pp, obs), w)[0]
+        psi_fn = lambda s_, a_: sf_net.apply(sp, s_, a_)
+        return policy.gpi(psi_fn, obs, library(ap, pp, obs), w)[0]
 
     def head(sp, obs, cands, w):
-        psi_fn = lambda s_, a_: sf_net.apply(sp, s_, a_)  # noqa: E731
-        return P.gpi(psi_fn, obs, cands, w)[0]
+        psi_fn = lambda s_, a_: sf_net.apply(sp, s_, a_)
+        return policy.gpi(psi_fn, obs, cands, w)[0]
 
     def own(ap, obs):
-        return P.squash(actor.apply(ap, obs))
+        return policy.squash(actor.apply(ap, obs))
 
     cands = jax.jit(library)(ap, pp, obs)
     goal = (
@@ -377,9 +370,9 @@ def _env_case(quick: bool, env_id: str = "PointMaze_UMaze-v3", label: str = "poi
     for i, e in enumerate(envs):
         e.reset(seed=i)
     act_dim = venv.single_action_space.shape[0]
-    actor = P.GaussianActor(act_dim, (HID, HID))
+    actor = policy.GaussianActor(act_dim, (HID, HID))
     ap = actor.init(jax.random.key(0), jnp.asarray(features(first), jnp.float32))
-    act_fn = jax.jit(lambda p, o: P.squash(actor.apply(p, o)))
+    act_fn = jax.jit(lambda p, o: policy.squash(actor.apply(p, o)))
 
     def vec_rollout():
         obs, _ = venv.reset(seed=0)

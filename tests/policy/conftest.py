@@ -2,7 +2,8 @@
 
 import pytest
 
-from hexad.data import offline_rl as D
+from hexad import policy
+from hexad.data import offline_rl
 
 # Settings the locomotion study can also name (its data_* fields), so the study's smoke test
 # reads these cached files instead of training SAC again. With 32 online steps and SAC's batch
@@ -55,8 +56,8 @@ def tiny_hopper_cache(tmp_path_factory):
     jax.config.update("jax_disable_most_optimizations", True)  # compile-bound, as below
     try:
         data = {
-            lv: D.locomotion_dataset("Hopper-v5", lv, path_dir=folder, **TINY_HOPPER)
-            for lv in D.LOCOMOTION_LEVELS
+            lv: policy.locomotion_dataset("Hopper-v5", lv, path_dir=folder, **TINY_HOPPER)
+            for lv in offline_rl.LOCOMOTION_LEVELS
         }
     finally:
         jax.config.update("jax_disable_most_optimizations", before)

@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from hexad import policy as P
+from hexad._base import Algorithm, TrainState
 
 OBS, ACT, N = 3, 2, 256
 
@@ -189,6 +190,8 @@ def test_bc_step_traces_once(fast_compile):
     algo = P.bc(P.GaussianActor(ACT, (8,)), optax.adam(1e-3))
     batch = _tiny_batch(jax.random.key(0))
     state = algo.init(jax.random.key(1), batch)
+    # The shared shapes of hexad._base: one Algorithm contract, one TrainState.
+    assert isinstance(algo, Algorithm) and isinstance(state, TrainState)
     step = jax.jit(chex.assert_max_traces(algo.step, n=1))
     for i in range(3):
         state, _ = step(jax.random.key(i), state, batch)
@@ -204,11 +207,16 @@ def test_sharded_training_matches_single_device(linear_data, fast_compile):
     a, _ = jax.jit(P.make_train(algo, 20, 64))(jax.random.key(1), state, data)
     b, _ = jax.jit(P.make_train(algo, 20, 64, mesh=mesh))(jax.random.key(1), state, data)
     chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
-    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
-    c, _ = jax.jit(P.make_train(algo, 20, 64, sharding))(jax.random.key(1), state, data)
+    # Any axis name, given as ``axis`` (the mesh convention of hexad._base).
+    rows = jax.make_mesh((len(jax.devices()),), ("rows",))
+    c, _ = jax.jit(P.make_train(algo, 20, 64, mesh=rows, axis="rows"))(
+        jax.random.key(1), state, data
+    )
     chex.assert_trees_all_close(a.params, c.params, atol=1e-5)
     with pytest.raises(ValueError, match="batch_size"):
         P.make_train(algo, 20, 60, mesh=mesh)  # 60 rows do not split over 8 devices
+    with pytest.raises(ValueError, match="axis"):
+        P.make_train(algo, 20, 64, mesh=rows)  # no "data" axis in this mesh
 
 
 def test_hindsight_goals_and_degrade(fast_compile):

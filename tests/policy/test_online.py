@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from hexad import policy as P
+from hexad._base import Algorithm
 
 
 def test_soft_td_target_hand_made_batch():
@@ -37,6 +38,7 @@ def _batch(key, n=32):
 
 
 def test_sac_step_shapes_and_one_trace(small_sac, fast_compile):
+    assert isinstance(small_sac, Algorithm)  # the online trainer shares the offline contract
     b = _batch(jax.random.key(0))
     state = small_sac.init(jax.random.key(1), b)
     step = jax.jit(chex.assert_max_traces(small_sac.step, n=1))

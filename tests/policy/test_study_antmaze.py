@@ -8,7 +8,7 @@ import pytest
 
 from experiments import _runner
 from experiments import policy_antmaze as study
-from hexad.data import _antmaze as A
+from hexad import policy
 
 
 def test_quick_trains_a_tiny_controller_and_the_full_study_the_real_one():
@@ -16,8 +16,8 @@ def test_quick_trains_a_tiny_controller_and_the_full_study_the_real_one():
     assert quick["total_steps"] == 64 and quick["hidden"] == 8
     # The full study's settings are train_ant_controller's defaults (its cache folder).
     full = study.Config().controller_kwargs()
-    assert all(A._CONTROLLER_DEFAULTS[k] == v for k, v in full.items())
-    assert A._controller_spec(**quick) != A._controller_spec(**full)  # separate cache names
+    assert all(policy.ANT_CONTROLLER_DEFAULTS[k] == v for k, v in full.items())
+    assert policy.ant_controller_spec(**quick) != policy.ant_controller_spec(**full)  # two names
     with pytest.raises(_runner.ConfigError, match="controller_chunk_steps"):
         study.STUDY.make_config(True, {"controller_chunk_steps": "30"})
 

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hexad._base import check_int, is_traced
+
 __all__ = [
     "DiagGaussian",
     "additive",
@@ -55,10 +57,6 @@ class DiagGaussian(NamedTuple):
 # --------------------------------------------------------------------------------------------
 
 
-def _concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
-
-
 def _check_gaussian(name: str, g: DiagGaussian) -> None:
     if not isinstance(g, DiagGaussian):
         raise TypeError(f"{name}: expected a DiagGaussian(mean, std), got {type(g).__name__}")
@@ -67,11 +65,11 @@ def _check_gaussian(name: str, g: DiagGaussian) -> None:
         raise ValueError(f"{name}: mean and std must have the same shape, got {ms} and {ss}")
     if len(ms) == 0:
         raise ValueError(f"{name}: expected arrays of shape [..., d], got a scalar")
-    if _concrete(g.std):
+    if not is_traced(g.std):
         s = np.asarray(g.std)
         if not np.all(s > 0):
             raise ValueError(f"{name}.std: expected all > 0, got min {float(np.min(s))!r}")
-    if _concrete(g.mean):
+    if not is_traced(g.mean):
         if not np.all(np.isfinite(np.asarray(g.mean))):
             raise ValueError(f"{name}.mean: expected finite values, got NaN or inf")
 
@@ -85,7 +83,7 @@ def _check_pair(actor: DiagGaussian, prior: DiagGaussian) -> None:
 
 
 def _check_alpha(alpha, name: str = "alpha") -> None:
-    if _concrete(alpha):
+    if not is_traced(alpha):
         a = np.asarray(alpha)
         if not np.all(np.isfinite(a)) or np.any(a < 0) or np.any(a > 1):
             lo, hi = float(np.min(a)), float(np.max(a))
@@ -154,7 +152,7 @@ def kl_regularised(actor: DiagGaussian, prior: DiagGaussian, beta) -> DiagGaussi
     Array([0.5], dtype=float32)
     """
     _check_pair(actor, prior)
-    if _concrete(beta):
+    if not is_traced(beta):
         b = np.asarray(beta)
         if not np.all(np.isfinite(b)) or np.any(b < 0):
             raise ValueError(f"beta: expected finite values >= 0, got min {float(np.min(b))!r}")
@@ -294,7 +292,7 @@ def _bisect(kl_fn, budget, shape, n_iters: int, dtype) -> jax.Array:
 
 
 def _check_budget(budget) -> None:
-    if _concrete(budget):
+    if not is_traced(budget):
         b = np.asarray(budget)
         if b.ndim != 0 or not np.isfinite(b) or b < 0:
             raise ValueError(f"budget: expected a finite scalar >= 0, got {budget!r}")
@@ -326,15 +324,14 @@ def kl_budget_alpha(
     """
     _check_pair(actor, prior)
     _check_budget(budget)
-    if isinstance(n_iters, bool) or not isinstance(n_iters, int) or n_iters < 1:
-        raise ValueError(f"n_iters: expected an int >= 1, got {n_iters!r}")
+    check_int("n_iters", n_iters)
     if weights is None:
         w = jnp.ones(jnp.shape(actor.mean)[:-1], jnp.result_type(actor.mean))
     else:
         w = jnp.asarray(weights)
         if w.shape != jnp.shape(actor.mean)[:-1]:
             raise ValueError(f"weights: expected shape {jnp.shape(actor.mean)[:-1]}, got {w.shape}")
-        if _concrete(w):
+        if not is_traced(w):
             wn = np.asarray(w)
             if not np.all(np.isfinite(wn)) or np.any(wn < 0) or not wn.sum() > 0:
                 raise ValueError("weights: expected finite values >= 0 with a positive sum")
@@ -368,8 +365,7 @@ def kl_budget_alpha_per_state(
     """
     _check_pair(actor, prior)
     _check_budget(budget)
-    if isinstance(n_iters, bool) or not isinstance(n_iters, int) or n_iters < 1:
-        raise ValueError(f"n_iters: expected an int >= 1, got {n_iters!r}")
+    check_int("n_iters", n_iters)
     shape = jnp.broadcast_shapes(jnp.shape(actor.mean), jnp.shape(prior.mean))[:-1]
     dtype = jnp.result_type(actor.mean, float)
     return _bisect(lambda al: _kl(poe(actor, prior, al), actor), budget, shape, n_iters, dtype)

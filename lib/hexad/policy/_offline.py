@@ -1,7 +1,7 @@
 """Offline RL in the init/step shape: behaviour cloning, IQL and CQL, and a scanned trainer.
 
 Each algorithm is a factory that closes over its networks, optimisers and hyper-parameters
-(all static) and returns ``OfflineAlgorithm(init, step)`` with
+(all static) and returns :class:`hexad._base.Algorithm` ``(init, step)`` with
 
     init(key, batch) -> State              # shapes taken from one example batch
     step(key, state, batch) -> (State, Info)
@@ -20,15 +20,17 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from hexad import sharding as hexad_sharding
+from hexad import sharding
+from hexad._base import Algorithm, TrainState, check_int, check_positive, check_unit
 from hexad.policy._networks import gaussian_log_prob, sample_action
 
 __all__ = [
+    "BCInfo",
     "Batch",
-    "BCState",
+    "CQLInfo",
     "CQLState",
+    "IQLInfo",
     "IQLState",
-    "OfflineAlgorithm",
     "batch_from_dataset",
     "bc",
     "cql",
@@ -56,13 +58,6 @@ class Batch(NamedTuple):
     rewards: jax.Array
     next_observations: jax.Array
     terminals: jax.Array
-
-
-class OfflineAlgorithm(NamedTuple):
-    """An offline-RL algorithm: ``init(key, batch) -> State``, ``step(key, state, batch)``."""
-
-    init: Callable
-    step: Callable
 
 
 def batch_from_dataset(data: Mapping[str, Any], dtype=jnp.float32) -> Batch:
@@ -129,13 +124,6 @@ def expectile_loss(diff, expectile: float):
     return weight * jnp.square(diff)
 
 
-def _check_unit(name: str, x: float, closed: bool = False) -> None:
-    ok = (0.0 <= x <= 1.0) if closed else (0.0 < x < 1.0)
-    if not ok:
-        interval = "[0, 1]" if closed else "(0, 1)"
-        raise ValueError(f"{name}: expected a value in {interval}, got {x!r}")
-
-
 def _polyak(target, online, tau: float):
     return jax.tree.map(lambda t, o: (1.0 - tau) * t + tau * o, target, online)
 
@@ -155,20 +143,6 @@ def _descend(optimizer: optax.GradientTransformation, loss_fn, params, opt_state
 # --------------------------------------------------------------------------------------------
 
 
-class BCState(NamedTuple):
-    """State of behaviour cloning.
-
-    Attributes:
-      params: the actor's parameters (pytree).
-      opt_state: the optimiser's state.
-      step: ``[]`` int32 number of updates so far.
-    """
-
-    params: Params
-    opt_state: optax.OptState
-    step: jax.Array
-
-
 class BCInfo(NamedTuple):
     """Diagnostics of one BC update: ``loss`` (mean negative log-likelihood), ``grad_norm``."""
 
@@ -176,7 +150,7 @@ class BCInfo(NamedTuple):
     grad_norm: jax.Array
 
 
-def bc(actor: nn.Module, optimizer: optax.GradientTransformation) -> OfflineAlgorithm:
+def bc(actor: nn.Module, optimizer: optax.GradientTransformation) -> Algorithm:
     """Returns behaviour cloning by maximum likelihood of the data's actions.
 
     Args:
@@ -184,7 +158,7 @@ def bc(actor: nn.Module, optimizer: optax.GradientTransformation) -> OfflineAlgo
       optimizer: an optax transformation (static).
 
     Returns:
-      ``OfflineAlgorithm(init, step)`` with ``BCState`` and ``BCInfo``.
+      ``Algorithm(init, step)`` with ``TrainState`` and ``BCInfo``.
 
     >>> from hexad.policy import GaussianActor
     >>> algo = bc(GaussianActor(1, hidden=(8,)), optax.adam(1e-3))
@@ -196,11 +170,11 @@ def bc(actor: nn.Module, optimizer: optax.GradientTransformation) -> OfflineAlgo
     """
     squash = bool(getattr(actor, "squash", True))
 
-    def init(key, batch: Batch) -> BCState:
+    def init(key, batch: Batch) -> TrainState:
         params = actor.init(key, batch.observations)
-        return BCState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+        return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
 
-    def step(key, state: BCState, batch: Batch):
+    def step(key, state: TrainState, batch: Batch):
         del key  # BC's update is deterministic given the batch.
 
         def loss_fn(params):
@@ -211,9 +185,9 @@ def bc(actor: nn.Module, optimizer: optax.GradientTransformation) -> OfflineAlgo
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         info = BCInfo(loss, optax.global_norm(grads))
-        return BCState(params, opt_state, state.step + 1), info
+        return TrainState(params, opt_state, state.step + 1), info
 
-    return OfflineAlgorithm(init, step)
+    return Algorithm(init, step)
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,7 +232,7 @@ def iql(
     temperature: float = 3.0,
     tau: float = 0.005,
     max_weight: float = 100.0,
-) -> OfflineAlgorithm:
+) -> Algorithm:
     """Returns implicit Q-learning (arXiv 2110.06169, eqs. 5-7 and the AWR actor of sec. 4.3).
 
     One step updates, in order: the value ``V`` by expectile regression on
@@ -278,7 +252,7 @@ def iql(
       max_weight: clip of the AWR weights.
 
     Returns:
-      ``OfflineAlgorithm(init, step)`` with ``IQLState`` and ``IQLInfo``.
+      ``Algorithm(init, step)`` with ``IQLState`` and ``IQLInfo``.
 
     >>> from hexad.policy import GaussianActor, TwinCritic, ValueNet
     >>> algo = iql(GaussianActor(1, (8,)), TwinCritic((8,)), ValueNet((8,)),
@@ -289,12 +263,10 @@ def iql(
     >>> info.value_loss.shape
     ()
     """
-    _check_unit("discount", discount, closed=True)
-    _check_unit("expectile", expectile)
-    if not tau > 0 or tau > 1:
-        raise ValueError(f"tau: expected a value in (0, 1], got {tau!r}")
-    if not temperature > 0:
-        raise ValueError(f"temperature: expected a value > 0, got {temperature!r}")
+    check_unit("discount", discount, lo_open=False, hi_open=False)
+    check_unit("expectile", expectile)
+    check_unit("tau", tau, hi_open=False)
+    check_positive("temperature", temperature)
     squash = bool(getattr(actor, "squash", True))
 
     def init(key, batch: Batch) -> IQLState:
@@ -364,7 +336,7 @@ def iql(
         info = IQLInfo(v_loss, c_loss, a_loss, jnp.mean(v), jnp.mean(q1), jnp.mean(adv))
         return new_state, info
 
-    return OfflineAlgorithm(init, step)
+    return Algorithm(init, step)
 
 
 # --------------------------------------------------------------------------------------------
@@ -404,7 +376,7 @@ def cql(
     n_action_samples: int = 10,
     entropy_coef: float = 0.1,
     tau: float = 0.005,
-) -> OfflineAlgorithm:
+) -> Algorithm:
     """Returns conservative Q-learning, CQL(H) (arXiv 2006.04779, eq. 4 and appendix F).
 
     The critic minimises the TD error to ``r + discount (1 - terminal) min Q_target(s', a')``
@@ -425,7 +397,7 @@ def cql(
       tau: Polyak rate in ``(0, 1]``.
 
     Returns:
-      ``OfflineAlgorithm(init, step)`` with ``CQLState`` and ``CQLInfo``.
+      ``Algorithm(init, step)`` with ``CQLState`` and ``CQLInfo``.
 
     >>> from hexad.policy import GaussianActor, TwinCritic
     >>> algo = cql(GaussianActor(1, (8,)), TwinCritic((8,)), optax.adam(1e-3), optax.adam(1e-3))
@@ -435,18 +407,13 @@ def cql(
     >>> info.cql_gap.shape
     ()
     """
-    _check_unit("discount", discount, closed=True)
-    if not tau > 0 or tau > 1:
-        raise ValueError(f"tau: expected a value in (0, 1], got {tau!r}")
-    if cql_weight < 0 or entropy_coef < 0:
-        raise ValueError(
-            f"cql_weight, entropy_coef: expected >= 0, got {cql_weight!r}, {entropy_coef!r}"
-        )
-    if not isinstance(n_action_samples, int) or n_action_samples < 1:
-        raise ValueError(f"n_action_samples: expected an int >= 1, got {n_action_samples!r}")
+    check_unit("discount", discount, lo_open=False, hi_open=False)
+    check_unit("tau", tau, hi_open=False)
+    check_positive("cql_weight", cql_weight, allow_zero=True)
+    check_positive("entropy_coef", entropy_coef, allow_zero=True)
+    n = check_int("n_action_samples", n_action_samples)
     if not getattr(actor, "squash", True):
         raise ValueError("actor: CQL needs a squashed actor (actions in [-1, 1]), got squash=False")
-    n = n_action_samples
 
     def init(key, batch: Batch) -> CQLState:
         ka, kc = jax.random.split(key)
@@ -514,7 +481,7 @@ def cql(
         )
         return new_state, CQLInfo(c_loss, gap, a_loss, jnp.mean(q1), ent)
 
-    return OfflineAlgorithm(init, step)
+    return Algorithm(init, step)
 
 
 # --------------------------------------------------------------------------------------------
@@ -523,10 +490,9 @@ def cql(
 
 
 def make_train(
-    algorithm: OfflineAlgorithm,
+    algorithm: Algorithm,
     n_steps: int,
     batch_size: int,
-    sharding: jax.sharding.Sharding | None = None,
     *,
     mesh: jax.sharding.Mesh | None = None,
     axis: str = "data",
@@ -535,21 +501,20 @@ def make_train(
 
     Each update draws ``batch_size`` transitions uniformly with replacement from ``data``.
     With ``mesh`` (any mesh, e.g. ``hexad.sharding.data_mesh()`` or ``jax.make_mesh``'s
-    Explicit default, converted to Auto axes by ``hexad.sharding.auto_axes``) each minibatch is
-    constrained to be split along ``axis``, and XLA inserts the gradient all-reduce. A
-    ``NamedSharding`` may be given instead as ``sharding``; its mesh is converted the same way.
+    Explicit default, converted to Auto axes by ``hexad.sharding.batch_sharding``) each
+    minibatch is constrained to be split along ``axis``, and XLA inserts the gradient
+    all-reduce.
 
     Args:
-      algorithm: an ``OfflineAlgorithm`` (static).
+      algorithm: an :class:`hexad._base.Algorithm` (static).
       n_steps: updates per call (static).
       batch_size: minibatch size (static); divisible by the mesh axis when sharded.
-      sharding: optional ``NamedSharding`` of the minibatch's leading axis (static).
-      mesh: optional mesh whose ``axis`` splits the minibatch (static); not with ``sharding``.
+      mesh: optional mesh whose ``axis`` splits the minibatch (static).
       axis: the data axis name of ``mesh`` (static).
 
     Returns:
-      ``train(key, state, data: Batch)`` returning the final state and the stacked ``Info``
-      (each field ``[n_steps]``). Jit it; call it repeatedly for chunks with a progress bar.
+      ``train(key, state, data)`` returning the final state and the stacked ``Info`` (each
+      field ``[n_steps]``). Jit it; call it repeatedly for chunks with a progress bar.
 
     >>> from hexad.policy import GaussianActor
     >>> algo = bc(GaussianActor(1, hidden=()), optax.adam(1e-2))
@@ -560,35 +525,22 @@ def make_train(
     >>> infos.loss.shape
     (5,)
     """
-    for name, v in (("n_steps", n_steps), ("batch_size", batch_size)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}: expected an int >= 1, got {v!r}")
-    if mesh is not None and sharding is not None:
-        raise ValueError("mesh, sharding: expected at most one of them, got both")
+    check_int("n_steps", n_steps)
+    check_int("batch_size", batch_size)
+    batch_spec = None
     if mesh is not None:
-        sharding = hexad_sharding.batch_sharding(mesh, axis)
-    elif sharding is not None:
-        if not isinstance(sharding, jax.sharding.NamedSharding):
-            raise TypeError(
-                f"sharding: expected a jax.sharding.NamedSharding, got {type(sharding).__name__}"
-            )
-        sharding = jax.sharding.NamedSharding(
-            hexad_sharding.auto_axes(sharding.mesh), sharding.spec
-        )
-    if sharding is not None:
-        spec_axis = sharding.spec[0] if len(sharding.spec) else None
-        for name in (spec_axis,) if isinstance(spec_axis, str) else (spec_axis or ()):
-            hexad_sharding.check_divisible(sharding.mesh, name, batch_size, "batch_size")
+        batch_spec = sharding.batch_sharding(mesh, axis)
+        sharding.check_divisible(batch_spec.mesh, axis, batch_size, "batch_size")
 
-    def train(key, state, data: Batch):
-        n = data.observations.shape[0]
+    def train(key, state, data):
+        n = jax.tree.leaves(data)[0].shape[0]
 
         def body(state, k):
             k_idx, k_step = jax.random.split(k)
             idx = jax.random.randint(k_idx, (batch_size,), 0, n)
             batch = jax.tree.map(lambda x: x[idx], data)
-            if sharding is not None:
-                batch = jax.lax.with_sharding_constraint(batch, sharding)
+            if batch_spec is not None:
+                batch = jax.lax.with_sharding_constraint(batch, batch_spec)
             return algorithm.step(k_step, state, batch)
 
         return jax.lax.scan(body, state, jax.random.split(key, n_steps))

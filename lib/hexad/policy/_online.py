@@ -1,8 +1,9 @@
 """Online soft actor-critic in the init/step shape: the behaviour policies of the locomotion data.
 
-``sac`` returns the same ``OfflineAlgorithm(init, step)`` pair as the offline methods, so one
-update is ``step(key, state, batch)`` on a minibatch from a replay buffer, and ``make_train`` or
-a ``lax.scan`` over pre-sampled minibatches runs many of them in one jitted call.
+``sac`` returns the same :class:`hexad._base.Algorithm` ``(init, step)`` pair as the offline
+methods, so one update is ``step(key, state, batch)`` on a minibatch from a replay buffer, and
+``make_train`` or a ``lax.scan`` over pre-sampled minibatches runs many of them in one jitted
+call.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hexad._base import Algorithm, check_positive, check_unit
 from hexad.policy._networks import sample_action
-from hexad.policy._offline import Batch, OfflineAlgorithm, _check_unit, _descend, _polyak
+from hexad.policy._offline import Batch, _descend, _polyak
 
 __all__ = ["SACInfo", "SACState", "sac", "soft_td_target"]
 
@@ -79,7 +81,7 @@ def sac(
     tau: float = 0.005,
     target_entropy: float | None = None,
     init_alpha: float = 1.0,
-) -> OfflineAlgorithm:
+) -> Algorithm:
     """Returns soft actor-critic with a learned temperature (arXiv 1812.05905, algorithm 1).
 
     One step updates, in order: the twin critic towards :func:`soft_td_target` with
@@ -98,7 +100,7 @@ def sac(
       init_alpha: initial temperature, ``> 0``.
 
     Returns:
-      ``OfflineAlgorithm(init, step)`` with ``SACState`` and ``SACInfo``.
+      ``Algorithm(init, step)`` with ``SACState`` and ``SACInfo``.
 
     >>> from hexad.policy import GaussianActor, TwinCritic
     >>> algo = sac(GaussianActor(1, (8,)), TwinCritic((8,)), optax.adam(1e-3), optax.adam(1e-3),
@@ -109,11 +111,9 @@ def sac(
     >>> info.alpha.shape
     ()
     """
-    _check_unit("discount", discount, closed=True)
-    if not tau > 0 or tau > 1:
-        raise ValueError(f"tau: expected a value in (0, 1], got {tau!r}")
-    if not init_alpha > 0:
-        raise ValueError(f"init_alpha: expected a value > 0, got {init_alpha!r}")
+    check_unit("discount", discount, lo_open=False, hi_open=False)
+    check_unit("tau", tau, hi_open=False)
+    check_positive("init_alpha", init_alpha)
     if not getattr(actor, "squash", True):
         raise ValueError("actor: SAC needs a squashed actor (actions in [-1, 1]), got squash=False")
     if target_entropy is None:
@@ -185,4 +185,4 @@ def sac(
         info = SACInfo(c_loss, a_loss, alpha, -jnp.mean(logp), jnp.mean(q1))
         return new_state, info
 
-    return OfflineAlgorithm(init, step)
+    return Algorithm(init, step)

@@ -1,4 +1,5 @@
-"""Goal-conditioned priors: hindsight goal relabelling, degraded and random priors."""
+"""Goal-conditioned priors: hindsight relabelling (goal indices, mean future values), degraded
+priors."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["degrade_params", "future_goal_indices", "trajectory_ends"]
+from hexad._base import check_int
+
+__all__ = ["degrade_params", "future_goal_indices", "hindsight_mean", "trajectory_ends"]
 
 
 def trajectory_ends(terminals, timeouts) -> np.ndarray:
@@ -68,6 +71,44 @@ def future_goal_indices(key, ends, future_p: float = 1.0):
     anywhere = jax.random.randint(k_any, (n,), 0, n)
     use_future = jax.random.uniform(k_mix, (n,)) < future_p
     return jnp.where(use_future, j, anywhere).astype(jnp.int32)
+
+
+def hindsight_mean(values, ends, horizon: int) -> np.ndarray:
+    """Returns, for each transition, the mean of ``values`` over its next ``horizon`` steps.
+
+    The hindsight goal of a goal-conditioned prior when the goal is a rate rather than a place
+    (e.g. the x velocity a locomotion policy actually achieved): transition ``i`` is relabelled
+    with ``mean(values[i : min(i + horizon, e_i + 1)])``, a window that starts at ``i`` itself
+    and never crosses the end ``e_i`` of its trajectory, so it holds fewer than ``horizon``
+    values near the end. Host-side (numpy) preprocessing, like :func:`trajectory_ends`;
+    accumulated in float64.
+
+    Args:
+      values: ``[N]`` per-transition values, trajectories stored consecutively.
+      ends: ``[N]`` int trajectory ends from :func:`trajectory_ends`.
+      horizon: window length, ``>= 1``.
+
+    Returns:
+      ``[N]`` float32 window means.
+
+    >>> ends = trajectory_ends(np.array([0, 0, 1, 0]), np.zeros(4))
+    >>> hindsight_mean(np.array([1.0, 2.0, 4.0, 8.0]), ends, 2)
+    array([1.5, 3. , 4. , 8. ], dtype=float32)
+    """
+    horizon = check_int("horizon", horizon)
+    v = np.asarray(values).astype(np.float64)
+    e = np.asarray(ends)
+    if v.ndim != 1:
+        raise ValueError(f"values: expected shape [N], got {v.shape}")
+    i = np.arange(v.shape[0])
+    if e.shape != v.shape or np.any(e < i) or np.any(e >= v.shape[0]):
+        raise ValueError(
+            f"ends: expected [{v.shape[0]}] indices e_i in [i, N) (trajectory_ends), got "
+            f"shape {e.shape}"
+        )
+    cs = np.concatenate([[0.0], np.cumsum(v)])
+    j = np.minimum(i + horizon, e + 1)
+    return ((cs[j] - cs[i]) / (j - i)).astype(np.float32)
 
 
 def degrade_params(key, params: Any, scale: float) -> Any:

@@ -21,8 +21,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from hexad._base import Algorithm, check_positive, check_unit
 from hexad.policy._networks import MLP
-from hexad.policy._offline import OfflineAlgorithm, _descend, _polyak
+from hexad.policy._offline import _descend, _polyak
 
 __all__ = [
     "SFBatch",
@@ -98,7 +99,7 @@ def sf_td(
     *,
     discount: float = 0.99,
     tau: float = 0.005,
-) -> OfflineAlgorithm:
+) -> Algorithm:
     """Returns TD learning of the successor features of ``K`` fixed policies (arXiv 1606.05312).
 
     One step regresses ``psi^k(s, a)`` on the target
@@ -116,7 +117,7 @@ def sf_td(
       tau: Polyak rate in ``(0, 1]``.
 
     Returns:
-      ``OfflineAlgorithm(init, step)`` with :class:`SFState` and :class:`SFInfo`; it takes
+      ``Algorithm(init, step)`` with :class:`SFState` and :class:`SFInfo`; it takes
       :class:`SFBatch` es, and ``hexad.policy.make_train`` scans it.
 
     >>> net = SuccessorFeatures(n_policies=2, n_features=3, hidden=(8,))
@@ -127,10 +128,8 @@ def sf_td(
     >>> info.loss.shape
     ()
     """
-    if not 0.0 <= discount < 1.0:
-        raise ValueError(f"discount: expected a value in [0, 1), got {discount!r}")
-    if not 0.0 < tau <= 1.0:
-        raise ValueError(f"tau: expected a value in (0, 1], got {tau!r}")
+    check_unit("discount", discount, lo_open=False)
+    check_unit("tau", tau, hi_open=False)
     if not callable(next_actions):
         raise TypeError(f"next_actions: expected a callable, got {type(next_actions).__name__}")
 
@@ -161,7 +160,7 @@ def sf_td(
         info = SFInfo(loss, jnp.mean(jnp.linalg.norm(psi, axis=-1)))
         return SFState(params, target_params, opt_state, state.step + 1), info
 
-    return OfflineAlgorithm(init, step)
+    return Algorithm(init, step)
 
 
 def task_weights(features, rewards, ridge: float = 1e-6):
@@ -187,8 +186,7 @@ def task_weights(features, rewards, ridge: float = 1e-6):
         raise ValueError(f"features: expected shape [N, F], got {fs}")
     if rs != (fs[0],):
         raise ValueError(f"rewards: expected shape ({fs[0]},) (features' rows), got {rs}")
-    if not ridge >= 0:
-        raise ValueError(f"ridge: expected a value >= 0, got {ridge!r}")
+    check_positive("ridge", ridge, allow_zero=True)
     n, f = fs
     gram = features.T @ features + (ridge * n) * jnp.eye(f, dtype=features.dtype)
     return jnp.linalg.solve(gram, features.T @ rewards)

@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hexad._base import check_int, check_positive, is_traced
+
 __all__ = ["q_steer"]
 
 
@@ -44,12 +46,10 @@ def q_steer(
     >>> a.round(3)
     Array([[0.5]], dtype=float32)
     """
-    if not step_size > 0:
-        raise ValueError(f"step_size: expected a value > 0, got {step_size!r}")
-    if not isinstance(max_shift, jax.core.Tracer) and not np.all(np.asarray(max_shift) > 0):
+    check_positive("step_size", step_size)
+    if not is_traced(max_shift) and not np.all(np.asarray(max_shift) > 0):
         raise ValueError(f"max_shift: expected values > 0, got {max_shift!r}")
-    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 0:
-        raise ValueError(f"n_steps: expected an int >= 0, got {n_steps!r}")
+    check_int("n_steps", n_steps, lo=0)
     if jnp.shape(obs)[0] != jnp.shape(pre_tanh_action)[0]:
         raise ValueError(
             f"pre_tanh_action: expected {jnp.shape(obs)[0]} rows (obs's), "

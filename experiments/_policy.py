@@ -1,0 +1,577 @@
+"""Glue the policy studies share: their common settings, training in chunks, the table of method
+rows, its summary keys and plot, and the maze diagnostic that PointMaze and AntMaze both run.
+
+The method itself (PoE and its selectors, steering, SF + GPI over an expert library, one
+per-row dispatcher) is :mod:`hexad.policy`; this module only wires it to data, the runner and the
+evaluators. Used by ``experiments.policy_pointmaze``, ``experiments.policy_antmaze`` and
+``experiments.policy_locomotion``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from experiments import _runner
+from hexad import policy
+from hexad.data import offline_rl
+from hexad.policy import Method, Row
+
+PRIORS = ("good", "degraded", "random")
+ACTORS = ("", "incompetent_")  # the maze studies' summary prefixes: competent, incompetent
+
+
+@dataclasses.dataclass(frozen=True)
+class CompositionConfig:
+    """The settings of every composition study; the defaults are PointMaze's full study."""
+
+    hidden: int = 256
+    iql_steps: int = 10_000
+    train_chunk: int = 100
+    bc_steps: int = 10_000
+    batch_size: int = 256
+    lr: float = 3e-4
+    expectile: float = 0.9
+    temperature: float = 10.0
+    alphas: tuple[float, ...] = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0)
+    kl_budget: float = 1.0
+    n_kl_states: int = 2048
+    degrade_scale: float = 1.0
+    n_episodes: int = 10
+    episode_steps: int = 300
+    n_envs: int = 48
+    guide_cql_steps: int = 5000
+    guide_action_samples: int = 4
+    guide_steps: int = 10
+    guide_step_size: float = 1.0
+    guide_shifts: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
+    sf_steps: int = 5000
+    sf_batch_size: int = 128
+    sf_discount: float = 0.99
+    sf_ridge: float = 1e-4
+
+    def __post_init__(self):
+        _runner.at_least(self, 1, "hidden", "iql_steps", "train_chunk", "bc_steps", "batch_size")
+        _runner.at_least(self, 1, "n_kl_states", "n_episodes", "episode_steps", "n_envs")
+        _runner.at_least(self, 1, "guide_cql_steps", "guide_action_samples", "sf_steps")
+        _runner.at_least(self, 1, "sf_batch_size")
+        _runner.at_least(self, 0, "kl_budget", "degrade_scale", "temperature", "guide_steps")
+        _runner.at_least(self, 0, "guide_shifts", "sf_ridge")
+        _runner.positive(self, "lr", "guide_step_size")
+        _runner.in_unit(self, "expectile", lo_open=True, hi_open=True)
+        _runner.in_unit(self, "alphas")
+        _runner.in_unit(self, "sf_discount", hi_open=True)
+        _runner.require(
+            0.0 in self.alphas and 1.0 in self.alphas,
+            "alphas",
+            f"alphas must contain 0.0 (the actor) and 1.0 (the prior alone), got {self.alphas}",
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Training the frozen networks
+# --------------------------------------------------------------------------------------------
+
+
+def train(ctx, cfg, algo, data, n_steps, key, tag, batch_size=None, snapshot_at=0):
+    """Trains ``algo`` for ``n_steps`` updates in jitted chunks of ``cfg.train_chunk`` (one
+    ``metrics.jsonl`` line each, named ``tag``); returns ``(state, info, snapshot)``, the
+    snapshot being the state after ``snapshot_at`` updates (None unless a chunk ends there)."""
+    chunk = cfg.train_chunk
+    step = jax.jit(policy.make_train(algo, min(chunk, n_steps), batch_size or cfg.batch_size))
+    snapshot = {}
+
+    def keep(c, state):
+        if (c + 1) * chunk == snapshot_at:
+            snapshot["state"] = state
+
+    state, info = ctx.train_chunks(
+        lambda st, k: step(k, st, data),
+        algo.init(key, data),
+        max(n_steps // chunk, 1),
+        key,
+        tag=tag,
+        on_chunk=keep,
+    )
+    return state, info, snapshot.get("state")
+
+
+def iql(cfg, actor_net):
+    """The offline actor's IQL."""
+    opt, hid = optax.adam(cfg.lr), (cfg.hidden, cfg.hidden)
+    critic, value = policy.TwinCritic(hid), policy.ValueNet(hid)
+    return policy.iql(
+        actor_net,
+        critic,
+        value,
+        opt,
+        opt,
+        opt,
+        expectile=cfg.expectile,
+        temperature=cfg.temperature,
+    )
+
+
+def cql(cfg, prior_net):
+    """The CQL-guided baseline's goal-conditioned critic (with an actor of the prior's shape)."""
+    opt = optax.adam(cfg.lr)
+    critic = policy.TwinCritic((cfg.hidden, cfg.hidden))
+    return policy.cql(prior_net, critic, opt, opt, n_action_samples=cfg.guide_action_samples)
+
+
+def priors(cfg, prior_net, good, keys, example_obs) -> tuple:
+    """``(good, degraded, random)``: the trained prior, it with weight noise, an untrained one."""
+    degraded = policy.degrade_params(keys[0], good, cfg.degrade_scale)
+    return good, degraded, prior_net.init(keys[1], example_obs)
+
+
+def train_sf(ctx, cfg, sf_net, library, sf_data, key, tag):
+    """Successor features of every member of ``library``, by TD on ``sf_data``."""
+    sf = policy.sf_td(sf_net, optax.adam(cfg.lr), library.actions, discount=cfg.sf_discount)
+    return train(ctx, cfg, sf, sf_data, cfg.sf_steps, key, tag, cfg.sf_batch_size)
+
+
+class Nets(NamedTuple):
+    """The networks of a composition study: actor, prior, guide critic, successor features."""
+
+    actor: nn.Module
+    prior: nn.Module
+    critic: nn.Module
+    sf: nn.Module
+
+
+def make_nets(cfg, act_dim: int, n_members: int, n_features: int) -> Nets:
+    hid = (cfg.hidden, cfg.hidden)
+    actor, prior = policy.GaussianActor(act_dim, hid), policy.GaussianActor(act_dim, hid)
+    sf = policy.SuccessorFeatures(n_members, n_features, hid)
+    return Nets(actor, prior, policy.TwinCritic(hid), sf)
+
+
+def train_frozen(ctx, cfg, nets, data, gdata, sf_data, goals, keys, guides, tag, stages, snap=0):
+    """Trains (or, with ``--resume``, restores from ``checkpoint_dir / tag``) the frozen set.
+
+    The IQL actor on ``data`` (key ``keys[0]``; with ``snap``, also its snapshot after ``snap``
+    updates as a second, incompetent actor), the BC prior on ``gdata`` (``keys[1]``), its
+    degraded and random versions (``keys[2]``, ``keys[3]``), each guide critic
+    ``guides[name] = (algorithm, data, n_steps, key, stage)``, and the successor features of the
+    whole library commanded with ``goals`` (``keys[-1]``); ``stages`` names the metrics of the
+    actor, prior and SF runs. Returns
+    ``{"actors", "priors", "guides", "sf", "diag"}``, ``diag`` the final IQL critic loss, prior
+    NLL and SF TD loss.
+    """
+    obs, g_obs, act = data.observations[:1], gdata.observations[:1], data.actions[:1]
+    init = {
+        "actors": (nets.actor.init(keys[0], obs),) * (2 if snap else 1),
+        "priors": (nets.prior.init(keys[1], g_obs),) * len(PRIORS),
+        "guides": {k: nets.critic.init(g[3], g_obs, act) for k, g in guides.items()},
+        "sf": nets.sf.init(keys[-1], obs, act),
+        "diag": jnp.zeros(3),
+    }
+    with ctx.checkpointed(tag, init) as (start, frozen, save):
+        if start > 0:
+            return frozen
+        # The incompetent actor is the same IQL run, snapshotted after ``snap`` updates.
+        algo, n = iql(cfg, nets.actor), cfg.iql_steps
+        strong, iql_info, weak = train(ctx, cfg, algo, data, n, keys[0], stages[0], None, snap)
+        bc = policy.bc(nets.prior, optax.adam(cfg.lr))
+        prior, prior_info, _ = train(ctx, cfg, bc, gdata, cfg.bc_steps, keys[1], stages[1])
+        critics = {k: train(ctx, cfg, *g)[0].critic_params for k, g in guides.items()}
+        actors = (strong.actor_params, weak.actor_params) if snap else (strong.actor_params,)
+        p_params = priors(cfg, nets.prior, prior.params, keys[2:4], g_obs)
+        lib = policy.ExpertLibrary(nets.actor, nets.prior, actors, p_params, goals)
+        sf_state, sf_info, _ = train_sf(ctx, cfg, nets.sf, lib, sf_data, keys[-1], stages[2])
+        losses = [iql_info.critic_loss[-1], prior_info.loss[-1], sf_info.loss[-1]]
+        frozen = {"actors": actors, "priors": p_params, "guides": critics, "sf": sf_state.params}
+        frozen["diag"] = jnp.stack(losses)
+        save(0, frozen)
+    return frozen
+
+
+def deploy(cfg, lib, nets, frozen, guides, obs_fn, prior_obs, task_weights) -> Callable:
+    """Returns the jitted ``act(obs [B, o], goal, row, random_action) -> [B, d]`` of a table.
+
+    Row ``b`` acts by :func:`hexad.policy.compose` with actor ``row.actor``, prior
+    ``row.prior`` at ``prior_obs(obs_fn(obs), goal)``, the guide critics ``{Method: name in
+    frozen["guides"]}`` on the prior's input, and GPI with ``task_weights(goal)``.
+    """
+    q_fn = {m: min_q(nets.critic, frozen["guides"][k]) for m, k in guides.items()}
+
+    def psi_fn(s, a):
+        return nets.sf.apply(frozen["sf"], s, a)
+
+    @jax.jit
+    def act(obs, goal, row, random_action=None):
+        o = obs_fn(obs)
+        og = prior_obs(o, goal)
+        return policy.compose(
+            row.method,
+            lib.actor_dist(o, row.actor),
+            lib.prior_dist(og, row.prior),
+            row.alpha,
+            kl_budget=cfg.kl_budget,
+            q_fn=q_fn,
+            q_obs=og,
+            step_size=cfg.guide_step_size,
+            n_steps=cfg.guide_steps,
+            gpi_action=lib.gpi(psi_fn, o, task_weights(goal), row.actor, row.prior),
+            random_action=random_action,
+        )
+
+    return act
+
+
+def min_q(critic_net, params) -> Callable:
+    """``q_fn(obs, act) -> [B]``: the smaller of a twin critic's two heads."""
+    return lambda s, a: jnp.minimum(*critic_net.apply(params, s, a))
+
+
+def diagnostics(frozen, pre="") -> dict:
+    """The final training losses of :func:`train_frozen`'s networks."""
+    names = ("iql_final_critic_loss", "prior_final_nll", "sf_final_loss")
+    return {pre + k: float(v) for k, v in zip(names, frozen["diag"], strict=True)}
+
+
+# --------------------------------------------------------------------------------------------
+# The table of method rows, its summary and its plot
+# --------------------------------------------------------------------------------------------
+
+
+def guided_rows(actor: int, method: Method, shifts: Sequence[float]) -> list[Row]:
+    """One guided method over its trust-region sweep."""
+    return [Row(actor, 0, method, sh) for sh in shifts]
+
+
+def pair_rows(actor: int, prior: int, alphas: Sequence[float], kl_alpha: float) -> list[Row]:
+    """One (actor, prior) pair: SF + GPI, the PoE and additive sweeps, both at the KL-budget
+    alpha, and PoE at the per-state KL-budget alpha."""
+    rows = [Row(actor, prior, Method.SFGPI, 0.0)]
+    rows += [Row(actor, prior, Method.POE, a) for a in alphas]
+    rows += [Row(actor, prior, Method.ADDITIVE, a) for a in alphas]
+    rows += [Row(actor, prior, m, kl_alpha) for m in (Method.POE, Method.ADDITIVE)]
+    return rows + [Row(actor, prior, Method.KL_STATE, 0.0)]
+
+
+def method_rows(n_actors, guided, shifts, alphas, kl_alpha) -> list[Row]:
+    """Per actor: each guided method over ``shifts``, then each prior's :func:`pair_rows`
+    (``kl_alpha[actor, prior]``)."""
+    rows = []
+    for ai in range(n_actors):
+        for m in guided:
+            rows += guided_rows(ai, m, shifts)
+        for pi in range(len(PRIORS)):
+            rows += pair_rows(ai, pi, alphas, kl_alpha[ai, pi])
+    return rows
+
+
+class Table:
+    """A list of rows, each evaluated on ``n_episodes`` episodes, method-major.
+
+    ``specs`` (``[R n_episodes, 1]``, each episode's row index) is what the evaluators pass back
+    to the policy, which turns a slice of it into a :class:`hexad.policy.Row` of arrays with
+    :meth:`batch`; :meth:`mean` averages a result over one row's episodes.
+    """
+
+    def __init__(self, rows: Sequence[Row], n_episodes: int):
+        self.rows = list(rows)
+        self.stacked = policy.stack_rows(self.rows)
+        self.specs = np.repeat(np.arange(len(self.rows)), n_episodes)[:, None]
+        self.episode = np.tile(np.arange(n_episodes), len(self.rows))
+
+    def batch(self, specs) -> Row:
+        return jax.tree.map(lambda x: x[np.asarray(specs)[:, 0]], self.stacked)
+
+    def mean(self, values, row: Row) -> float:
+        hits = [i for i, r in enumerate(self.rows) if r == row]
+        if not hits:
+            raise KeyError(f"row {row} is not in the table")
+        return float(np.mean(np.asarray(values)[np.isin(self.specs[:, 0], hits)]))
+
+
+def guided_summary(stat, actor, method, name, shifts, metrics, rank, pre="") -> dict:
+    """``{name}_{rank}_curve`` over the shifts, the best shift by ``rank`` and its ``metrics``."""
+    curve = [stat(rank, Row(actor, 0, method, sh)) for sh in shifts]
+    best = shifts[int(np.argmax(curve))]
+    out = {f"{pre}{name}_{rank}_curve": curve, f"{pre}{name}_shift": best}
+    return out | {f"{pre}{name}_{m}": stat(m, Row(actor, 0, method, best)) for m in metrics}
+
+
+def pair_summary(stat, actor, prior, alphas, kl_alpha, metrics, rank, curves, pre="") -> dict:
+    """The summary keys of one (actor, prior) pair, for Q = ``PRIORS[prior]``.
+
+    ``stat(metric, row) -> float``; the oracle alphas are the sweeps' best by ``rank``;
+    ``curves`` lists the ``(poe | additive, metric)`` sweeps reported as lists.
+    """
+    q, mix = PRIORS[prior], {"poe": Method.POE, "additive": Method.ADDITIVE}
+
+    def sweep(kind, metric):
+        return [stat(metric, Row(actor, prior, mix[kind], a)) for a in alphas]
+
+    best = alphas[int(np.argmax(sweep("poe", rank)))]
+    best_add = alphas[int(np.argmax(sweep("additive", rank)))]
+    named = {
+        "poe_kl_budget": (Method.POE, kl_alpha),
+        "poe_kl_state": (Method.KL_STATE, 0.0),
+        "oracle": (Method.POE, best),
+        "additive": (Method.ADDITIVE, kl_alpha),
+        "additive_oracle": (Method.ADDITIVE, best_add),
+        "prior_only": (Method.POE, 1.0),
+        "sfgpi": (Method.SFGPI, 0.0),
+    }
+    out = {
+        f"{pre}{key}_{m}_{q}": stat(m, Row(actor, prior, *row))
+        for key, row in named.items()
+        for m in metrics
+    }
+    out[f"{pre}poe_kl_budget_alpha_{q}"] = kl_alpha
+    out[f"{pre}oracle_alpha_{q}"] = best
+    out[f"{pre}additive_oracle_alpha_{q}"] = best_add
+    return out | {f"{pre}{k}_{m}_curve_{q}": sweep(k, m) for k, m in curves}
+
+
+def actor_summary(stat, actor, cfg, kl_alpha, guided, metrics, rank, curves, pre="") -> dict:
+    """The summary keys of one actor's rows: the actor alone, each guided method
+    (``guided[method]`` names its keys) and each prior's :func:`pair_summary`."""
+    out = {f"{pre}actor_{m}": stat(m, Row(actor, 0, Method.POE, 0.0)) for m in metrics}
+    for m, name in guided.items():
+        out |= guided_summary(stat, actor, m, name, cfg.guide_shifts, metrics, rank, pre)
+    for pi in range(len(PRIORS)):
+        ka = kl_alpha[actor, pi]
+        out |= pair_summary(stat, actor, pi, cfg.alphas, ka, metrics, rank, curves, pre)
+    return out
+
+
+def plot_alpha_curves(ctx, name, alphas, out, panels, metric, ylabel, actors=(("", "-", ""),)):
+    """One row of panels per ``(key prefix, title prefix)`` in ``panels``, one panel per prior:
+    the PoE and additive ``metric`` curves of each ``(prefix, line style, label)`` actor, the
+    KL-budget alpha and the oracle alpha."""
+    import matplotlib.pyplot as plt
+
+    n = len(panels)
+    fig, axes = plt.subplots(n, 3, figsize=(12.6, 3.3 * n), squeeze=False, sharey="row")
+    for row, (pre, title) in zip(axes, panels, strict=True):
+        for ax, q in zip(row, PRIORS, strict=True):
+            for who, style, label in actors:
+                for kind, mark, c, text in (
+                    ("poe", "o", "C0", "PoE"),
+                    ("additive", "s", "C1", "additive"),
+                ):
+                    curve = out[f"{pre}{who}{kind}_{metric}_curve_{q}"]
+                    ax.plot(alphas, curve, mark + style, c=c, label=text + label)
+            ax.axvline(
+                out[f"{pre}poe_kl_budget_alpha_{q}"], c="C2", ls="--", label="KL-budget alpha"
+            )
+            oracle = (out[f"{pre}oracle_alpha_{q}"], out[f"{pre}oracle_{metric}_{q}"])
+            ax.plot(*oracle, "*", c="C3", ms=14, label="oracle alpha")
+            ax.set_title(f"{title}{q} prior")
+            ax.set_xlabel("alpha")
+        row[0].set_ylabel(ylabel)
+    axes[0, -1].legend(fontsize=7)
+    ctx.save_plot(fig, name)
+
+
+# --------------------------------------------------------------------------------------------
+# The maze diagnostic (PointMaze, AntMaze)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class MazeConfig(CompositionConfig):
+    """PointMaze's settings (its full study), which AntMaze's config extends."""
+
+    n_transitions: int = 100_000
+    noise_std: float = 0.3
+    incompetent_steps: int = 100
+    goal_shift: float = 1.0
+    guide_iql_steps: int = 10_000
+
+    def __post_init__(self):
+        super().__post_init__()
+        _runner.at_least(self, 1, "n_transitions", "incompetent_steps", "guide_iql_steps")
+        _runner.at_least(self, 0, "noise_std", "goal_shift")
+        _runner.require(
+            self.incompetent_steps % self.train_chunk == 0
+            and self.incompetent_steps <= self.iql_steps,
+            ("incompetent_steps", "train_chunk", "iql_steps"),
+            f"incompetent_steps must be a multiple of train_chunk={self.train_chunk} in "
+            f"(0, iql_steps={self.iql_steps}], got {self.incompetent_steps}",
+        )
+
+
+# PointMaze's --quick, which AntMaze's extends.
+MAZE_QUICK = {
+    "n_transitions": 20_000,
+    "hidden": 64,
+    "iql_steps": 2000,
+    "guide_iql_steps": 2000,
+    "guide_cql_steps": 2000,
+    "sf_steps": 2000,
+    "bc_steps": 2000,
+    "alphas": (0.0, 0.25, 0.5, 0.75, 1.0),
+    "n_kl_states": 512,
+    "n_episodes": 3,
+    "n_envs": 32,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Maze:
+    """What the diagnostic needs from a maze: its data, geometry, evaluator and scripted oracle.
+
+    ``evaluate`` has :func:`hexad.data.offline_rl.evaluate_pointmaze`'s signature;
+    ``oracle(obs, goal) -> actions`` is the data's noiseless scripted oracle (the reference
+    row); goals are drawn at least ``goal_margin`` from every wall.
+    """
+
+    raw: dict
+    geom: offline_rl.MazeGeometry
+    evaluate: Callable
+    oracle: Callable
+    goal_margin: float
+
+
+def anchor_goals(geom: offline_rl.MazeGeometry) -> np.ndarray:
+    """``[J, 2]`` the centres of the maze's free cells: the SF library's fixed goals."""
+    return np.stack([geom.cell_center(rc) for rc in geom.free]).astype(np.float32)
+
+
+def maze_features(next_obs, anchors):
+    """``[N, J + 1]`` phi(s'): ``exp(-|xy(s') - c_j|)`` per anchor ``c_j``, and a constant 1."""
+    d = jnp.linalg.norm(next_obs[:, None, :2] - anchors[None], axis=-1)
+    return jnp.concatenate([jnp.exp(-d), jnp.ones((next_obs.shape[0], 1), d.dtype)], -1)
+
+
+def run_maze(cfg: MazeConfig, ctx: _runner.Context, maze: Maze) -> dict:
+    """The whole diagnostic (``experiments.policy_pointmaze``'s docstring) on ``maze``."""
+    raw = maze.raw
+    data = policy.batch_from_dataset(raw)
+    goals_data = jnp.asarray(raw["infos/goal"], jnp.float32)
+    keys = jax.random.split(ctx.key(), 8)
+    anchors = jnp.asarray(anchor_goals(maze.geom))
+    n_anchor = anchors.shape[0]
+    n_lib = len(PRIORS) * n_anchor + len(ACTORS)
+    nets = make_nets(cfg, data.actions.shape[1], n_lib, n_anchor + 1)
+    gdata = data._replace(observations=jnp.concatenate([data.observations, goals_data], -1))
+    # The guides: goal-conditioned critics, reward 1 (and terminal) on reaching the goal.
+    reached = jnp.linalg.norm(gdata.next_observations[:, :2] - goals_data, axis=-1) <= 0.5
+    reached = reached.astype(jnp.float32)
+    gc_data = gdata._replace(
+        next_observations=jnp.concatenate([gdata.next_observations, goals_data], -1),
+        rewards=reached,
+        terminals=reached,
+    )
+    phi = maze_features(data.next_observations, anchors)
+    sf_data = policy.SFBatch(
+        data.observations, data.actions, phi, data.next_observations, data.terminals
+    )
+    guides = {
+        "iql": (iql(cfg, nets.actor), gc_data, cfg.guide_iql_steps, keys[4], "gc_iql"),
+        "cql": (cql(cfg, nets.prior), gc_data, cfg.guide_cql_steps, keys[5], "gc_cql"),
+    }
+    stages, snap = ("iql", "gcbc", "sf"), cfg.incompetent_steps
+    frozen = train_frozen(
+        ctx, cfg, nets, data, gdata, sf_data, anchors, keys[:7], guides, "frozen", stages, snap
+    )
+    lib = policy.ExpertLibrary(nets.actor, nets.prior, frozen["actors"], frozen["priors"], anchors)
+    actor_net, prior_net = nets.actor, nets.prior
+
+    rng = np.random.default_rng(ctx.seed)
+    ep_goals = offline_rl.sample_free_goals(
+        rng, raw["task_goal"], cfg.goal_shift, cfg.n_episodes, maze.goal_margin, maze.geom
+    )
+    # Global KL-budget alpha per (actor, prior): data states paired with deployment goals.
+    idx = rng.choice(data.observations.shape[0], cfg.n_kl_states, replace=False)
+    s = data.observations[idx]
+    g = jnp.asarray(ep_goals[rng.integers(0, cfg.n_episodes, cfg.n_kl_states)], jnp.float32)
+    select = jax.jit(
+        lambda ap, pp: policy.kl_budget_alpha(
+            actor_net.apply(ap, s), prior_net.apply(pp, jnp.concatenate([s, g], -1)), cfg.kl_budget
+        )
+    )
+    kl_alpha = {
+        (ai, pi): float(select(ap, pp))
+        for ai, ap in enumerate(lib.actor_params)
+        for pi, pp in enumerate(lib.prior_params)
+    }
+    # SF task weights of a goal g: least squares of exp(-|xy(s') - g|) on phi(s') over
+    # n_kl_states data transitions, w(g) = M r_g with M = (Phi^T Phi + ridge n I)^-1 Phi^T.
+    phi_ls = maze_features(data.next_observations[idx], anchors)  # [n, F]
+    n_ls, n_f = phi_ls.shape
+    ls_map = jnp.linalg.solve(phi_ls.T @ phi_ls + cfg.sf_ridge * n_ls * jnp.eye(n_f), phi_ls.T)
+    xy_ls = data.next_observations[idx, :2]
+
+    def goal_rewards(goal):  # [B, 2] -> [B, n]
+        return jnp.exp(-jnp.linalg.norm(xy_ls[None] - goal[:, None], axis=-1))
+
+    r_eval = goal_rewards(jnp.asarray(ep_goals, jnp.float32))  # [n_episodes, n]
+    fit = r_eval @ ls_map.T @ phi_ls.T
+    r_dev = r_eval - r_eval.mean(1, keepdims=True)
+    ls_r2 = 1.0 - jnp.sum(jnp.square(r_eval - fit), 1) / jnp.sum(jnp.square(r_dev), 1)
+    act = deploy(
+        cfg,
+        lib,
+        nets,
+        frozen,
+        {Method.IQL_GUIDED: "iql", Method.CQL_GUIDED: "cql"},
+        lambda o: o,
+        lambda o, goal: jnp.concatenate([o, goal], -1),
+        lambda goal: goal_rewards(goal) @ ls_map.T,
+    )
+    guided = {Method.IQL_GUIDED: "iql_guided", Method.CQL_GUIDED: "cql_guided"}
+    rows = method_rows(len(ACTORS), guided, cfg.guide_shifts, cfg.alphas, kl_alpha)
+    table, f32 = Table(rows, cfg.n_episodes), jnp.float32
+    ep = table.episode
+    res = maze.evaluate(
+        lambda o, gl, sp: act(jnp.asarray(o, f32), jnp.asarray(gl, f32), table.batch(sp)),
+        ep_goals[ep],
+        table.specs,
+        1000 * ctx.seed + ep,
+        min(cfg.n_envs, len(ep)),
+        cfg.episode_steps,
+        progress=ctx.progress,
+    )
+    ref = maze.evaluate(
+        lambda o, gl, sp: maze.oracle(o, gl),
+        ep_goals,
+        np.zeros((cfg.n_episodes, 1)),
+        1000 * ctx.seed + np.arange(cfg.n_episodes),
+        min(cfg.n_envs, cfg.n_episodes),
+        cfg.episode_steps,
+    )
+
+    def stat(metric, row):
+        return table.mean(res[metric], row)
+
+    out = {
+        "alphas": list(cfg.alphas),
+        "kl_budget": cfg.kl_budget,
+        "scripted_oracle_success": float(ref["success"].mean()),
+        "scripted_oracle_return": float(ref["return"].mean()),
+        "dataset_reward_frac": float(raw["rewards"].mean()),
+        **diagnostics(frozen),
+        "sf_reward_fit_r2": float(jnp.mean(ls_r2)),
+        "sf_library_size": n_anchor + 1,
+        "return_se": _runner.mean_se(res["return"], len(rows)),
+        "success_se": _runner.mean_se(res["success"], len(rows)),
+    }
+    metrics, curves = ("success", "return"), (("poe", "return"), ("poe", "success"))
+    curves += (("additive", "return"),)
+    for ai, pre in enumerate(ACTORS):
+        out |= actor_summary(stat, ai, cfg, kl_alpha, guided, metrics, "return", curves, pre)
+    plot_alpha_curves(
+        ctx,
+        "return_vs_alpha",
+        cfg.alphas,
+        out,
+        [("", "")],
+        "return",
+        "return (sum exp(-distance))",
+        actors=(("", "-", ", competent"), ("incompetent_", ":", ", incompetent")),
+    )
+    return out
