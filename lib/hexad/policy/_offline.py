@@ -184,7 +184,7 @@ def bc(actor: nn.Module, optimizer: optax.GradientTransformation) -> Algorithm:
         loss, grads = jax.value_and_grad(loss_fn)(state.params)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        info = BCInfo(loss, optax.global_norm(grads))
+        info = BCInfo(loss, optax.tree.norm(grads))
         return TrainState(params, opt_state, state.step + 1), info
 
     return Algorithm(init, step)
