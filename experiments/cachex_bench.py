@@ -10,7 +10,7 @@ per rank writing straight to the PFS directory. The PFS is the same local disk p
 :class:`hexad.cachex.PFSModel` (per-node bandwidth, ``pfs_writers`` concurrent writers,
 contention, per-rank lognormal latency): a rank's PFS write completes at ``max(real write,
 model draw)``. CacheX's drainer imposes it on the T3 drain; the orbax baseline gets the same
-draws through a :class:`hexad.cachex.PFSDelayHandler` item in the same orbax commit. Both
+draws through a ``PFSDelayHandler`` item (``experiments._cachex``) in the same orbax commit. Both
 conditions run: without contention (``contention = 0``) and with ``contention``.
 
 Per save and rank: the training-loop stall (the blocking ``save`` call), the time to
@@ -72,110 +72,64 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import threading
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 
 from experiments import _runner
+from experiments._cachex import PFSConfig, orbax_pfs_manager, orbax_pfs_save, paced_saves
 from hexad import cachex
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(PFSConfig):
     n_ranks: int = 4
     n_saves: int = 24
     save_interval_s: float = 1.0
     state_mib: float = 4.0
     hidden: int = 512
-    pfs_bandwidth: float = 1e9
     pfs_writers: int = 64
-    pfs_latency_s: float = 0.01
-    pfs_sigma: float = 0.5
-    contention: float = 0.5
     token: str = "cachex-bench"
 
     def __post_init__(self):
+        super().__post_init__()
         _runner.at_least(self, 1, "n_ranks", "n_saves", "hidden", "pfs_writers")
-        _runner.at_least(self, 0, "save_interval_s", "pfs_latency_s", "pfs_sigma", "contention")
-        _runner.positive(self, "state_mib", "pfs_bandwidth")
+        _runner.at_least(self, 0, "save_interval_s")
+        _runner.positive(self, "state_mib")
 
 
-def _make_step(hidden: int):
-    @jax.jit
-    def step(w, x):
-        # One cheap "training" update per rank: w <- w + 1e-3 tanh(w x); w: [n, rows, hidden].
-        return w + 1e-3 * jnp.tanh(jnp.einsum("nrh,hk->nrk", w, x))
-
-    return step
-
-
-_Z99 = 2.3263478740408408  # the standard normal's 0.99 quantile
-
-
-def _save_variability(done: dict, starts: dict, cfg: Config) -> float:
-    """p99/p50 over saves of (slowest rank's durable point - first rank's save call)."""
-    per_save = []
-    for s in range(cfg.n_saves):
-        ends = [done.get((s, r)) for r in range(cfg.n_ranks)]
-        if all(e is not None for e in ends):
-            per_save.append(max(ends) - min(starts[(s, r)] for r in range(cfg.n_ranks)))
-    return _pctl(per_save, 99) / _pctl(per_save, 50)
+QUICK = {"n_ranks": 2, "n_saves": 8, "state_mib": 2.0, "save_interval_s": 0.4}
 
 
 def _pctl(x, q) -> float:
     return float(np.percentile(np.asarray(x, np.float64), q)) if len(x) else float("nan")
 
 
-class _Watcher:
-    """Records when each orbax step directory appears (orbax's atomic finalize)."""
-
-    def __init__(self):
-        self.pending: dict[tuple[int, int], Path] = {}
-        self.done: dict[tuple[int, int], float] = {}
-        self._lock = threading.Lock()
-        self._stop = False
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
-
-    def add(self, key, path):
-        with self._lock:
-            self.pending[key] = path
-
-    def _run(self):
-        while not self._stop:
-            with self._lock:
-                items = list(self.pending.items())
-            for key, path in items:
-                if path.exists():
-                    with self._lock:
-                        self.done[key] = time.time()
-                        self.pending.pop(key, None)
-            time.sleep(0.002)
-
-    def stop(self):
-        t_end = time.monotonic() + 120
-        while self.pending and time.monotonic() < t_end:
-            time.sleep(0.01)
-        self._stop = True
-        self._t.join()
+def _stats(name: str, stalls, done: dict, starts, cfg: Config) -> tuple[dict, list, list]:
+    """The stall and completion-time figures of one system; also its completion times per
+    ``(save, rank)`` and per whole save (slowest rank's durable point - first rank's call)."""
+    write = [done[k] - starts[k] for k in starts if k in done]
+    per_save = []
+    for s in range(cfg.n_saves):
+        ends = [done.get((s, r)) for r in range(cfg.n_ranks)]
+        if all(e is not None for e in ends):
+            per_save.append(max(ends) - min(starts[(s, r)] for r in range(cfg.n_ranks)))
+    out = {
+        f"stall_ms_{name}": 1e3 * float(np.mean(stalls)),
+        f"stall_ms_median_{name}": 1e3 * _pctl(stalls, 50),
+        f"stall_ms_p99_{name}": 1e3 * _pctl(stalls, 99),
+        f"variability_{name}": _pctl(write, 99) / _pctl(write, 50),
+        f"variability_save_{name}": _pctl(per_save, 99) / _pctl(per_save, 50),
+    }
+    return out, write, per_save
 
 
 def _condition(cfg: Config, contention: float, root: Path, seed: int, ctx) -> dict:
     n = cfg.n_ranks
-    model = cachex.PFSModel(
-        bandwidth=cfg.pfs_bandwidth,
-        n_writers=cfg.pfs_writers,
-        contention=contention,
-        latency_s=cfg.pfs_latency_s,
-        sigma=cfg.pfs_sigma,
-    )
+    model = cfg.pfs_model(cfg.pfs_writers, contention)
     rows = max(8, int(cfg.state_mib * 2**20 / 4 / cfg.hidden))
-    step = _make_step(cfg.hidden)
     kx, kw = jax.random.split(jax.random.key(seed))
     x = jax.random.normal(kx, (cfg.hidden, cfg.hidden), jnp.float32) / cfg.hidden**0.5
     w0 = jax.random.normal(kw, (n, rows, cfg.hidden), jnp.float32)
@@ -187,47 +141,31 @@ def _condition(cfg: Config, contention: float, root: Path, seed: int, ctx) -> di
         cachex.spawn_replica_server(root / f"node{r}" / "replicas", cfg.token, max_lifetime_s=900)
         for r in range(n)
     ]
+    opts = dict(pfs_dir=root / "pfs_cachex", pfs_model=model, n_ranks=n, seed=seed, max_to_keep=2)
     mgrs = [
         cachex.CacheXManager(
             root / f"node{r}" / "local",
             neighbour=cachex.ReplicaClient(servers[(r + 1) % n][1], cfg.token),
-            pfs_dir=root / "pfs_cachex",
-            pfs_model=model,
             rank=r,
-            n_ranks=n,
-            seed=seed,
-            max_to_keep=2,
             pfs_max_to_keep=2,
+            **opts,
         )
         for r in range(n)
     ]
-    stalls, starts = [], {}
-    cwatcher = _Watcher()
-    w = w0
-    w = step(w, x).block_until_ready()  # compile outside the timed loop
-    last = time.perf_counter()
-    for s in ctx.progress(range(cfg.n_saves), desc=f"cachex c={contention}"):
-        while time.perf_counter() - last < cfg.save_interval_s:
-            w = step(w, x).block_until_ready()
-        last = time.perf_counter()
-        for r in range(n):
-            state = {"w": w[r]}
-            jax.block_until_ready(state)
-            starts[(s, r)] = time.time()
-            t0 = time.perf_counter()
-            cwatcher.add((s, r), mgrs[r].steps_dir / str(s))
-            mgrs[r].save(s, state)
-            stalls.append(time.perf_counter() - t0)
-    for m in mgrs:
-        m.wait_until_finished()
-    cwatcher.stop()
-    write = [cwatcher.done[k] - starts[k] for k in starts if k in cwatcher.done]
+
+    def save_cachex(s, r, state):
+        mgrs[r].save(s, state)
+
+    def local_step(s, r):  # orbax's commit of a CacheX step: replica-durable
+        return mgrs[r].steps_dir / str(s)
+
+    desc = f"cachex c={contention}"
+    stalls, starts, done = paced_saves(cfg, ctx, w0, x, save_cachex, local_step, mgrs, desc)
     rep, t1t2 = [], []
     for (s, r), t in starts.items():
-        rec = mgrs[r].durability(s)
-        if "replica" in rec:
-            rep.append(rec["replica"]["time"] - t)
-            t1t2.append(rec["replica"]["seconds"])
+        if rec := mgrs[r].durability(s).get("replica"):
+            rep.append(rec["time"] - t)
+            t1t2.append(rec["seconds"])
     for m in mgrs:
         m.close(wait_for_drain=True, timeout_s=120)
     pfs_times = []
@@ -239,73 +177,33 @@ def _condition(cfg: Config, contention: float, root: Path, seed: int, ctx) -> di
     for proc, _ in servers:
         proc.terminate()
         proc.wait(timeout=30)
+    figures, out["_write_cachex"], _ = _stats("cachex", stalls, done, starts, cfg)
     out.update(
-        stall_ms_cachex=1e3 * float(np.mean(stalls)),
-        stall_ms_median_cachex=1e3 * _pctl(stalls, 50),
-        stall_ms_p99_cachex=1e3 * _pctl(stalls, 99),
+        figures,
         replica_durable_s=_pctl(rep, 50),
         pfs_durable_s_cachex=_pctl(pfs_times, 50),
         pfs_drained_fraction=len(pfs_times) / cfg.n_saves,
-        variability_cachex=_pctl(write, 99) / _pctl(write, 50),
-        variability_save_cachex=_save_variability(cwatcher.done, starts, cfg),
         variability_t1t2_cachex=_pctl(t1t2, 99) / _pctl(t1t2, 50),
-        variability_model_pfs=float(np.exp(_Z99 * cfg.pfs_sigma)),
-        _write_cachex=write,
+        variability_model_pfs=model.quantile_ratio(0.99),
     )
 
     # -- orbax async straight to the PFS ---------------------------------------------------
-    handlers = {"state": ocp.StandardCheckpointHandler(), "pfs": cachex.PFSDelayHandler()}
-    omgrs = [
-        ocp.CheckpointManager(
-            root / "pfs_orbax" / f"rank_{r}",
-            item_handlers=dict(handlers),
-            options=ocp.CheckpointManagerOptions(enable_async_checkpointing=True, max_to_keep=2),
-        )
-        for r in range(n)
-    ]
-    watcher = _Watcher()
-    ostalls, ostarts = [], {}
-    w = w0
-    last = time.perf_counter()
-    for s in ctx.progress(range(cfg.n_saves), desc=f"orbax c={contention}"):
-        while time.perf_counter() - last < cfg.save_interval_s:
-            w = step(w, x).block_until_ready()
-        last = time.perf_counter()
-        for r in range(n):
-            state = {"w": w[r]}
-            jax.block_until_ready(state)
-            draw = float(model.sample(np.random.default_rng([seed, s, r]), nbytes))
-            watcher.add((s, r), root / "pfs_orbax" / f"rank_{r}" / str(s))
-            ostarts[(s, r)] = time.time()
-            t0 = time.perf_counter()
-            omgrs[r].save(
-                s,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardSave(state),
-                    pfs=cachex.PFSDelaySave(draw, t0=time.monotonic()),
-                ),
-            )
-            ostalls.append(time.perf_counter() - t0)
-    for m in omgrs:
-        m.wait_until_finished()
-    watcher.stop()
+    omgrs = [orbax_pfs_manager(root / "pfs_orbax" / f"rank_{r}") for r in range(n)]
+
+    def save_orbax(s, r, state):
+        # the same per-(save, rank) PFS time the drainer draws for CacheX
+        draw = float(model.sample(np.random.default_rng([seed, s, r]), nbytes))
+        orbax_pfs_save(omgrs[r], s, state, draw)
+
+    def pfs_step(s, r):  # orbax's commit of a step written straight to the PFS
+        return root / "pfs_orbax" / f"rank_{r}" / str(s)
+
+    desc = f"orbax c={contention}"
+    stalls, starts, done = paced_saves(cfg, ctx, w0, x, save_orbax, pfs_step, omgrs, desc)
     for m in omgrs:
         m.close()
-    owrite = [watcher.done[k] - ostarts[k] for k in ostarts if k in watcher.done]
-    opfs = []
-    for s in range(cfg.n_saves):
-        ends = [watcher.done.get((s, r)) for r in range(n)]
-        if all(e is not None for e in ends):
-            opfs.append(max(ends) - min(ostarts[(s, r)] for r in range(n)))
-    out.update(
-        stall_ms_orbax=1e3 * float(np.mean(ostalls)),
-        stall_ms_median_orbax=1e3 * _pctl(ostalls, 50),
-        stall_ms_p99_orbax=1e3 * _pctl(ostalls, 99),
-        pfs_durable_s_orbax=_pctl(opfs, 50),
-        variability_orbax=_pctl(owrite, 99) / _pctl(owrite, 50),
-        variability_save_orbax=_save_variability(watcher.done, ostarts, cfg),
-        _write_orbax=owrite,
-    )
+    figures, out["_write_orbax"], per_save = _stats("orbax", stalls, done, starts, cfg)
+    out.update(figures, pfs_durable_s_orbax=_pctl(per_save, 50))
     out["stall_ratio_vs_orbax"] = out["stall_ms_cachex"] / out["stall_ms_orbax"]
     out["stall_median_ratio_vs_orbax"] = (
         out["stall_ms_median_cachex"] / out["stall_ms_median_orbax"]
@@ -325,8 +223,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         res = _condition(cfg, c, sub, ctx.seed, ctx)
         shutil.rmtree(sub, ignore_errors=True)
         curves[label] = (res.pop("_write_cachex"), res.pop("_write_orbax"))
-        for k, v in res.items():
-            summary[k + label] = v
+        summary.update({k + label: v for k, v in res.items()})
         ctx.log(condition=label or "contended", contention=c, **res)
     import matplotlib.pyplot as plt
 
@@ -335,23 +232,16 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         for data, name in ((wc, "CacheX (replica-durable)"), (wo, "orbax direct to PFS")):
             xs = np.sort(np.asarray(data))
             ax.plot(xs, np.linspace(0, 1, len(xs)), label=name)
-        ax.set_xscale("log")
+        title = "no contention" if label else f"contention {cfg.contention}"
+        ax.set(xscale="log", xlabel="save call to durable step, per rank and save (s)", title=title)
         ax.xaxis.set_minor_formatter(plt.NullFormatter())
-        ax.set_xlabel("save call to durable step, per rank and save (s)")
-        ax.set_title("no contention" if label else f"contention {cfg.contention}")
         ax.legend()
     axes[0].set_ylabel("CDF")
     ctx.save_plot(fig, "write_time_cdf")
     return summary
 
 
-STUDY = _runner.Study(
-    "cachex_bench",
-    Config,
-    run,
-    quick={"n_ranks": 2, "n_saves": 8, "state_mib": 2.0, "save_interval_s": 0.4},
-    doc=__doc__,
-)
+STUDY = _runner.Study("cachex_bench", Config, run, quick=QUICK, doc=__doc__)
 
 if __name__ == "__main__":
     STUDY.main()

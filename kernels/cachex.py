@@ -32,7 +32,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from hexad import cachex
-from hexad.cachex import _format, _fsio
 from kernels._harness import Case
 
 _TMP = Path(tempfile.mkdtemp(prefix="cachex-bench-"))
@@ -123,7 +122,7 @@ class _LocalWrite:
     def __call__(self):
         d = _TMP / "t1" / str(next(self._n))
         d.mkdir(parents=True)
-        _format.write_rank_dir(d, self.snap, {"step": 0, "rank": 0})
+        cachex.write_rank_dir(d, self.snap, {"step": 0, "rank": 0})
 
 
 class _RawWrite:
@@ -145,7 +144,7 @@ class _RawWrite:
             os.fsync(fd)
         finally:
             os.close(fd)
-        _fsio.fsync_dir(d)
+        cachex.fsync_dir(d)
 
 
 def cases(quick: bool) -> list[Case]:
@@ -164,7 +163,7 @@ def cases(quick: bool) -> list[Case]:
         o.save(0, args=ocp.args.StandardSave(tree))
         o.wait_until_finished()
         peers.append(o)
-    pool = _format.StagingPool(1)
+    pool = cachex.StagingPool(1)
     slot, snap = pool.stage(tree)
     return [
         Case(

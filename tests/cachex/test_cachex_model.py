@@ -88,3 +88,29 @@ def test_model_functions_trace_once():
 
     for i in range(3):
         go(jnp.exp(jnp.arange(12.0).reshape(3, 4) / 10 + i), jnp.float32(1.0 + i))
+
+
+def test_critical_contention_over_an_array_of_writer_counts():
+    # the curve over n at once is the scalar C*_p(n) at each n
+    ns = np.array([2, 5, 64, 1000])
+    curve = cachex.critical_contention(-3.0, 0.5, ns, 0.99, 0.2)
+    want = [float(cachex.critical_contention(-3.0, 0.5, int(n), 0.99, 0.2)) for n in ns]
+    np.testing.assert_allclose(np.asarray(curve), want, rtol=1e-6)
+    for bad in (1, np.array([2, 1]), 2.5):
+        with pytest.raises(ValueError, match="n: expected an int or a \\[k\\] int array"):
+            cachex.critical_contention(0.0, 0.5, bad, 0.5, 1.0)
+
+
+def test_pfs_model_lognormal_body_and_spread_match_its_draws():
+    model = cachex.PFSModel(bandwidth=1e8, n_writers=16, contention=0.3, sigma=0.4)
+    nbytes = 2**20
+    mu, sigma = model.lognormal(nbytes)
+    draws = model.sample(np.random.default_rng(0), nbytes, size=(400, 16))
+    fit = cachex.fit_durability_model(draws.astype(np.float32), contention=0.3)
+    # 6400 draws: SE(mu) = 0.4 / 80 = 0.005, SE(sigma) = 0.4 / sqrt(2 * 6400) = 0.0035
+    assert abs(float(fit.mu) - mu) < 0.02 and abs(float(fit.sigma) - sigma) < 0.015
+    ratio = np.quantile(draws, 0.9) / np.median(draws)
+    # the p90/p50 of 6400 lognormal draws is within a few percent of exp(sigma z_0.9)
+    assert abs(ratio / model.quantile_ratio(0.9) - 1) < 0.05
+    with pytest.raises(ValueError, match="p: expected a probability in \\(0, 1\\)"):
+        model.quantile_ratio(1.0)

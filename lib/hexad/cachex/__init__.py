@@ -5,27 +5,48 @@ node-local write with file and directory ``fsync``, T2 a neighbour's replica ser
 loopback, shared token, bounded messages, ``fsync`` + rename + ack), T3 an eventual PFS drain
 by a separate drainer process. :class:`CacheXManager` runs them under
 ``orbax.checkpoint.CheckpointManager``; :func:`resume` gives studies ``--resume`` semantics
-(:class:`ItemCheckpoint` for studies that loop over independent items);
-:mod:`hexad.cachex._model` fits the lognormal body / Gumbel tail of writer completion times
-and computes the contention threshold C*_p(n).
+(:class:`ItemCheckpoint` for studies that loop over independent items); :func:`verified_steps`
+audits the tiers and :func:`check_restore` judges a restore after a fault;
+:func:`fail_at`, :func:`kill_at` and :func:`quiet_failed_saves` are fault injectors for the
+manager's ``fault_hooks``, :func:`wipe_local`, :func:`corrupt_file`, :func:`refuse_drains`
+(with :func:`exhaust_drain_retries`) and :func:`kill_drainer_mid_drain` faults of the
+tiers; :mod:`hexad.cachex._model` fits the lognormal body / Gumbel tail of writer completion
+times and computes the contention threshold C*_p(n) (a curve over writer counts at once).
 """
 
 import importlib
 
 _EXPORTS = {
-    "_format": ("CorruptCheckpointError", "StagingPool"),
-    "_fsio": ("validate_file_name", "validate_step_name"),
+    "_format": (
+        "DATA_FILE",
+        "MANIFEST_FILE",
+        "CorruptCheckpointError",
+        "StagingPool",
+        "read_rank_dir",
+        "write_rank_dir",
+    ),
+    "_faults": (
+        "corrupt_file",
+        "exhaust_drain_retries",
+        "fail_at",
+        "kill_at",
+        "kill_drainer_mid_drain",
+        "quiet_failed_saves",
+        "refuse_drains",
+        "wipe_local",
+    ),
+    "_fsio": ("fsync_dir", "validate_file_name", "validate_step_name"),
     "_items": ("ItemCheckpoint",),
     "_manager": (
         "CacheXHandler",
         "CacheXManager",
         "CacheXRestore",
         "CacheXSave",
-        "PFSDelayHandler",
-        "PFSDelayRestore",
-        "PFSDelaySave",
+        "RestoreCheck",
         "Restored",
+        "check_restore",
         "resume",
+        "verified_steps",
     ),
     "_model": (
         "DurabilityModel",
@@ -37,7 +58,7 @@ _EXPORTS = {
         "gumbel_of_max_lognormal",
         "pfs_time_quantile",
     ),
-    "_pfs": ("DrainerConfig", "PFSModel", "spawn_drainer"),
+    "_pfs": ("DrainerConfig", "PFSModel", "drain_once", "spawn_drainer"),
     "_replica": ("ReplicaClient", "ReplicaError", "ReplicaServer", "spawn_replica_server"),
 }
 _WHERE = {name: mod for mod, names in _EXPORTS.items() for name in names}

@@ -29,7 +29,8 @@ import numpy as np
 from hexad.cachex import _fsio
 
 __all__ = [
-    "MANIFEST",
+    "DATA_FILE",
+    "MANIFEST_FILE",
     "CorruptCheckpointError",
     "LeafSpec",
     "ShardRecord",
@@ -45,8 +46,8 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-DATA = "data.bin"
+MANIFEST_FILE = "manifest.json"
+DATA_FILE = "data.bin"
 
 
 class CorruptCheckpointError(ValueError):
@@ -213,7 +214,7 @@ def encode_rank(snap: Snapshot, meta: Mapping[str, Any]) -> tuple[list[memoryvie
             {
                 "leaf": s.leaf,
                 "index": [list(ab) for ab in s.index],
-                "file": DATA,
+                "file": DATA_FILE,
                 "offset": offset,
                 "nbytes": len(view),
             }
@@ -223,7 +224,7 @@ def encode_rank(snap: Snapshot, meta: Mapping[str, Any]) -> tuple[list[memoryvie
         "format": FORMAT_VERSION,
         "meta": dict(meta),
         "leaves": [{"path": v.path, "shape": list(v.shape), "dtype": v.dtype} for v in snap.leaves],
-        "files": [{"file": DATA, "nbytes": offset, "crc32": crc & 0xFFFFFFFF}],
+        "files": [{"file": DATA_FILE, "nbytes": offset, "crc32": crc & 0xFFFFFFFF}],
         "shards": shards,
     }
     manifest = dict(body, manifest_crc32=_manifest_crc(body))
@@ -234,7 +235,7 @@ def write_encoded(directory: Path, views: list[memoryview], manifest: bytes) -> 
     """T1: writes ``data.bin`` and ``fsync``s it, then the manifest, then the directory."""
     directory = Path(directory)
     total = 0
-    fd = os.open(directory / DATA, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(directory / DATA_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         for view in views:
             done = 0
@@ -244,7 +245,7 @@ def write_encoded(directory: Path, views: list[memoryview], manifest: bytes) -> 
         os.fsync(fd)
     finally:
         os.close(fd)
-    _fsio.write_file_durable(directory / MANIFEST, manifest)
+    _fsio.write_file_durable(directory / MANIFEST_FILE, manifest)
     _fsio.fsync_dir(directory)
     return total
 
@@ -255,6 +256,11 @@ def write_rank_dir(directory: Path, snap: Snapshot, meta: Mapping[str, Any]) -> 
     ``data.bin`` (every shard back to back) is written and ``fsync``ed before the manifest, and
     the directory is ``fsync``ed last: a directory without a valid manifest is, by
     construction, an interrupted write.
+
+    >>> import tempfile
+    >>> slot, snap = StagingPool(1).stage({"w": np.arange(3, dtype=np.float32)})
+    >>> write_rank_dir(Path(tempfile.mkdtemp()), snap, {"step": 0, "rank": 0})
+    12
     """
     views, manifest = encode_rank(snap, meta)
     return write_encoded(directory, views, manifest)
@@ -262,18 +268,20 @@ def write_rank_dir(directory: Path, snap: Snapshot, meta: Mapping[str, Any]) -> 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
     """Reads and checks ``directory/manifest.json``; raises CorruptCheckpointError if bad."""
-    path = Path(directory) / MANIFEST
+    path = Path(directory) / MANIFEST_FILE
     try:
         manifest = _fsio.read_json(path)
     except FileNotFoundError:
-        raise CorruptCheckpointError(f"{directory}: no {MANIFEST} (interrupted write)") from None
+        raise CorruptCheckpointError(
+            f"{directory}: no {MANIFEST_FILE} (interrupted write)"
+        ) from None
     except ValueError as e:
         raise CorruptCheckpointError(f"{directory}: {e}") from None
     if not isinstance(manifest, dict) or "manifest_crc32" not in manifest:
-        raise CorruptCheckpointError(f"{directory}: {MANIFEST} lacks its checksum")
+        raise CorruptCheckpointError(f"{directory}: {MANIFEST_FILE} lacks its checksum")
     body = {k: v for k, v in manifest.items() if k != "manifest_crc32"}
     if _manifest_crc(body) != manifest["manifest_crc32"]:
-        raise CorruptCheckpointError(f"{directory}: {MANIFEST} checksum mismatch (bit flip?)")
+        raise CorruptCheckpointError(f"{directory}: {MANIFEST_FILE} checksum mismatch (bit flip?)")
     if body.get("format") != FORMAT_VERSION:
         raise CorruptCheckpointError(
             f"{directory}: format {body.get('format')!r}, expected {FORMAT_VERSION}"
@@ -295,6 +303,17 @@ def read_rank_dir(directory: Path) -> tuple[dict[str, Any], list[tuple[int, tupl
 
     Raises:
       CorruptCheckpointError: a missing, truncated or bit-flipped file.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> _ = write_rank_dir(d, StagingPool(1).stage({"w": np.ones(2)})[1], {})
+    >>> read_rank_dir(d)[1]
+    [(0, ((0, 2),), array([1., 1.]))]
+    >>> _ = (d / DATA_FILE).write_bytes(bytes(16))
+    >>> read_rank_dir(d)
+    Traceback (most recent call last):
+    ...
+    hexad.cachex._format.CorruptCheckpointError: ...: data.bin checksum mismatch (bit flip)
     """
     directory = Path(directory)
     manifest = read_manifest(directory)

@@ -97,7 +97,11 @@ def crc32_bytes(data: Any) -> int:
 
 
 def fsync_dir(path: Path) -> None:
-    """``fsync``s the directory ``path`` so entries created or renamed in it are durable."""
+    """``fsync``s the directory ``path`` so entries created or renamed in it are durable.
+
+    >>> import tempfile
+    >>> fsync_dir(Path(tempfile.mkdtemp()))
+    """
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

@@ -22,9 +22,9 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -33,6 +33,7 @@ from orbax.checkpoint import checkpoint_args
 from orbax.checkpoint._src import asyncio_utils
 from orbax.checkpoint._src.handlers import async_checkpoint_handler
 
+from hexad._base import check_int
 from hexad.cachex import _format, _fsio, _pfs, _replica
 
 __all__ = [
@@ -40,21 +41,39 @@ __all__ = [
     "CacheXManager",
     "CacheXRestore",
     "CacheXSave",
-    "PFSDelayHandler",
-    "PFSDelayRestore",
-    "PFSDelaySave",
+    "RestoreCheck",
     "Restored",
+    "check_restore",
     "resume",
+    "verified_steps",
 ]
 
 ITEM = "state"
 TIERS = ("local", "replica", "pfs")
+FAULT_POINTS = ("staging", "local_write", "local_written", "replica_acked", "commit")
+
+
+def _check_fault_hooks(hooks: Mapping[str, Callable[[int], None]] | None) -> dict:
+    if hooks is None:
+        return {}
+    if not isinstance(hooks, Mapping):
+        raise TypeError(
+            f"fault_hooks: expected a mapping from point names to callables, got "
+            f"{type(hooks).__name__}"
+        )
+    unknown = sorted(set(hooks) - set(FAULT_POINTS))
+    if unknown:
+        raise ValueError(f"fault_hooks: expected point names from {FAULT_POINTS}, got {unknown}")
+    for point, hook in hooks.items():
+        if not callable(hook):
+            raise TypeError(f"fault_hooks[{point!r}]: expected a callable, got {hook!r}")
+    return dict(hooks)
 
 
 class _Node:
     """What one process's handler shares with its manager (static, host-side)."""
 
-    def __init__(self, rank, steps_dir, records_dir, pool, neighbour, require_replica):
+    def __init__(self, rank, steps_dir, records_dir, pool, neighbour, require_replica, hooks=None):
         self.rank = rank
         self.steps_dir = Path(steps_dir)
         self.records_dir = Path(records_dir)
@@ -63,6 +82,13 @@ class _Node:
         self.require_replica = require_replica
         self.stalls: dict[int, float] = {}
         self.errors: dict[int, str] = {}
+        self.hooks: dict[str, Callable[[int], None]] = hooks or {}
+
+    def fault(self, point: str, step: int) -> None:
+        """Calls the fault hook registered at ``point`` (a test seam; see CacheXManager)."""
+        hook = self.hooks.get(point)
+        if hook is not None:
+            hook(int(step))
 
 
 def _await_dir(path: Path, timeout_s: float = 300.0) -> None:
@@ -124,6 +150,7 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
             )
         node = self._node
         t0 = time.perf_counter()
+        node.fault("staging", args.step)
         slot, snap = node.pool.stage(args.state)
         node.stalls[args.step] = time.perf_counter() - t0
         return [_ThreadFuture(self._commit(directory, slot, snap, args.step, t0), "cachex_commit")]
@@ -146,11 +173,12 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
                         node.rank,
                         step,
                         [
-                            (_format.DATA, views, crc),
-                            (_format.MANIFEST, [manifest], _fsio.crc32_bytes(manifest)),
+                            (_format.DATA_FILE, views, crc),
+                            (_format.MANIFEST_FILE, [manifest], _fsio.crc32_bytes(manifest)),
                         ],
                     )
                     t_replica.append(time.perf_counter() - t0)
+                    node.fault("replica_acked", step)
                 except BaseException as e:  # noqa: BLE001 - re-raised below, on this thread
                     replica_err.append(e)
 
@@ -158,7 +186,9 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
             if node.neighbour is not None:
                 pusher = threading.Thread(target=push, name="cachex-replica-push", daemon=True)
                 pusher.start()
+            node.fault("local_write", step)
             nbytes = _format.write_encoded(d, views, manifest)
+            node.fault("local_written", step)
             t_local = time.perf_counter() - t0
             _pfs.record_tier(node.records_dir, step, "staged", seconds=node.stalls.get(step))
             _pfs.record_tier(node.records_dir, step, "local", seconds=t_local, nbytes=nbytes)
@@ -178,6 +208,7 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
                         node.neighbour.retain(node.rank, [*keep, int(step)])
                     except _replica.ReplicaError:
                         pass
+            node.fault("commit", step)
         finally:
             node.pool.release(slot)
 
@@ -219,65 +250,6 @@ class CacheXRestore(checkpoint_args.CheckpointArgs):
     """Restore args: ``target``, the pytree to restore into (arrays or ShapeDtypeStructs)."""
 
     target: Any = None
-
-
-class PFSDelayHandler(async_checkpoint_handler.AsyncCheckpointHandler):
-    """An orbax item that holds a save's commit until a modelled PFS write time has passed.
-
-    For baselines: composed with ``StandardCheckpointHandler`` in one orbax
-    ``CheckpointManager`` writing to the PFS directory, it makes orbax's commit (and hence its
-    next blocking ``save``) wait ``max(real write, PFSDelaySave.seconds)`` after the save
-    started, the same semantics as the CacheX drainer's :class:`PFSModel` delay.
-    """
-
-    async def async_save(self, directory, args: PFSDelaySave | None = None, **kwargs):
-        if args is None:
-            raise ValueError("PFSDelayHandler.async_save: expected args=PFSDelaySave(...)")
-        t0 = args.t0 if args.t0 is not None else time.monotonic()
-
-        async def commit():
-            left = float(args.seconds) - (time.monotonic() - t0)
-            if left > 0:
-                time.sleep(left)  # the commit runs in its own thread: blocking is intended
-            d = Path(directory)
-            _await_dir(d)  # orbax creates the item directory; never race it with our own mkdir
-            _fsio.write_file_durable(d / "pfs_delay.json", b'{"seconds": %f}' % args.seconds)
-
-        return [_ThreadFuture(commit(), "pfs_delay")]
-
-    def save(self, directory, args: PFSDelaySave | None = None, **kwargs):
-        async def run():
-            for f in await self.async_save(directory, args=args) or []:
-                f.result()
-
-        asyncio_utils.run_sync(run())
-
-    def restore(self, directory, args: PFSDelayRestore | None = None, **kwargs):
-        return _fsio.read_json(Path(directory) / "pfs_delay.json")
-
-    def metadata(self, directory):
-        return None
-
-    def finalize(self, directory):
-        pass
-
-    def close(self):
-        pass
-
-
-@checkpoint_args.register_with_handler(PFSDelayHandler, for_save=True)
-@dataclasses.dataclass
-class PFSDelaySave(checkpoint_args.CheckpointArgs):
-    """Save args: hold the commit until ``seconds`` after ``t0`` (``time.monotonic``)."""
-
-    seconds: float
-    t0: float | None = None
-
-
-@checkpoint_args.register_with_handler(PFSDelayHandler, for_restore=True)
-@dataclasses.dataclass
-class PFSDelayRestore(checkpoint_args.CheckpointArgs):
-    """Restore args of :class:`PFSDelayHandler` (reads back the modelled seconds)."""
 
 
 @dataclasses.dataclass
@@ -335,6 +307,15 @@ class CacheXManager:
       drain_backoff_s: wait before the first retry of a failed drain; it doubles after each
         further failure, capped at ``drain_backoff_max_s``. Attempts, errors and the next try
         are in the step's ``pfs_retry`` record, a final failure in ``pfs_error``.
+      fault_hooks: a seam for fault injection (tests, the durability study), or None:
+        ``{point: hook}``, each ``hook(step)`` called at that point of every save, free to
+        raise (the save then fails as if that stage had failed) or to kill the process.
+        Points, in the order a save reaches them (``CacheXManager.FAULT_POINTS``):
+        ``"staging"`` (in ``save``, before the T0 copy); ``"local_write"`` (commit thread,
+        before the T1 files are written); ``"local_written"`` (after they and their directory
+        are fsynced, before the ``local`` record); ``"replica_acked"`` (push thread, after the
+        neighbour acknowledged the replica; concurrent with the T1 points); ``"commit"``
+        (after T1 and T2, before orbax finalizes the step). An unknown point is an error.
 
     >>> import tempfile, numpy as np
     >>> m = CacheXManager(tempfile.mkdtemp())
@@ -344,6 +325,8 @@ class CacheXManager:
     0
     >>> m.close()
     """
+
+    FAULT_POINTS = FAULT_POINTS
 
     def __init__(
         self,
@@ -363,11 +346,13 @@ class CacheXManager:
         drain_max_attempts: int = 5,
         drain_backoff_s: float = 0.5,
         drain_backoff_max_s: float = 30.0,
+        fault_hooks: Mapping[str, Callable[[int], None]] | None = None,
     ):
         if not isinstance(max_to_keep, int) or max_to_keep < 1:
             raise ValueError(f"max_to_keep: expected an int >= 1, got {max_to_keep!r}")
         if neighbour is not None and not isinstance(neighbour, _replica.ReplicaClient):
             raise TypeError(f"neighbour: expected a ReplicaClient, got {type(neighbour).__name__}")
+        hooks = _check_fault_hooks(fault_hooks)
         retry = dict(
             pfs_max_to_keep=pfs_max_to_keep,
             retry_max_attempts=drain_max_attempts,
@@ -396,7 +381,13 @@ class CacheXManager:
         self.neighbour = neighbour
         self.pool = _format.StagingPool(staging_slots)
         self._node = _Node(
-            self.rank, self.steps_dir, self.records_dir, self.pool, neighbour, require_replica
+            self.rank,
+            self.steps_dir,
+            self.records_dir,
+            self.pool,
+            neighbour,
+            require_replica,
+            hooks,
         )
         self.handler = CacheXHandler(self._node)
         options = ocp.CheckpointManagerOptions(
@@ -625,6 +616,57 @@ def _all_ok(ok: bool) -> bool:
     return bool(flags.min() == 1)
 
 
+def verified_steps(
+    directory: str | Path,
+    *,
+    pfs_dir: str | Path | None = None,
+    replica_dir: str | Path | None = None,
+    rank: int = 0,
+) -> dict[str, list[int]]:
+    """Audits the tiers' folders offline: per tier, the committed steps of ``rank`` whose every
+    file reads back and verifies (sizes and CRC-32s), oldest first.
+
+    Unlike :meth:`CacheXManager.readable_steps` (manifests only, the replica asked over the
+    network) this reads every byte straight from disk, so it can check a manager's restore.
+
+    Args:
+      directory: a :class:`CacheXManager`'s local root (its ``steps/<s>/state`` folders).
+      pfs_dir: the PFS root (``<s>/rank_<rank>``), or None to skip the tier.
+      replica_dir: the root of the neighbour's :class:`ReplicaServer`
+        (``rank_<rank>/<s>``), or None (e.g. the neighbour's disk is unreachable).
+      rank: whose copies to audit (>= 0).
+
+    >>> import tempfile, numpy as np
+    >>> root = tempfile.mkdtemp()
+    >>> with CacheXManager(root) as m:
+    ...     m.save(3, {"w": np.ones(2)})
+    True
+    >>> verified_steps(root)
+    {'local': [3], 'replica': [], 'pfs': []}
+    """
+    rank = check_int("rank", rank, lo=0)
+    roots = {
+        "local": (Path(directory) / "steps", ITEM),
+        "replica": (Path(replica_dir) / f"rank_{rank}" if replica_dir is not None else None, ""),
+        "pfs": (Path(pfs_dir) if pfs_dir is not None else None, f"rank_{rank}"),
+    }
+    out: dict[str, list[int]] = {}
+    for tier, (root, sub) in roots.items():
+        out[tier] = []
+        if root is None or not root.exists():
+            continue
+        for p in root.iterdir():
+            if not p.name.isdigit():
+                continue
+            try:
+                _format.read_rank_dir(p / sub)
+            except (_format.CorruptCheckpointError, OSError):
+                continue
+            out[tier].append(int(p.name))
+        out[tier].sort()
+    return out
+
+
 def resume(manager: CacheXManager, init_state: Any, enabled: bool = True) -> tuple[int, Any]:
     """``--resume`` semantics: ``(next_step, state)`` from the newest durable step, else init.
 
@@ -646,3 +688,65 @@ def resume(manager: CacheXManager, init_state: Any, enabled: bool = True) -> tup
     except FileNotFoundError:
         return 0, init_state
     return r.step + 1, r.state
+
+
+class RestoreCheck(NamedTuple):
+    """The verdict of :func:`check_restore`.
+
+    Attributes:
+      restored: the step the manager restored, -1 if it found none.
+      expected: the step it should have restored (the newest one verified anywhere), or -1.
+      exact: it restored ``expected``, bit for bit (or correctly found none).
+      corrupt: it restored bytes that are no saved step's state (the one unforgivable result).
+    """
+
+    restored: int
+    expected: int
+    exact: bool
+    corrupt: bool
+
+
+def _bit_equal(a: Any, b: Any) -> bool:
+    la, lb = jax.tree.leaves(a), jax.tree.leaves(b)
+    if jax.tree.structure(a) != jax.tree.structure(b):
+        return False
+    for x, y in zip(la, lb, strict=True):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
+            return False
+    return True
+
+
+def check_restore(
+    manager: CacheXManager, like: Any, expected: int, reference: Callable[[int], Any], steps
+) -> RestoreCheck:
+    """Restores through ``manager`` and judges the result against the saved states.
+
+    The check of a fault test: after a fault, ``manager`` (a fresh one) must restore the
+    newest step any reachable tier still holds intact (``expected``, e.g. the largest step of
+    :func:`verified_steps` over the reachable tiers) bit-exact, and never bytes that were not
+    saved.
+
+    Args:
+      manager: the :class:`CacheXManager` to restore with.
+      like: the tree structure to restore into (:meth:`CacheXManager.restore`).
+      expected: the step it should restore, -1 if none.
+      reference: ``reference(step)`` is the state that was saved at ``step``.
+      steps: every step that was saved (the candidates a restored tree may equal).
+
+    >>> import tempfile, numpy as np
+    >>> ref = lambda s: {"w": np.full(3, s, np.float32)}
+    >>> with CacheXManager(tempfile.mkdtemp()) as m:
+    ...     _ = m.save(4, ref(4))
+    ...     m.wait_until_finished()
+    ...     check_restore(m, ref(0), 4, ref, [4])
+    RestoreCheck(restored=4, expected=4, exact=True, corrupt=False)
+    """
+    try:
+        r = manager.restore(like)
+        got, data = r.step, r.state
+    except FileNotFoundError:
+        got, data = -1, None
+    exact = got == expected and (got == -1 or _bit_equal(data, reference(got)))
+    corrupt = data is not None and not any(_bit_equal(data, reference(s)) for s in steps)
+    return RestoreCheck(got, expected, bool(exact), bool(corrupt))

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import logsumexp, ndtri
 
 __all__ = [
@@ -133,23 +134,31 @@ def pfs_time_quantile(
 
 
 def critical_contention(
-    mu: jax.Array, sigma: jax.Array, n: int, p: float, t_stage: jax.Array
+    mu: jax.Array, sigma: jax.Array, n: int | np.ndarray, p: float, t_stage: jax.Array
 ) -> jax.Array:
     """Returns ``C*_p(n)``: the contention beyond which staging beats the PFS at quantile p.
 
     Args:
       mu, sigma: uncontended lognormal body of per-rank PFS write time.
-      n: writers (static), >= 2.
+      n: writers (static), >= 2: an int, or an int array ``[k]`` for the curve over ``k``
+        writer counts at once.
       p: quantile in (0, 1), e.g. 0.99.
-      t_stage: ``[...]`` seconds of the stage-and-replicate path (its p-quantile).
+      t_stage: ``[...]`` seconds of the stage-and-replicate path (its p-quantile); it
+        broadcasts against ``n``.
 
     >>> round(float(critical_contention(0.0, 0.0, 2, 0.5, 3.0)), 4)
     2.0
+    >>> [round(float(c), 3) for c in critical_contention(0.0, 0.0, np.array([2, 3, 5]), 0.5, 3.0)]
+    [2.0, 1.0, 0.5]
     """
-    if n < 2:
-        raise ValueError(f"n: expected >= 2 writers (contention needs company), got {n}")
+    counts = np.asarray(n)
+    if counts.dtype.kind not in "iu" or counts.ndim > 1 or not np.all(counts >= 2):
+        raise ValueError(
+            f"n: expected an int or a [k] int array of writers >= 2 (contention needs "
+            f"company), got {n!r}"
+        )
     base = pfs_time_quantile(mu, sigma, n, p, 0.0)
-    return jnp.maximum((t_stage / base - 1.0) / (n - 1), 0.0)
+    return jnp.maximum((t_stage / base - 1.0) / (counts - 1), 0.0)
 
 
 def choose_path(

@@ -40,6 +40,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -94,6 +95,28 @@ class PFSModel:
         """Median seconds for one rank to write ``nbytes`` under this model."""
         slow = 1.0 + self.contention * (self.n_writers - 1)
         return (self.latency_s + float(nbytes) / self.bandwidth) * slow
+
+    def lognormal(self, nbytes: float) -> tuple[float, float]:
+        """The ``(mu, sigma)`` of the uncontended lognormal body of a write of ``nbytes``:
+        ``log T ~ N(mu, sigma^2)`` with contention removed, what
+        :func:`hexad.cachex.fit_durability_model` estimates from this model's draws.
+
+        >>> mu, sigma = PFSModel(bandwidth=1e9, latency_s=0.0, sigma=0.5).lognormal(1e9)
+        >>> round(mu, 3), sigma
+        (0.0, 0.5)
+        """
+        return float(np.log(self.latency_s + float(nbytes) / self.bandwidth)), self.sigma
+
+    def quantile_ratio(self, p: float = 0.99) -> float:
+        """The ``p``-quantile of a write's time over its median, ``exp(sigma Phi^-1(p))``:
+        the model's own spread (p99/p50 by default), whatever the size and contention.
+
+        >>> round(PFSModel(sigma=0.5).quantile_ratio(0.99), 3)
+        3.2
+        """
+        if not 0.0 < p < 1.0:
+            raise ValueError(f"p: expected a probability in (0, 1), got {p!r}")
+        return math.exp(self.sigma * statistics.NormalDist().inv_cdf(p))
 
     def sample(self, rng: np.random.Generator, nbytes: float, size: Any = None) -> np.ndarray:
         """Samples per-rank write seconds (``size`` draws) for ``nbytes`` each."""
@@ -182,7 +205,7 @@ def _committed_local_steps(steps_dir: Path, item: str) -> list[int]:
         return []
     out = []
     for p in steps_dir.iterdir():
-        if p.name.isdigit() and (p / item / _format.MANIFEST).exists():
+        if p.name.isdigit() and (p / item / _format.MANIFEST_FILE).exists():
             out.append(int(p.name))
     return sorted(out)
 
@@ -218,7 +241,9 @@ def _drain_step(cfg: DrainerConfig, step: int) -> tuple[float, list[int]]:
         if len(data) != f["nbytes"] or _fsio.crc32_bytes(data) != f["crc32"]:
             raise _format.CorruptCheckpointError(f"local step {name}: {f['file']} is corrupt")
         nbytes += _fsio.write_file_durable(rank_dir / f["file"], data)
-    _fsio.write_file_durable(rank_dir / _format.MANIFEST, (src / _format.MANIFEST).read_bytes())
+    _fsio.write_file_durable(
+        rank_dir / _format.MANIFEST_FILE, (src / _format.MANIFEST_FILE).read_bytes()
+    )
     _fsio.fsync_dir(rank_dir)
     if cfg.pfs:
         model = PFSModel(**cfg.pfs)
@@ -342,6 +367,19 @@ def drain_once(cfg: DrainerConfig, now: float | None = None) -> list[int]:
       cfg: this rank's drainer configuration.
       now: the wall-clock time (``time.time()``) the retry schedule is checked against
         (default: now).
+
+    One pass in this process, as the drainer process runs it in a loop (a tool, a test or a
+    restarted drainer can call it directly):
+
+    >>> import tempfile
+    >>> from hexad.cachex import CacheXManager
+    >>> root = Path(tempfile.mkdtemp())
+    >>> m = CacheXManager(root / "local", pfs_dir=root / "pfs", drainer=False)
+    >>> m.save(0, {"w": np.ones(2)}); m.wait_until_finished()
+    True
+    >>> drain_once(m.drainer_config), m.tier_done(0, "pfs")
+    ([0], True)
+    >>> m.close()
     """
     now = time.time() if now is None else now
     records = Path(cfg.records_dir)

@@ -416,8 +416,8 @@ class ReplicaClient:
         files = []
         for f in manifest["files"]:
             files.append((f["file"], [(Path(directory) / f["file"]).read_bytes()], f["crc32"]))
-        raw = (Path(directory) / _format.MANIFEST).read_bytes()
-        files.append((_format.MANIFEST, [raw], _fsio.crc32_bytes(raw)))
+        raw = (Path(directory) / _format.MANIFEST_FILE).read_bytes()
+        files.append((_format.MANIFEST_FILE, [raw], _fsio.crc32_bytes(raw)))
         self.push_files(owner, step, files)
 
     def list_steps(self, owner: int) -> list[int]:
@@ -454,8 +454,8 @@ class ReplicaClient:
                     if len(out) >= h["size"] or not data:
                         return out
 
-            raw = get(_format.MANIFEST)
-            (dest / _format.MANIFEST).write_bytes(raw)
+            raw = get(_format.MANIFEST_FILE)
+            (dest / _format.MANIFEST_FILE).write_bytes(raw)
             manifest = _format.read_manifest(dest)
             for f in manifest["files"]:
                 (dest / f["file"]).write_bytes(get(f["file"]))
