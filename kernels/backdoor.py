@@ -37,18 +37,20 @@ def _step_cases(hypergrad: str, size: int, batch: int):
         bd.patch_trigger(shape, 3), bd.blend_trigger(jax.random.key(1), shape, 0.15), 0, 0
     )
     opt = optax.adam(1e-3)
-    dtb = bd.make_dtb(model, opt, bd.DTBConfig(inner_steps=5, hypergrad=hypergrad))
+    cfg = bd.DTBConfig(inner_steps=5, hypergrad=hypergrad)
+    dtb = bd.make_dtb(model, opt, cfg, problem, params=p0)
     batch_ = bd.DTBBatch(x[:batch], y[:batch], x[batch : 2 * batch], y[batch : 2 * batch])
-    trainer = bd.make_trainer(model.apply, opt)
+    trainer = bd.make_trainer(model, opt, params=p0)
+    clean = (x[:batch], y[:batch])
     return Case(
         name=f"backdoor/dtb {hypergrad.replace('_', '-')} K=5",
         fn=dtb.step,
-        args=(jax.random.key(2), dtb.init(p0), problem, batch_),
+        args=(jax.random.key(2), dtb.init(None, batch_), batch_),
         shapes=f"x[{batch},{size},{size},1] inner[{batch}]",
         items=1.0,
         unit="steps",
         peer=trainer.step,
-        peer_args=(jax.random.key(2), trainer.init(p0), x[:batch], y[:batch]),
+        peer_args=(jax.random.key(2), trainer.init(None, clean), clean),
         peer_name="plain clean train step (adam)",
         goal="report steps/s; ratio = clean steps per bi-level step",
     )

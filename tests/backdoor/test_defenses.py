@@ -1,11 +1,15 @@
 """Defenses: NC finds the planted patch, FT lowers BadNets ASR, CLP's closed form, detectors."""
 
+import functools
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from hexad import backdoor as bd
+from hexad.backdoor._defenses import _budget
 
 TARGET = 0  # the attack target of the conftest models
 
@@ -99,6 +103,58 @@ def test_compose_applies_in_order(trained):
     b = bd.clp(None, trained.model, bd.clp(None, trained.model, trained.bad))
     for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(u, v)
+
+
+def test_compose_hands_params_on_through_abl_and_nc(trained):
+    # ABL and NC return their parameters inside an output tuple: compose unwraps them in any
+    # round, so both orders return a plain parameter tree
+    abl = functools.partial(bd.abl, lga_steps=2, finetune_steps=0, unlearn_steps=1)
+    ft = functools.partial(bd.finetune, n_steps=2)
+    nc = functools.partial(bd.neural_cleanse, n_steps=1, unlearn_steps=1)
+    pois, want = trained.poisoned, jax.tree.structure(trained.bad)
+    for rounds in ((abl, ft), (ft, abl), (nc, abl)):
+        out = bd.compose(*rounds)(jax.random.key(0), trained.model, trained.bad, pois.x, pois.y)
+        assert isinstance(out, dict) and jax.tree.structure(out) == want
+    with pytest.raises(ValueError, match="defenses"):
+        bd.compose()
+    with pytest.raises(TypeError, match="defenses\\[1\\]"):
+        bd.compose(ft, "ft")
+
+
+def test_make_defense_budget_is_each_defense_s_defaults_at_100(trained):
+    # the one budget reproduces every defense's own step counts at its default, 100
+    for name in bd.DEFENSES:
+        f = {"nc": bd.neural_cleanse, "abl": bd.abl}.get(name, bd.DEFENSES[name])
+        defaults = inspect.signature(f).parameters
+        for arg, v in _budget(name, 100).items():
+            assert defaults[arg].default == v, (name, arg)
+    # and a budgeted defense is that defense called with the derived step counts
+    args = (trained.model, trained.bad, trained.x_clean, trained.y_clean)
+    a = bd.make_defense("ft", 3)(jax.random.key(0), *args)
+    b = bd.finetune(jax.random.key(0), *args, n_steps=3)
+    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(u, v)
+    with pytest.raises(ValueError, match="name: expected one of"):
+        bd.make_defense("strip")
+    with pytest.raises(ValueError, match="n_steps"):
+        bd.make_defense("ft", 0)
+
+
+def test_make_defense_composes_joined_names(trained):
+    # "a+b" is compose of the budgeted rounds: round i gets fold_in(key, i)
+    args = (trained.model, trained.bad, trained.x_clean, trained.y_clean)
+    got = bd.make_defense("ft+clp", 2)(jax.random.key(0), *args)
+    want = bd.compose(bd.make_defense("ft", 2), bd.make_defense("clp", 2))(jax.random.key(0), *args)
+    for u, v in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(u, v)
+    # a second FT round moves the parameters on from the first round's
+    one = jax.tree.leaves(bd.make_defense("ft", 2)(jax.random.fold_in(jax.random.key(0), 0), *args))
+    two = jax.tree.leaves(bd.make_defense("ft+ft", 2)(jax.random.key(0), *args))
+    assert not all(np.array_equal(u, v) for u, v in zip(one, two, strict=True))
+    with pytest.raises(ValueError, match="name: expected no 'abl' in a composition"):
+        bd.make_defense("ft+abl")
+    with pytest.raises(ValueError, match="'\\+'-joined ones, got 'ft\\+strip'"):
+        bd.make_defense("ft+strip")
 
 
 def test_defense_input_validation(trained):

@@ -51,9 +51,9 @@ def _directional(key, cfg_kwargs):
 
     @functools.partial(jax.jit, static_argnums=0)  # jitted: eager op-by-op is far slower
     def obj(cfg, p):
-        return bd.dtb_objective(model, cfg, p, nk, problem, batch)[0]
+        return bd.dtb_objective(nk, model, cfg, p, problem, batch)[0]
 
-    theta1 = bd.sanitise_surrogate(model, first, params, nk, problem, batch.x_clean, batch.y_clean)[
+    theta1 = bd.sanitise_surrogate(nk, model, first, params, problem, batch.x_clean, batch.y_clean)[
         0
     ]  # fd_frozen is meaningful for rounds == 1 only
     delta = jax.tree.map(jnp.subtract, theta1, params)
@@ -94,7 +94,7 @@ def test_hypergradients_match_finite_differences_of_the_unrolled_objective(key, 
 
     @jax.jit
     def check(p):
-        obj = lambda cfg: lambda q: bd.dtb_objective(model, cfg, q, nk, problem, batch)[0]
+        obj = lambda cfg: lambda q: bd.dtb_objective(nk, model, cfg, q, problem, batch)[0]
         both = jax.tree.map(lambda a, d: jnp.stack([a + eps * d, a - eps * d]), p, direction)
         f = jax.vmap(obj(unrolled))(both)
         fd = (f[0] - f[1]) / (2 * eps)
@@ -146,23 +146,24 @@ def test_pruning_and_noise_keep_the_gradient_finite(key):
     model, params, problem, batch = _setup(key, jnp.float32)
     cfg = bd.DTBConfig(inner_steps=1, prune_frac=0.34, noise_std=0.1)
     rounds = bd.sanitise_surrogate(
-        model, cfg, params, jax.random.key(1), problem, batch.x_clean, batch.y_clean
+        jax.random.key(1), model, cfg, params, problem, batch.x_clean, batch.y_clean
     )
     last = rounds[0]["params"]["conv1"]["kernel"]
     assert int(jnp.sum(jnp.all(last == 0, axis=(0, 1, 2)))) == 1  # one of 3 channels pruned
-    g = jax.jit(jax.grad(lambda p: bd.dtb_objective(model, cfg, p, key, problem, batch)[0]))(params)
+    g = jax.jit(jax.grad(lambda p: bd.dtb_objective(key, model, cfg, p, problem, batch)[0]))(params)
     assert all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(g))
 
 
 def test_dtb_step_traces_once_lowers_the_objective_and_gates(key):
     model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
     cfg = bd.DTBConfig(inner_steps=1, gate_tau=0.3, gate_temp=0.05)
-    dtb = bd.make_dtb(model, optax.adam(1e-2), cfg)
+    dtb = bd.make_dtb(model, optax.adam(1e-2), cfg, problem, params=params)
     step = jax.jit(chex.assert_max_traces(dtb.step, n=1))
-    state = dtb.init(params)
+    state = dtb.init(None, batch)  # params given: no key needed
+    assert state.params is params and int(state.step) == 0
     losses = []
     for i in range(15):
-        state, info = step(jax.random.key(i), state, problem, batch)
+        state, info = step(jax.random.key(i), state, batch)
         losses.append(float(info.loss))
         # one round: the gate opens only where the decoy was active before (p_d(theta) > tau)
         # and has fallen after (p_d(theta_1) < tau)
@@ -186,7 +187,7 @@ def test_surrogate_is_sgd_with_momentum_on_consecutive_blocks(key):
         inner_steps=3, inner_lr=0.05, inner_momentum=0.9, inner_batch=2, unlearn_weight=0.0
     )
     xc, yc = batch.x_clean, batch.y_clean
-    got = bd.sanitise_surrogate(model, cfg, params, key, problem, xc, yc)[0]
+    got = bd.sanitise_surrogate(key, model, cfg, params, problem, xc, yc)[0]
     opt = optax.sgd(0.05, momentum=0.9)
     p, s = params, opt.init(params)
     for rows in (np.array([0, 1]), np.array([2, 3]), np.array([4, 0])):
@@ -197,7 +198,7 @@ def test_surrogate_is_sgd_with_momentum_on_consecutive_blocks(key):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="inner_batch"):
         bd.sanitise_surrogate(
-            model, dataclasses.replace(cfg, inner_batch=6), params, key, problem, xc, yc
+            key, model, dataclasses.replace(cfg, inner_batch=6), params, problem, xc, yc
         )
 
 
@@ -213,5 +214,26 @@ def test_bad_config():
         bd.DTBConfig(hypergrad="second")
     with pytest.raises(ValueError, match="rounds"):
         bd.DTBConfig(rounds=0)
+    with pytest.raises(ValueError, match="inner_steps: expected an int >= 0, got True"):
+        bd.DTBConfig(inner_steps=True)
+    with pytest.raises(ValueError, match="w_hidden_post: expected a weight >= 0, got -1.0"):
+        bd.DTBConfig(w_hidden_post=-1.0)
+    with pytest.raises(ValueError, match="unlearn_weight: expected a weight >= 0"):
+        bd.DTBConfig(unlearn_weight=float("nan"))
+    with pytest.raises(ValueError, match=r"gate_tau: expected a probability in \[0, 1\]"):
+        bd.DTBConfig(gate_tau=1.5)
+    problem = _setup(jax.random.key(0), jnp.float32, widths=(2,))[2]
     with pytest.raises(TypeError, match="config"):
-        bd.make_dtb(bd.SmallCNN(), optax.sgd(0.1), {"inner_steps": 1})
+        bd.make_dtb(bd.SmallCNN(), optax.sgd(0.1), {"inner_steps": 1}, problem)
+    with pytest.raises(TypeError, match="problem"):
+        bd.make_dtb(bd.SmallCNN(), optax.sgd(0.1), bd.DTBConfig(), (problem.decoy, 0))
+
+
+def test_dtb_init_from_a_key_builds_the_model(key):
+    model, _, problem, batch = _setup(key, jnp.float32, widths=(2,))
+    dtb = bd.make_dtb(model, optax.sgd(0.1), bd.DTBConfig(inner_steps=0), problem)
+    state = dtb.init(jax.random.key(3), batch)
+    want = model.init(jax.random.key(3), batch.x)
+    assert jax.tree.structure(state.params) == jax.tree.structure(want)
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -3,6 +3,7 @@
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
@@ -52,12 +53,40 @@ def test_badnets_high_asr_clean_accuracy_kept(trained):
 
 
 def test_trainer_step_traces_once(trained):
-    tr = bd.make_trainer(trained.model.apply, optax.sgd(0.01))
+    tr = bd.make_trainer(trained.model, optax.sgd(0.01), params=trained.clean)
     step = jax.jit(chex.assert_max_traces(tr.step, n=1))
-    state = tr.init(trained.clean)
+    batch = (trained.x[:16], trained.y[:16])
+    state = tr.init(None, batch)  # params given: no key needed
     for i in range(3):
-        state, info = step(jax.random.key(i), state, trained.x[:16], trained.y[:16])
+        state, info = step(jax.random.key(i), state, batch)
     assert int(state.step) == 3 and bool(jnp.isfinite(info.loss))
+
+
+def test_trainer_init_from_a_key_and_on_a_mesh(trained):
+    batch = (trained.x[:16], trained.y[:16])
+    mesh = jax.make_mesh((8,), ("batch",))
+    plain = bd.make_trainer(trained.model, optax.sgd(0.01))
+    sharded = bd.make_trainer(trained.model, optax.sgd(0.01), mesh=mesh, axis="batch")
+    s0 = plain.init(jax.random.key(0), batch)
+    want = trained.model.init(jax.random.key(0), batch[0])
+    for a, b in zip(jax.tree.leaves(s0.params), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # data parallelism changes where the batch lives, not the update (up to float rounding)
+    p1 = jax.jit(plain.step)(None, s0, batch)[0].params
+    p8 = jax.jit(sharded.step)(None, s0, batch)[0].params
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p8), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="axis: expected one of the mesh axes"):
+        bd.make_trainer(trained.model, optax.sgd(0.01), mesh=mesh)  # default axis "data"
+    with pytest.raises(ValueError, match="batch"):
+        jax.jit(sharded.step)(None, s0, (trained.x[:12], trained.y[:12]))
+
+
+def test_step_counts_must_be_ints():
+    loss = lambda p, k, b: jnp.sum(p * b)
+    for bad in (True, 0, 2.0):
+        with pytest.raises(ValueError, match="n_steps: expected an int >= 1"):
+            bd.minimize(jax.random.key(0), jnp.ones(2), loss, jnp.ones(4), optax.sgd(0.1), bad, 2)
 
 
 def test_fit_on_a_mesh(trained):

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hexad._base import check_int
 from hexad.backdoor._models import apply_channel_mask, conv_layers
 from hexad.backdoor._train import accuracy, cross_entropy, minimize
 from hexad.backdoor._triggers import check_images
@@ -40,6 +41,7 @@ __all__ = [
     "finetune",
     "ft_sam",
     "ibau",
+    "make_defense",
     "mcr",
     "nad",
     "neural_cleanse",
@@ -66,6 +68,18 @@ def _masked_accuracy(model, params, masks, x, y):
     value) is static, and parameters, masks and data are arguments, so the defenses reuse one
     compile across the models they sanitise."""
     return accuracy(lambda p, x_: model.apply(p, x_, masks, masks), params, x, y)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _features(model, params, x):
+    """``(logits, features)`` of ``model`` on ``x``: one compile per architecture and shapes."""
+    return model.apply(params, x, features=True)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _per_sample_ce(model, params, x, y):
+    """``[n]`` cross-entropy of each sample (ABL's isolation score)."""
+    return optax.softmax_cross_entropy_with_integer_labels(model.apply(params, x), y)
 
 
 def _ce_loss(model):
@@ -686,10 +700,7 @@ def abl(
 
     sgd = optax.sgd(lr, momentum=0.9)
     p, _ = minimize(k1, params, lga, (x_train, y_train), sgd, lga_steps, batch_size)
-    per_sample = jax.jit(
-        lambda p, x, y: optax.softmax_cross_entropy_with_integer_labels(model.apply(p, x), y)
-    )
-    losses = per_sample(p, x_train, y_train)
+    losses = _per_sample_ce(model, p, x_train, y_train)
     n = x_train.shape[0]
     n_iso = max(1, int(round(isolation_ratio * n)))
     iso_idx = np.argsort(np.asarray(losses))[:n_iso]
@@ -811,8 +822,12 @@ def sau(
 # --------------------------------------------------------------------------------------------
 
 
+@functools.partial(jax.jit, static_argnames="n_iter")
 def _two_means(z, n_iter=20):
-    """2-means on ``z`` ``[n, d]`` from the two points farthest along the first axis."""
+    """2-means on ``z`` ``[n, d]`` from the two points farthest along the first axis.
+
+    Jitted: run eagerly, its loop compiled anew on every call (each class of each model).
+    """
     c = jnp.stack([z[jnp.argmin(z[:, 0])], z[jnp.argmax(z[:, 0])]])
 
     def body(_, c):
@@ -842,7 +857,7 @@ def activation_clustering(model, params, x, y, n_components=10, size_threshold=0
     ((20,), dtype('bool'))
     """
     _check(model, params, x, y)
-    _, feats = jax.jit(lambda p, x: model.apply(p, x, features=True))(params, x)
+    _, feats = _features(model, params, x)
     r = np.asarray(feats["fc"])
     y = np.asarray(y)
     flags = np.zeros(len(y), bool)
@@ -878,7 +893,7 @@ def spectral_signatures(model, params, x, y, eps=0.1):
     _check(model, params, x, y)
     if not 0.0 < eps < 1.0:
         raise ValueError(f"eps: expected a poison-rate bound in (0, 1), got {eps!r}")
-    _, feats = jax.jit(lambda p, x: model.apply(p, x, features=True))(params, x)
+    _, feats = _features(model, params, x)
     r = np.asarray(feats["fc"])
     y = np.asarray(y)
     flags = np.zeros(len(y), bool)
@@ -892,17 +907,27 @@ def spectral_signatures(model, params, x, y, eps=0.1):
     return flags
 
 
+def _repaired(out):
+    """The parameters of a defense's result (NC and ABL return them inside their output)."""
+    return out.params if isinstance(out, (NCOutput, ABLOutput)) else out
+
+
 def compose(*defenses: Callable) -> Callable:
     """Returns the multi-round defense that applies ``defenses`` in order, each on the
-    previous one's output (compositional sanitisation).
+    previous one's parameters (compositional sanitisation); round ``i`` gets
+    ``fold_in(key, i)``. It returns parameters, also when a round is NC or ABL.
 
     >>> both = compose(finetune, clp)
     """
+    if not defenses:
+        raise ValueError("defenses: expected at least one defense, got none")
+    for i, d in enumerate(defenses):
+        if not callable(d):
+            raise TypeError(f"defenses[{i}]: expected a callable defense, got {d!r}")
 
     def run(key, model, params, x_clean, y_clean):
         for i, d in enumerate(defenses):
-            out = d(jax.random.fold_in(key, i), model, params, x_clean, y_clean)
-            params = out.params if isinstance(out, NCOutput) else out
+            params = _repaired(d(jax.random.fold_in(key, i), model, params, x_clean, y_clean))
         return params
 
     return run
@@ -934,3 +959,75 @@ DEFENSES: Mapping[str, Callable] = {
 default hyper-parameters: ``x, y`` is the defender's clean split, except for ``"abl"``, which
 expects the training set the defender holds (poisons included) and sanitises ``params`` on
 it. With the detectors AC and SS, 14 defenses."""
+
+
+def _budget(name: str, n: int) -> dict[str, int]:
+    # Every main loop of a defense scales with the budget; at n = 100 these are its defaults.
+    # Not scaled: CLP (data-free), and RNP's and ABL's short unlearning phases.
+    return {
+        "ft": {"n_steps": n},
+        "fp": {"n_steps": n},
+        "nad": {"n_steps": n, "teacher_steps": n},
+        "anp": {"n_steps": 2 * n},
+        "nc": {"n_steps": 3 * n, "unlearn_steps": n},
+        "ibau": {"n_steps": n},
+        "clp": {},
+        "ftsam": {"n_steps": n},
+        "rnp": {"recover_steps": n},
+        "mcr": {"n_steps": n, "ft_steps": n},
+        "sau": {"n_steps": n},
+        "abl": {"lga_steps": n, "finetune_steps": n},
+    }[name]
+
+
+_BY_NAME = {**DEFENSES, "nc": neural_cleanse, "abl": abl}
+
+
+def make_defense(name: str, n_steps: int = 100, **overrides: Any) -> Callable:
+    """Returns the defense ``name`` of :data:`DEFENSES` with a step budget of ``n_steps``.
+
+    One budget for every defense: each derives its step counts from it (FT, FP, I-BAU,
+    FT-SAM, SAU: ``n_steps``; NAD and MCR: ``n_steps`` for the teacher or fine-tuned end
+    and as many for the student or curve; ANP: ``2 n_steps`` mask steps; NC: ``3 n_steps``
+    trigger-reversal steps and ``n_steps`` of unlearning; RNP: ``n_steps`` mask-recovery
+    steps; ABL: ``n_steps`` of LGA and of fine-tuning; CLP is data-free). At the default
+    budget of 100 these are the defenses' own defaults. Names joined by ``+`` (``"nc+ft"``)
+    give their :func:`compose`, each round at the same budget; ABL is not composable (it
+    sanitises on the training set the defender holds, the others on the clean split).
+
+    Args:
+      name: a key of :data:`DEFENSES`, or keys other than ``"abl"`` joined by ``+``.
+      n_steps: the step budget (>= 1).
+      **overrides: other keyword arguments of the defense, of every round of a composition
+        (e.g. ``lr``); they win over the budget's step counts.
+
+    Returns:
+      ``defense(key, model, params, x, y) -> params`` (``x, y``: the clean split; for
+      ``"abl"`` the training set the defender holds).
+
+    >>> from hexad.backdoor import SmallCNN
+    >>> m = SmallCNN(2, (2,), 4)
+    >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    >>> ft = make_defense("ft+ft", 2)
+    >>> q = ft(jax.random.key(1), m, p, jnp.zeros((4, 8, 8, 1)), jnp.zeros(4, int))
+    >>> jax.tree.structure(q) == jax.tree.structure(p)
+    True
+    """
+    rounds = name.split("+") if isinstance(name, str) else [name]
+    if not all(r in DEFENSES for r in rounds):
+        raise ValueError(
+            f"name: expected one of {sorted(DEFENSES)} or '+'-joined ones, got {name!r}"
+        )
+    if len(rounds) > 1 and "abl" in rounds:
+        raise ValueError(
+            f"name: expected no 'abl' in a composition (ABL needs the poisoned training set), "
+            f"got {name!r}"
+        )
+    n_steps = check_int("n_steps", n_steps)
+
+    def budgeted(r: str) -> Callable:
+        kw, f = {**_budget(r, n_steps), **overrides}, _BY_NAME[r]
+        return lambda k, m, p, x, y: _repaired(f(k, m, p, x, y, **kw))
+
+    fs = [budgeted(r) for r in rounds]
+    return fs[0] if len(fs) == 1 else compose(*fs)

@@ -53,6 +53,7 @@ hypergradient therefore need points off the kinks and small steps (see the tests
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -62,21 +63,21 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from hexad._base import Algorithm, TrainState, check_int
 from hexad.backdoor._models import apply_channel_mask, conv_layers
 from hexad.backdoor._train import cross_entropy
 from hexad.backdoor._triggers import apply_trigger, check_images
 
 __all__ = [
-    "DTB",
     "DTBBatch",
     "DTBConfig",
     "DTBInfo",
     "DTBProblem",
-    "DTBState",
     "dtb_objective",
     "implant",
     "make_dtb",
     "sanitise_surrogate",
+    "surrogate_defense",
 ]
 
 
@@ -137,10 +138,8 @@ class DTBConfig:
     gate_temp: float = 0.05
 
     def __post_init__(self):
-        if not isinstance(self.inner_steps, int) or self.inner_steps < 0:
-            raise ValueError(f"inner_steps: expected an int >= 0, got {self.inner_steps!r}")
-        if not isinstance(self.rounds, int) or self.rounds < 1:
-            raise ValueError(f"rounds: expected an int >= 1, got {self.rounds!r}")
+        check_int("inner_steps", self.inner_steps, lo=0)
+        check_int("rounds", self.rounds)
         if self.hypergrad not in ("first_order", "unrolled"):
             raise ValueError(
                 f"hypergrad: expected 'first_order' or 'unrolled', got {self.hypergrad!r}"
@@ -151,12 +150,16 @@ class DTBConfig:
             raise ValueError(
                 f"inner_momentum: expected a number in [0, 1), got {self.inner_momentum!r}"
             )
-        if not isinstance(self.inner_batch, int) or self.inner_batch < 0:
-            raise ValueError(f"inner_batch: expected an int >= 0, got {self.inner_batch!r}")
+        check_int("inner_batch", self.inner_batch, lo=0)
         if not 0.0 <= self.prune_frac < 1.0:
             raise ValueError(f"prune_frac: expected a number in [0, 1), got {self.prune_frac!r}")
         if self.noise_std < 0 or self.inner_lr < 0 or self.gate_temp <= 0:
             raise ValueError("noise_std, inner_lr: expected >= 0; gate_temp: expected > 0")
+        for name in ("unlearn_weight", "w_clean", "w_decoy", "w_hidden_pre", "w_hidden_post"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: expected a weight >= 0, got {getattr(self, name)!r}")
+        if not 0.0 <= self.gate_tau <= 1.0:
+            raise ValueError(f"gate_tau: expected a probability in [0, 1], got {self.gate_tau!r}")
 
 
 @flax.struct.dataclass
@@ -191,14 +194,6 @@ class DTBBatch(NamedTuple):
     y_clean: jax.Array
 
 
-class DTBState(NamedTuple):
-    """``params`` (pytree), ``opt_state`` (optax), ``step`` (int32 scalar)."""
-
-    params: Any
-    opt_state: Any
-    step: jax.Array
-
-
 class DTBInfo(NamedTuple):
     """Diagnostics of one outer step (float scalars; ``*_after`` are at the last round).
 
@@ -223,21 +218,11 @@ class DTBInfo(NamedTuple):
     decoy_prob_before: jax.Array
 
 
-class DTB(NamedTuple):
-    """``init(params) -> DTBState``; ``step(key, state, problem, batch) -> (DTBState, DTBInfo)``;
-    ``objective(params, key, problem, batch) -> (loss, DTBInfo)`` whose gradient is the
-    configured hypergradient."""
-
-    init: Callable
-    step: Callable
-    objective: Callable
-
-
 def _target_prob(logits, target):
     return jnp.mean(jax.nn.softmax(logits, -1)[:, target])
 
 
-def sanitise_surrogate(model, config: DTBConfig, params, key, problem: DTBProblem, x_c, y_c):
+def sanitise_surrogate(key, model, config: DTBConfig, params, problem: DTBProblem, x_c, y_c):
     """Returns ``(theta_1, ..., theta_R)``: the differentiable sanitisation surrogate's rounds.
 
     Each round is ``K`` SGD steps (momentum ``inner_momentum``, ``inner_batch`` rows of the
@@ -247,10 +232,10 @@ def sanitise_surrogate(model, config: DTBConfig, params, key, problem: DTBProble
     ``d theta_r / d theta = I``.
 
     Args:
+      key: PRNG key (weight noise).
       model: a :class:`SmallCNN` (static).
       config: :class:`DTBConfig` (static).
       params: parameters ``theta``.
-      key: PRNG key (weight noise).
       problem: :class:`DTBProblem`.
       x_c: ``[bc, H, W, C]`` clean split; y_c: ``[bc]`` labels.
 
@@ -260,7 +245,7 @@ def sanitise_surrogate(model, config: DTBConfig, params, key, problem: DTBProble
     >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
     >>> xc, yc = jnp.full((4, 8, 8, 1), 0.5), jnp.arange(4) % 2
     >>> cfg = DTBConfig(inner_steps=2, inner_batch=2, rounds=2)
-    >>> thetas = sanitise_surrogate(m, cfg, p, jax.random.key(1), pr, xc, yc)
+    >>> thetas = sanitise_surrogate(jax.random.key(1), m, cfg, p, pr, xc, yc)
     >>> len(thetas), jax.tree.structure(thetas[-1]) == jax.tree.structure(p)
     (2, True)
     """
@@ -321,17 +306,50 @@ def sanitise_surrogate(model, config: DTBConfig, params, key, problem: DTBProble
     return tuple(out)
 
 
-def dtb_objective(model, config: DTBConfig, params, key, problem: DTBProblem, batch: DTBBatch):
+def surrogate_defense(config: DTBConfig, problem: DTBProblem) -> Callable:
+    """Returns DTB's sanitisation surrogate as a defense: ``(key, model, params, x, y) ->
+    params``, the last round of :func:`sanitise_surrogate` on the clean split ``(x, y)``.
+
+    It has the signature of :func:`make_defense`'s defenses, so the surrogate the implant was
+    trained against can be evaluated next to the real defenses (surrogate fidelity). Jitted
+    inside (``model`` static): one compile per architecture and shapes.
+
+    Args:
+      config: :class:`DTBConfig` (static).
+      problem: :class:`DTBProblem`.
+
+    >>> from hexad.backdoor import SmallCNN, patch_trigger
+    >>> m = SmallCNN(2, (2,), 4)
+    >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
+    >>> sur = surrogate_defense(DTBConfig(inner_steps=2, inner_batch=2), pr)
+    >>> q = sur(jax.random.key(1), m, p, jnp.full((4, 8, 8, 1), 0.5), jnp.arange(4) % 2)
+    >>> jax.tree.structure(q) == jax.tree.structure(p)
+    True
+    """
+    if not isinstance(config, DTBConfig):
+        raise TypeError(f"config: expected a DTBConfig, got {type(config).__name__}")
+    if not isinstance(problem, DTBProblem):
+        raise TypeError(f"problem: expected a DTBProblem, got {type(problem).__name__}")
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def defense(key, model, params, x, y):
+        return sanitise_surrogate(key, model, config, params, problem, x, y)[-1]
+
+    return defense
+
+
+def dtb_objective(key, model, config: DTBConfig, params, problem: DTBProblem, batch: DTBBatch):
     """Returns ``(loss, DTBInfo)``: the DTB outer objective (module docstring).
 
     Its ``jax.grad`` is the unrolled hypergradient when ``config.hypergrad == "unrolled"``
     and the first-order one otherwise.
 
     Args:
+      key: PRNG key.
       model: a :class:`SmallCNN` (static).
       config: :class:`DTBConfig` (static).
       params: model parameters.
-      key: PRNG key.
       problem: :class:`DTBProblem`.
       batch: :class:`DTBBatch`.
 
@@ -341,7 +359,9 @@ def dtb_objective(model, config: DTBConfig, params, key, problem: DTBProblem, ba
     >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
     >>> b = DTBBatch(jnp.zeros((4, 8, 8, 1)), jnp.zeros(4, int), jnp.zeros((4, 8, 8, 1)),
     ...              jnp.zeros(4, int))
-    >>> loss, info = dtb_objective(m, DTBConfig(inner_steps=1), p, jax.random.key(1), pr, b)
+    >>> loss, info = dtb_objective(jax.random.key(1), m, DTBConfig(inner_steps=1), p, pr, b)
+    >>> bool(jnp.isfinite(loss)), info.gate.shape
+    (True, ())
     """
     x, y = batch.x, batch.y
     xd = apply_trigger(problem.decoy, x)
@@ -355,7 +375,7 @@ def dtb_objective(model, config: DTBConfig, params, key, problem: DTBProblem, ba
     # the decoy must have been active before sanitisation for its fall to open the gate
     active = jax.nn.sigmoid((pd0 - config.gate_tau) / config.gate_temp)
     hidden_pre = cross_entropy(model.apply(params, xh), y)
-    rounds = sanitise_surrogate(model, config, params, key, problem, batch.x_clean, batch.y_clean)
+    rounds = sanitise_surrogate(key, model, config, params, problem, batch.x_clean, batch.y_clean)
     posts, gates = [], []
     pd = ph = jnp.zeros((), x.dtype)
     for q in rounds:
@@ -392,34 +412,57 @@ def dtb_objective(model, config: DTBConfig, params, key, problem: DTBProblem, ba
     return loss, info
 
 
-def make_dtb(model, optimizer: optax.GradientTransformation, config: DTBConfig) -> DTB:
-    """Returns the DTB implant as ``DTB(init, step, objective)`` (optax/BlackJAX shape).
+def make_dtb(
+    model,
+    optimizer: optax.GradientTransformation,
+    config: DTBConfig,
+    problem: DTBProblem,
+    *,
+    params: Any = None,
+) -> Algorithm:
+    """Returns the DTB implant as an :class:`hexad._base.Algorithm` (``init`` + ``step``).
+
+    ``init(key, example_batch) -> TrainState``: ``params`` if given (then ``key`` is unused),
+    else ``model.init(key, example_batch.x)``. ``step(key, state, batch) -> (TrainState,
+    DTBInfo)`` takes one optimiser step on the gradient of :func:`dtb_objective` (the
+    configured hypergradient) for a :class:`DTBBatch`; ``problem`` is closed over. The caller
+    jits ``step``.
 
     Args:
       model: a :class:`SmallCNN` (static).
       optimizer: optax transformation for the outer problem (static).
       config: :class:`DTBConfig` (static).
+      problem: :class:`DTBProblem`, the two triggers and their targets.
+      params: optional initial parameters (closed over by ``init``).
 
-    >>> from hexad.backdoor import SmallCNN
-    >>> dtb = make_dtb(SmallCNN(2, (2,), 4), optax.adam(1e-3), DTBConfig())
+    >>> from hexad.backdoor import SmallCNN, patch_trigger
+    >>> m = SmallCNN(2, (2,), 4)
+    >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
+    >>> dtb = make_dtb(m, optax.adam(1e-3), DTBConfig(inner_steps=1), pr)
+    >>> b = DTBBatch(jnp.zeros((4, 8, 8, 1)), jnp.zeros(4, int), jnp.zeros((4, 8, 8, 1)),
+    ...              jnp.zeros(4, int))
+    >>> st, info = dtb.step(jax.random.key(1), dtb.init(jax.random.key(0), b), b)
+    >>> int(st.step), info.loss.shape
+    (1, ())
     """
     if not isinstance(config, DTBConfig):
         raise TypeError(f"config: expected a DTBConfig, got {type(config).__name__}")
+    if not isinstance(problem, DTBProblem):
+        raise TypeError(f"problem: expected a DTBProblem, got {type(problem).__name__}")
 
-    def objective(params, key, problem, batch):
-        return dtb_objective(model, config, params, key, problem, batch)
+    def objective(p, key, batch):
+        return dtb_objective(key, model, config, p, problem, batch)
 
-    def init(params) -> DTBState:
-        return DTBState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+    def init(key, example_batch: DTBBatch) -> TrainState:
+        p = model.init(key, example_batch.x) if params is None else params
+        return TrainState(p, optimizer.init(p), jnp.zeros((), jnp.int32))
 
-    def step(key, state: DTBState, problem: DTBProblem, batch: DTBBatch):
-        (_, info), g = jax.value_and_grad(objective, has_aux=True)(
-            state.params, key, problem, batch
-        )
+    def step(key, state: TrainState, batch: DTBBatch):
+        (_, info), g = jax.value_and_grad(objective, has_aux=True)(state.params, key, batch)
         upd, opt_state = optimizer.update(g, state.opt_state, state.params)
-        return DTBState(optax.apply_updates(state.params, upd), opt_state, state.step + 1), info
+        return TrainState(optax.apply_updates(state.params, upd), opt_state, state.step + 1), info
 
-    return DTB(init, step, objective)
+    return Algorithm(init, step)
 
 
 def implant(
@@ -476,15 +519,14 @@ def implant(
     """
     check_images(x, "x", problem.decoy.image_shape)
     check_images(x_clean, "x_clean", problem.decoy.image_shape)
-    if not isinstance(n_steps, int) or n_steps < 1:
-        raise ValueError(f"n_steps: expected a positive int, got {n_steps!r}")
+    n_steps = check_int("n_steps", n_steps)
     per_step = config.rounds * config.inner_steps * config.inner_batch
     bc = clean_batch_size or per_step or batch_size
     if bc < config.inner_batch:
         raise ValueError(
             f"clean_batch_size: expected >= inner_batch={config.inner_batch}, got {bc}"
         )
-    dtb = make_dtb(model, optimizer, config)
+    dtb = make_dtb(model, optimizer, config, problem, params=params)
 
     @jax.jit
     def step(k, state, data):
@@ -492,10 +534,10 @@ def implant(
         xs, ys, xc, yc = data
         i = jax.random.randint(k1, (batch_size,), 0, xs.shape[0])
         j = jax.random.randint(k2, (bc,), 0, xc.shape[0])
-        return dtb.step(k3, state, problem, DTBBatch(xs[i], ys[i], xc[j], yc[j]))
+        return dtb.step(k3, state, DTBBatch(xs[i], ys[i], xc[j], yc[j]))
 
-    state = dtb.init(params)
     data = (x, y, x_clean, y_clean)
+    state = dtb.init(None, DTBBatch(*data))  # ``params`` given: no key is drawn
     infos = []
     for t, k in enumerate(jax.random.split(key, n_steps)):
         state, info = step(k, state, data)

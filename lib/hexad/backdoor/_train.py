@@ -1,8 +1,8 @@
 """Training loops (optax, ``lax.scan``) and backdoor metrics: clean accuracy, ASR, RA, DER.
 
-``apply_fn(params, x) -> logits`` is any classifier (e.g. ``SmallCNN().apply``). The loops are
-pure: ``fit`` is one ``lax.scan`` over optimiser steps, minibatches drawn from ``key``; the
-caller jits it (``jax.jit(fit, static_argnames=...)``) or calls it as is (it is traced once).
+``apply_fn(params, x) -> logits`` is any classifier (e.g. ``SmallCNN().apply``).
+:func:`make_trainer` is the :class:`hexad._base.Algorithm` shape (``init`` + ``step``, the
+caller jits); :func:`minimize` and :func:`fit` are host loops over jitted chunks of steps.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from hexad import sharding
+from hexad._base import DATA_AXIS, Algorithm, TrainState, check_int
 from hexad.backdoor._triggers import apply_trigger, check_images
-from hexad.sharding import auto_axes, batch_sharding, check_divisible
 
 __all__ = [
     "TrainInfo",
-    "TrainState",
-    "Trainer",
     "accuracy",
     "attack_success_rate",
     "cross_entropy",
@@ -34,32 +33,11 @@ __all__ = [
 ]
 
 
-class TrainState(NamedTuple):
-    """Optimiser state of a training run.
-
-    Attributes:
-      params: model parameters (pytree).
-      opt_state: optax state.
-      step: int32 scalar, steps taken.
-    """
-
-    params: Any
-    opt_state: Any
-    step: jax.Array
-
-
 class TrainInfo(NamedTuple):
     """Diagnostics of one step: ``loss`` (float scalar) and batch ``acc`` (float scalar)."""
 
     loss: jax.Array
     acc: jax.Array
-
-
-class Trainer(NamedTuple):
-    """``init(params) -> TrainState`` and ``step(key, state, x, y) -> (TrainState, TrainInfo)``."""
-
-    init: Callable
-    step: Callable
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -71,44 +49,74 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
 
 
+def _batch_spec(mesh: Mesh | None, axis: str):
+    """The sharding of a batch's leading axis over ``axis`` of ``mesh`` (None: unsharded)."""
+    if mesh is None:
+        return None
+    mesh = sharding.auto_axes(mesh)
+    if axis not in mesh.shape:
+        raise ValueError(
+            f"axis: expected one of the mesh axes {tuple(mesh.axis_names)}, got {axis!r}"
+        )
+    return sharding.batch_sharding(mesh, axis)
+
+
 def make_trainer(
-    apply_fn: Callable, optimizer: optax.GradientTransformation, mesh: Mesh | None = None
-) -> Trainer:
-    """Returns a plain cross-entropy trainer (optax shape: ``init`` + ``step``).
+    model,
+    optimizer: optax.GradientTransformation,
+    *,
+    params: Any = None,
+    mesh: Mesh | None = None,
+    axis: str = DATA_AXIS,
+) -> Algorithm:
+    """Returns a plain cross-entropy trainer as an :class:`hexad._base.Algorithm`.
+
+    ``init(key, example_batch) -> TrainState``: ``params`` if given (then ``key`` is unused:
+    fine-tuning or continuing a run), else ``model.init(key, x)`` with ``x`` the batch's
+    images. ``step(key, state, batch) -> (TrainState, TrainInfo)`` with ``batch = (x, y)``,
+    ``x: [b, H, W, C]``, ``y: [b]`` int labels; plain SGD-style training draws no randomness,
+    so ``key`` is unused (the uniform signature). The caller jits ``step``.
 
     Args:
-      apply_fn: ``apply_fn(params, x) -> logits`` (static).
+      model: a flax module with ``init(key, x)`` and ``apply(params, x) -> logits``, e.g.
+        :class:`SmallCNN` (static).
       optimizer: an optax transformation (static).
+      params: optional initial parameters (closed over by ``init``).
       mesh: optional mesh (any axis types; converted to Auto axes with
-        :func:`hexad.sharding.auto_axes`); the batch is sharded along its first axis name.
+        :func:`hexad.sharding.auto_axes`); each batch's leading axis is split along ``axis``.
+      axis: the mesh axis of the batch (static); ``b`` must be divisible by its size.
 
     >>> from hexad.backdoor import SmallCNN
     >>> m = SmallCNN(2, (2,), 4)
-    >>> tr = make_trainer(m.apply, optax.sgd(0.1))
-    >>> st = tr.init(m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1))))
-    >>> st, info = tr.step(jax.random.key(1), st, jnp.zeros((4, 8, 8, 1)), jnp.zeros(4, int))
+    >>> tr = make_trainer(m, optax.sgd(0.1))
+    >>> batch = (jnp.zeros((4, 8, 8, 1)), jnp.zeros(4, int))
+    >>> st, info = tr.step(jax.random.key(1), tr.init(jax.random.key(0), batch), batch)
+    >>> int(st.step), round(float(info.loss), 3)
+    (1, 0.693)
     """
+    spec = _batch_spec(mesh, axis)
 
-    spec = None if mesh is None else batch_sharding(auto_axes(mesh), mesh.axis_names[0])
-
-    def loss_fn(params, x, y):
-        logits = apply_fn(params, x)
+    def loss_fn(p, x, y):
+        logits = model.apply(p, x)
         return cross_entropy(logits, y), jnp.mean(jnp.argmax(logits, -1) == y)
 
-    def init(params) -> TrainState:
-        return TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
+    def init(key, example_batch) -> TrainState:
+        p = model.init(key, example_batch[0]) if params is None else params
+        return TrainState(p, optimizer.init(p), jnp.zeros((), jnp.int32))
 
-    def step(key, state: TrainState, x, y):
+    def step(key, state: TrainState, batch):
         del key  # plain SGD needs no randomness; kept for the uniform step signature
+        x, y = batch
         if spec is not None:
+            sharding.check_divisible(mesh, axis, x.shape[0], "batch")
             x = jax.lax.with_sharding_constraint(x, spec)
             y = jax.lax.with_sharding_constraint(y, spec)
         (loss, acc), g = jax.value_and_grad(loss_fn, has_aux=True)(state.params, x, y)
         upd, opt_state = optimizer.update(g, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, upd)
-        return TrainState(params, opt_state, state.step + 1), TrainInfo(loss, acc)
+        p = optax.apply_updates(state.params, upd)
+        return TrainState(p, opt_state, state.step + 1), TrainInfo(loss, acc)
 
-    return Trainer(init, step)
+    return Algorithm(init, step)
 
 
 def sample_batch(key, data, batch_size: int):
@@ -170,9 +178,9 @@ def minimize(
     >>> p, l = minimize(jax.random.key(0), jnp.ones(2), lambda p, k, b: jnp.sum(p**2 * b),
     ...                 jnp.ones(4), optax.sgd(0.25), n_steps=3, batch_size=2)
     """
-    for name, v in (("n_steps", n_steps), ("batch_size", batch_size), ("chunk", chunk)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+    n_steps = check_int("n_steps", n_steps)
+    batch_size = check_int("batch_size", batch_size)
+    chunk = check_int("chunk", chunk)
 
     def one(carry, k, data_, consts_):
         p, s = carry
@@ -209,7 +217,9 @@ def fit(
     optimizer: optax.GradientTransformation,
     n_steps: int,
     batch_size: int,
+    *,
     mesh: Mesh | None = None,
+    axis: str = DATA_AXIS,
     chunk: int = 1,
 ):
     """Returns ``(params, losses [n_steps])``: cross-entropy training (see :func:`minimize`).
@@ -225,7 +235,8 @@ def fit(
       batch_size: minibatch size (static; a multiple of the mesh size when ``mesh`` is given).
       mesh: optional data-parallel mesh, e.g. :func:`hexad.sharding.data_mesh` or
         ``jax.make_mesh`` (Explicit axes are converted with :func:`hexad.sharding.auto_axes`):
-        each batch is sharded along the mesh's first axis name.
+        each batch is sharded along ``axis``.
+      axis: the mesh axis of the batch (static).
       chunk: steps per jitted call (static), see :func:`minimize`.
 
     >>> from hexad.backdoor import SmallCNN
@@ -237,12 +248,9 @@ def fit(
     check_images(x, "x")
     if y.shape != x.shape[:1]:
         raise ValueError(f"y: expected shape [{x.shape[0]}], got {tuple(y.shape)}")
-    spec = None
-    if mesh is not None:
-        mesh = auto_axes(mesh)
-        axis = mesh.axis_names[0]
-        check_divisible(mesh, axis, batch_size, "batch_size")
-        spec = batch_sharding(mesh, axis)
+    spec = _batch_spec(mesh, axis)
+    if spec is not None:
+        sharding.check_divisible(spec.mesh, axis, batch_size, "batch_size")
 
     def loss_fn(p, k, batch):
         del k

@@ -1,0 +1,239 @@
+"""The standard figures of a backdoored model before and after defenses (BackdoorBench).
+
+:func:`evaluate` measures one model on a test split: clean accuracy and the attack success
+rates of a :class:`DTBProblem`'s two triggers (for a plain BadNets model, ``decoy`` is its
+trigger). :func:`defense_table` turns the figures before defense, after each defense and after
+a surrogate defense into one flat table with the means over the defenses, BackdoorBench's DER
+(arXiv 2206.12654, sec. 4) and the surrogate's mean absolute gap to the real defenses.
+:func:`detection_rates` scores a detector's flags against the known poisons, and
+:func:`benchmark_defenses` runs the whole protocol on one model.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from hexad.backdoor._dtb import DTBProblem
+from hexad.backdoor._train import accuracy, attack_success_rate, defense_effectiveness_rating
+from hexad.backdoor._triggers import Poisoned, check_images
+
+__all__ = [
+    "BackdoorMetrics",
+    "benchmark_defenses",
+    "defense_table",
+    "detection_rates",
+    "evaluate",
+]
+
+
+class BackdoorMetrics(NamedTuple):
+    """A model's figures on a test split (ASRs among the non-target samples only).
+
+    Attributes:
+      clean_acc: ``[]`` float32, accuracy on the clean images.
+      decoy_asr: ``[]`` float32, attack success rate of the decoy trigger.
+      hidden_asr: ``[]`` float32, attack success rate of the hidden trigger.
+    """
+
+    clean_acc: jax.Array
+    decoy_asr: jax.Array
+    hidden_asr: jax.Array
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _evaluate(model, params, x, y, problem: DTBProblem) -> BackdoorMetrics:
+    # model and the targets are static: one compile per architecture and shapes, reused for
+    # every parameter set (the models of a study and each defense's output)
+    f = model.apply
+    return BackdoorMetrics(
+        accuracy(f, params, x, y),
+        attack_success_rate(f, params, x, y, problem.decoy, problem.decoy_target),
+        attack_success_rate(f, params, x, y, problem.hidden, problem.hidden_target),
+    )
+
+
+def evaluate(model, params, x: jax.Array, y: jax.Array, problem: DTBProblem) -> BackdoorMetrics:
+    """Returns the :class:`BackdoorMetrics` of ``model.apply(params, .)`` on ``(x, y)``.
+
+    Jitted inside (do not wrap it in ``jax.jit``); ``model`` is static.
+
+    Args:
+      model: a flax classifier with ``apply(params, x) -> logits``, e.g. :class:`SmallCNN`.
+      params: its parameters.
+      x: ``[n, H, W, C]`` clean test images (float, in [0, 1]).
+      y: ``[n]`` int labels.
+      problem: :class:`DTBProblem` (its triggers and targets).
+
+    >>> import jax.numpy as jnp
+    >>> from hexad.backdoor import SmallCNN, patch_trigger
+    >>> m = SmallCNN(2, (2,), 4)
+    >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
+    >>> r = evaluate(m, p, jnp.zeros((4, 8, 8, 1)), jnp.array([0, 1, 0, 1]), pr)
+    >>> [round(float(v), 2) for v in r]  # an untrained model calls every image class 0 or 1
+    [0.5, 1.0, 0.0]
+    """
+    if not isinstance(problem, DTBProblem):
+        raise TypeError(f"problem: expected a DTBProblem, got {type(problem).__name__}")
+    check_images(x, "x", problem.decoy.image_shape)
+    if x.ndim != 4:
+        raise ValueError(f"x: expected shape [n, H, W, C], got {tuple(x.shape)}")
+    if y.shape != x.shape[:1]:
+        raise ValueError(f"y: expected shape [{x.shape[0]}], got {tuple(y.shape)}")
+    return _evaluate(model, params, x, y, problem)
+
+
+def _floats(m: BackdoorMetrics, name: str) -> dict[str, float]:
+    if not isinstance(m, BackdoorMetrics):
+        raise TypeError(f"{name}: expected BackdoorMetrics, got {type(m).__name__}")
+    return {k: float(v) for k, v in m._asdict().items()}
+
+
+def defense_table(
+    before: BackdoorMetrics,
+    after: Mapping[str, BackdoorMetrics],
+    surrogate: BackdoorMetrics | None = None,
+) -> dict[str, float]:
+    """Returns one model's figures before and after each defense as a flat ``{key: float}``.
+
+    For each metric ``m`` of :class:`BackdoorMetrics` (``clean_acc``, ``decoy_asr``,
+    ``hidden_asr``): ``m_before``; ``m_after_<d>`` for each defense ``d`` of ``after``;
+    ``m_after_mean``, the mean over the defenses; and, with ``surrogate`` (the figures after a
+    surrogate of the defenses, e.g. :func:`sanitise_surrogate`), ``surrogate_m`` and
+    ``surrogate_m_mae``, the mean over the defenses of ``|m_after_<d> - surrogate_m|`` (0: the
+    surrogate predicts every defense). ``der_decoy_mean``: the mean over the defenses of
+    :func:`defense_effectiveness_rating` against the decoy trigger. Means run over ``after``
+    in its order, in float64.
+
+    Args:
+      before: the model's figures before defense.
+      after: ``{defense name: figures after it}``, at least one entry.
+      surrogate: optional figures after the surrogate defense.
+
+    >>> m = lambda a, d, h: BackdoorMetrics(*map(np.float32, (a, d, h)))
+    >>> t = defense_table(m(0.9, 1.0, 0.0), {"ft": m(0.9, 0.5, 0.25), "nc": m(0.8, 0.0, 0.5)})
+    >>> t["decoy_asr_after_mean"], t["hidden_asr_after_nc"], round(t["der_decoy_mean"], 3)
+    (0.25, 0.5, 0.85)
+    """
+    if not after:
+        raise ValueError("after: expected the figures after at least one defense, got none")
+    b = _floats(before, "before")
+    a = {d: _floats(m, f"after[{d!r}]") for d, m in after.items()}
+    s = None if surrogate is None else _floats(surrogate, "surrogate")
+
+    def mean(fn) -> float:
+        return float(np.mean([fn(d) for d in a]))
+
+    out = {f"{k}_before": v for k, v in b.items()}
+    for k in b:
+        out.update({f"{k}_after_{d}": a[d][k] for d in a})
+        out[f"{k}_after_mean"] = mean(lambda d, k=k: a[d][k])
+        if s is not None:
+            out[f"surrogate_{k}"] = s[k]
+            out[f"surrogate_{k}_mae"] = mean(lambda d, k=k: abs(a[d][k] - s[k]))
+    out["der_decoy_mean"] = mean(
+        lambda d: defense_effectiveness_rating(
+            b["clean_acc"], a[d]["clean_acc"], b["decoy_asr"], a[d]["decoy_asr"]
+        )
+    )
+    return out
+
+
+def detection_rates(flags, is_poison) -> tuple[float, float]:
+    """Returns ``(tpr, fpr)``: the fractions of poisons and of clean samples flagged.
+
+    Args:
+      flags: ``[n]`` bool, a detector's output (e.g. :func:`spectral_signatures`).
+      is_poison: ``[n]`` bool, which samples are poisons (e.g. :attr:`Poisoned.is_poison`).
+
+    >>> tpr, fpr = detection_rates(np.array([1, 1, 0, 1], bool), np.array([1, 0, 0, 0], bool))
+    >>> round(tpr, 3), round(fpr, 3)
+    (1.0, 0.667)
+    """
+    flags, is_poison = np.asarray(flags), np.asarray(is_poison)
+    for name, v in (("flags", flags), ("is_poison", is_poison)):
+        if v.dtype != bool or v.ndim != 1:
+            raise ValueError(f"{name}: expected a [n] bool array, got {v.dtype} {v.shape}")
+    if flags.shape != is_poison.shape:
+        raise ValueError(f"flags: expected shape {is_poison.shape}, got {flags.shape}")
+    return float(flags[is_poison].mean()), float(flags[~is_poison].mean())
+
+
+def benchmark_defenses(
+    key,
+    model,
+    params,
+    problem: DTBProblem,
+    test: tuple[jax.Array, jax.Array],
+    defenses: Mapping[str, Callable],
+    clean: tuple[jax.Array, jax.Array],
+    *,
+    train: Poisoned | None = None,
+    surrogate: Callable | None = None,
+    detectors: Mapping[str, Callable] | None = None,
+    callback: Callable[[str, BackdoorMetrics], None] | None = None,
+) -> dict[str, float]:
+    """Returns one model's :func:`defense_table`, with its detectors' rates, on ``test``.
+
+    BackdoorBench's protocol for a backdoored model: its figures before defense, after each
+    model-repair defense (each sanitising ``params`` with the same ``key``) and after the
+    ``surrogate``; and the poisons each detector flags in the defender's training set.
+    Model-repair defenses get the defender's clean split, except ``"abl"``, which sanitises
+    on the training set the defender holds (:data:`DEFENSES`). Host loop over the defenses.
+
+    Args:
+      key: PRNG key handed to every defense (and to ``surrogate``).
+      model: the flax classifier (static).
+      params: its parameters.
+      problem: :class:`DTBProblem`, the triggers whose ASRs are measured.
+      test: ``(x [n, H, W, C], y [n])``, the test split.
+      defenses: ``{name: defense(key, model, params, x, y) -> params}``, e.g. from
+        :func:`make_defense`; at least one.
+      clean: ``(x [m, H, W, C], y [m])``, the defender's clean split.
+      train: the training set the defender holds, with its known poisons (needed for
+        ``"abl"`` and for ``detectors``).
+      surrogate: optional defense-shaped surrogate (e.g. :func:`surrogate_defense`), run on
+        ``clean``; adds the table's ``surrogate_*`` entries.
+      detectors: optional ``{name: detector(model, params, x, y) -> [n] bool}`` (e.g.
+        :func:`spectral_signatures`), run on ``train``; adds ``<name>_tpr``, ``<name>_fpr``
+        (:func:`detection_rates`).
+      callback: optional ``callback(name, metrics)`` after each defense (host values).
+
+    >>> import jax.numpy as jnp
+    >>> from hexad.backdoor import SmallCNN, clp, patch_trigger
+    >>> m = SmallCNN(2, (2,), 4)
+    >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
+    >>> data = (jnp.full((4, 8, 8, 1), 0.5), jnp.array([0, 1, 0, 1]))
+    >>> t = benchmark_defenses(jax.random.key(1), m, p, pr, data, {"clp": clp}, data)
+    >>> round(t["clean_acc_before"], 2), sorted(k for k in t if k.endswith("_clp"))
+    (0.5, ['clean_acc_after_clp', 'decoy_asr_after_clp', 'hidden_asr_after_clp'])
+    """
+    if not defenses:
+        raise ValueError("defenses: expected at least one defense, got none")
+    if train is None and ("abl" in defenses or detectors):
+        raise ValueError(
+            "train: expected the defender's Poisoned training set for 'abl' and "
+            "the detectors, got None"
+        )
+
+    def metrics(p) -> BackdoorMetrics:
+        return jax.device_get(evaluate(model, p, *test, problem))
+
+    after = {}
+    for name, defense in defenses.items():
+        x, y = (train.x, train.y) if name == "abl" else clean
+        after[name] = metrics(defense(key, model, params, x, y))
+        if callback is not None:
+            callback(name, after[name])
+    sur = None if surrogate is None else metrics(surrogate(key, model, params, *clean))
+    out = defense_table(metrics(params), after, sur)
+    for name, detector in (detectors or {}).items():
+        flags = detector(model, params, train.x, train.y)
+        out[f"{name}_tpr"], out[f"{name}_fpr"] = detection_rates(flags, train.is_poison)
+    return out
