@@ -26,6 +26,8 @@ from hexad.policy import Method, Row
 
 PRIORS = ("good", "degraded", "random")
 ACTORS = ("", "incompetent_")  # the maze studies' summary prefixes: competent, incompetent
+# The --quick network width, alpha sweep and KL-selection states of every composition study.
+QUICK = {"hidden": 64, "alphas": (0.0, 0.25, 0.5, 0.75, 1.0), "n_kl_states": 512}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,9 +164,10 @@ def train_frozen(ctx, cfg, nets, data, gdata, sf_data, goals, keys, guides, tag,
     degraded and random versions (``keys[2]``, ``keys[3]``), each guide critic
     ``guides[name] = (algorithm, data, n_steps, key, stage)``, and the successor features of the
     whole library commanded with ``goals`` (``keys[-1]``); ``stages`` names the metrics of the
-    actor, prior and SF runs. Returns
+    actor, prior and SF runs. Returns ``(frozen, library)``: ``frozen`` is
     ``{"actors", "priors", "guides", "sf", "diag"}``, ``diag`` the final IQL critic loss, prior
-    NLL and SF TD loss.
+    NLL and SF TD loss, and ``library`` the :class:`hexad.policy.ExpertLibrary` of its actors
+    and priors commanded with ``goals``.
     """
     obs, g_obs, act = data.observations[:1], gdata.observations[:1], data.actions[:1]
     init = {
@@ -176,7 +179,7 @@ def train_frozen(ctx, cfg, nets, data, gdata, sf_data, goals, keys, guides, tag,
     }
     with ctx.checkpointed(tag, init) as (start, frozen, save):
         if start > 0:
-            return frozen
+            return frozen, library(nets, frozen, goals)
         # The incompetent actor is the same IQL run, snapshotted after ``snap`` updates.
         algo, n = iql(cfg, nets.actor), cfg.iql_steps
         strong, iql_info, weak = train(ctx, cfg, algo, data, n, keys[0], stages[0], None, snap)
@@ -191,7 +194,12 @@ def train_frozen(ctx, cfg, nets, data, gdata, sf_data, goals, keys, guides, tag,
         frozen = {"actors": actors, "priors": p_params, "guides": critics, "sf": sf_state.params}
         frozen["diag"] = jnp.stack(losses)
         save(0, frozen)
-    return frozen
+    return frozen, library(nets, frozen, goals)
+
+
+def library(nets, frozen, goals) -> policy.ExpertLibrary:
+    """The expert library of :func:`train_frozen`'s actors and priors, commanded with ``goals``."""
+    return policy.ExpertLibrary(nets.actor, nets.prior, frozen["actors"], frozen["priors"], goals)
 
 
 def deploy(cfg, lib, nets, frozen, guides, obs_fn, prior_obs, task_weights) -> Callable:
@@ -293,6 +301,57 @@ class Table:
             raise KeyError(f"row {row} is not in the table")
         return float(np.mean(np.asarray(values)[np.isin(self.specs[:, 0], hits)]))
 
+    def best(self, key: Callable) -> Row:
+        """The row with the largest ``key(row)`` among the learned methods (neither
+        :attr:`Method.RANDOM` nor :attr:`Method.ZERO`); the first one on a tie."""
+        learned = [r for r in self.rows if r.method not in (Method.RANDOM, Method.ZERO)]
+        return max(learned, key=key)
+
+    def policy(self, act, act_dim: int | None = None, rng=None) -> Callable:
+        """The evaluators' host policy ``(obs, [goal,] specs) -> actions`` over this table.
+
+        Each call turns ``specs`` into a row of arrays (:meth:`batch`) and calls the jitted
+        ``act(obs, goal, row, random_action)`` of :func:`deploy` on float32 inputs (``goal``
+        None when the evaluator passes none). With ``rng``, a batch that holds a
+        :attr:`Method.RANDOM` row gets uniform ``[-1, 1]`` draws ``[B, act_dim]`` from it (any
+        other batch zeros, so the generator advances only for such batches); without,
+        ``random_action`` is None.
+        """
+        f32 = jnp.float32
+
+        def run(obs, *goal_and_specs):
+            *goal, specs = goal_and_specs
+            row = self.batch(specs)
+            g = jnp.asarray(goal[0], f32) if goal else None
+            u = None
+            if rng is not None:
+                shape = (len(obs), act_dim)
+                rand = np.any(row.method == Method.RANDOM)
+                u = jnp.asarray(rng.uniform(-1, 1, shape) if rand else np.zeros(shape), f32)
+            return act(jnp.asarray(obs, f32), g, row, u)
+
+        return run
+
+
+def evaluate_table(ctx, cfg, table, evaluate, act, task, **kwargs) -> dict:
+    """Runs every episode of ``table`` through ``evaluate`` and returns its results.
+
+    ``evaluate(act, task, specs, seeds, n_envs, episode_steps, progress=..., **kwargs)`` is an
+    evaluator of :mod:`hexad.data.offline_rl` (``task`` its environment id or per-episode
+    goals); episode ``i`` of a row is reset with seed ``1000 seed + i``, so every row sees the
+    same starts, and ``cfg.n_envs`` environments at most run together.
+    """
+    ep = table.episode
+    n_envs, steps = min(cfg.n_envs, len(ep)), cfg.episode_steps
+    seeds = 1000 * ctx.seed + ep
+    return evaluate(act, task, table.specs, seeds, n_envs, steps, progress=ctx.progress, **kwargs)
+
+
+def named_summary(stat, named, metrics, pre="", suffix="") -> dict:
+    """``{pre}{name}_{metric}{suffix}``: ``stat(metric, row)`` for each ``name: row`` of
+    ``named`` and each of ``metrics``."""
+    return {f"{pre}{k}_{m}{suffix}": stat(m, row) for k, row in named.items() for m in metrics}
+
 
 def guided_summary(stat, actor, method, name, shifts, metrics, rank, pre="") -> dict:
     """``{name}_{rank}_curve`` over the shifts, the best shift by ``rank`` and its ``metrics``."""
@@ -302,11 +361,14 @@ def guided_summary(stat, actor, method, name, shifts, metrics, rank, pre="") -> 
     return out | {f"{pre}{name}_{m}": stat(m, Row(actor, 0, method, best)) for m in metrics}
 
 
-def pair_summary(stat, actor, prior, alphas, kl_alpha, metrics, rank, curves, pre="") -> dict:
+def pair_summary(
+    stat, actor, prior, alphas, kl_alpha, metrics, rank, curves, pre="", extra=None
+) -> dict:
     """The summary keys of one (actor, prior) pair, for Q = ``PRIORS[prior]``.
 
     ``stat(metric, row) -> float``; the oracle alphas are the sweeps' best by ``rank``;
-    ``curves`` lists the ``(poe | additive, metric)`` sweeps reported as lists.
+    ``curves`` lists the ``(poe | additive, metric)`` sweeps reported as lists; ``extra``
+    ``{metric: names}`` reports a further metric for some of the named rows only.
     """
     q, mix = PRIORS[prior], {"poe": Method.POE, "additive": Method.ADDITIVE}
 
@@ -324,27 +386,32 @@ def pair_summary(stat, actor, prior, alphas, kl_alpha, metrics, rank, curves, pr
         "prior_only": (Method.POE, 1.0),
         "sfgpi": (Method.SFGPI, 0.0),
     }
-    out = {
-        f"{pre}{key}_{m}_{q}": stat(m, Row(actor, prior, *row))
-        for key, row in named.items()
-        for m in metrics
-    }
+    named = {key: Row(actor, prior, *row) for key, row in named.items()}
+    out = named_summary(stat, named, metrics, pre, f"_{q}")
+    for m, keys in (extra or {}).items():
+        out |= named_summary(stat, {k: named[k] for k in keys if k in named}, (m,), pre, f"_{q}")
     out[f"{pre}poe_kl_budget_alpha_{q}"] = kl_alpha
     out[f"{pre}oracle_alpha_{q}"] = best
     out[f"{pre}additive_oracle_alpha_{q}"] = best_add
     return out | {f"{pre}{k}_{m}_curve_{q}": sweep(k, m) for k, m in curves}
 
 
-def actor_summary(stat, actor, cfg, kl_alpha, guided, metrics, rank, curves, pre="") -> dict:
+def actor_summary(
+    stat, actor, cfg, kl_alpha, guided, metrics, rank, curves, pre="", extra=None
+) -> dict:
     """The summary keys of one actor's rows: the actor alone, each guided method
-    (``guided[method]`` names its keys) and each prior's :func:`pair_summary`."""
-    out = {f"{pre}actor_{m}": stat(m, Row(actor, 0, Method.POE, 0.0)) for m in metrics}
+    (``guided[method]`` names its keys) and each prior's :func:`pair_summary`; ``extra``
+    ``{metric: names}`` reports a further metric only for the named rows (``"actor"`` the
+    actor alone, or :func:`pair_summary`'s names)."""
+    row = Row(actor, 0, Method.POE, 0.0)
+    out = {f"{pre}actor_{m}": stat(m, row) for m in metrics}
     for m, name in guided.items():
         out |= guided_summary(stat, actor, m, name, cfg.guide_shifts, metrics, rank, pre)
     for pi in range(len(PRIORS)):
         ka = kl_alpha[actor, pi]
-        out |= pair_summary(stat, actor, pi, cfg.alphas, ka, metrics, rank, curves, pre)
-    return out
+        out |= pair_summary(stat, actor, pi, cfg.alphas, ka, metrics, rank, curves, pre, extra)
+    extra = extra or {}
+    return out | {f"{pre}actor_{m}": stat(m, row) for m, keys in extra.items() if "actor" in keys}
 
 
 def plot_alpha_curves(ctx, name, alphas, out, panels, metric, ylabel, actors=(("", "-", ""),)):
@@ -406,15 +473,13 @@ class MazeConfig(CompositionConfig):
 
 # PointMaze's --quick, which AntMaze's extends.
 MAZE_QUICK = {
+    **QUICK,
     "n_transitions": 20_000,
-    "hidden": 64,
     "iql_steps": 2000,
     "guide_iql_steps": 2000,
     "guide_cql_steps": 2000,
     "sf_steps": 2000,
     "bc_steps": 2000,
-    "alphas": (0.0, 0.25, 0.5, 0.75, 1.0),
-    "n_kl_states": 512,
     "n_episodes": 3,
     "n_envs": 32,
 }
@@ -457,28 +522,21 @@ def run_maze(cfg: MazeConfig, ctx: _runner.Context, maze: Maze) -> dict:
     n_anchor = anchors.shape[0]
     n_lib = len(PRIORS) * n_anchor + len(ACTORS)
     nets = make_nets(cfg, data.actions.shape[1], n_lib, n_anchor + 1)
-    gdata = data._replace(observations=jnp.concatenate([data.observations, goals_data], -1))
+    gdata = policy.goal_conditioned(data, goals_data)
     # The guides: goal-conditioned critics, reward 1 (and terminal) on reaching the goal.
-    reached = jnp.linalg.norm(gdata.next_observations[:, :2] - goals_data, axis=-1) <= 0.5
+    reached = jnp.linalg.norm(data.next_observations[:, :2] - goals_data, axis=-1) <= 0.5
     reached = reached.astype(jnp.float32)
-    gc_data = gdata._replace(
-        next_observations=jnp.concatenate([gdata.next_observations, goals_data], -1),
-        rewards=reached,
-        terminals=reached,
-    )
+    gc_data = gdata._replace(rewards=reached, terminals=reached)
     phi = maze_features(data.next_observations, anchors)
-    sf_data = policy.SFBatch(
-        data.observations, data.actions, phi, data.next_observations, data.terminals
-    )
+    sf_data = policy.SFBatch.from_batch(data, phi)
     guides = {
         "iql": (iql(cfg, nets.actor), gc_data, cfg.guide_iql_steps, keys[4], "gc_iql"),
         "cql": (cql(cfg, nets.prior), gc_data, cfg.guide_cql_steps, keys[5], "gc_cql"),
     }
     stages, snap = ("iql", "gcbc", "sf"), cfg.incompetent_steps
-    frozen = train_frozen(
+    frozen, lib = train_frozen(
         ctx, cfg, nets, data, gdata, sf_data, anchors, keys[:7], guides, "frozen", stages, snap
     )
-    lib = policy.ExpertLibrary(nets.actor, nets.prior, frozen["actors"], frozen["priors"], anchors)
     actor_net, prior_net = nets.actor, nets.prior
 
     rng = np.random.default_rng(ctx.seed)
@@ -525,17 +583,8 @@ def run_maze(cfg: MazeConfig, ctx: _runner.Context, maze: Maze) -> dict:
     )
     guided = {Method.IQL_GUIDED: "iql_guided", Method.CQL_GUIDED: "cql_guided"}
     rows = method_rows(len(ACTORS), guided, cfg.guide_shifts, cfg.alphas, kl_alpha)
-    table, f32 = Table(rows, cfg.n_episodes), jnp.float32
-    ep = table.episode
-    res = maze.evaluate(
-        lambda o, gl, sp: act(jnp.asarray(o, f32), jnp.asarray(gl, f32), table.batch(sp)),
-        ep_goals[ep],
-        table.specs,
-        1000 * ctx.seed + ep,
-        min(cfg.n_envs, len(ep)),
-        cfg.episode_steps,
-        progress=ctx.progress,
-    )
+    table = Table(rows, cfg.n_episodes)
+    res = evaluate_table(ctx, cfg, table, maze.evaluate, table.policy(act), ep_goals[table.episode])
     ref = maze.evaluate(
         lambda o, gl, sp: maze.oracle(o, gl),
         ep_goals,

@@ -105,7 +105,6 @@ episode); ``E_data_expert_return``, ``E_data_medium_return``,
 from __future__ import annotations
 
 import dataclasses
-import inspect
 
 import jax
 import jax.numpy as jnp
@@ -114,10 +113,9 @@ import numpy as np
 from experiments import _policy, _runner
 from hexad import policy
 from hexad.data import offline_rl
-from hexad.policy import ExpertLibrary, Method, Row
+from hexad.policy import Method, Row
 
 PRIORS = _policy.PRIORS
-HEALTHY_BONUS = {"HalfCheetah-v5": 0.0, "Hopper-v5": 1.0, "Walker2d-v5": 1.0}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,23 +146,13 @@ class Config(_policy.CompositionConfig):
     def __post_init__(self):
         super().__post_init__()
         _runner.one_of(self, offline_rl.LOCOMOTION_ENVS, "envs")
-        _runner.at_least(self, 1, "data_steps", "data_hidden", "data_per_level")
+        _runner.at_least(self, 1, "data_steps", "data_hidden", "data_per_level", "sf_velocities")
         _runner.at_least(self, 1, "data_snapshot_every", "data_eval_steps", "velocity_horizon")
-        _runner.at_least(self, 1, "sf_velocities")
         _runner.at_least(self, 0, "data_seed", "data_start_steps")
 
 
 def locomotion_data(cfg: Config, env_id: str, level: str, ctx) -> dict:
     """One level of the SAC-generated data (cached)."""
-    kw = {
-        "start_steps": cfg.data_start_steps,
-        "snapshot_every": cfg.data_snapshot_every,
-        "eval_steps": cfg.data_eval_steps,
-    }
-    # Only settings that differ from the generator's defaults name the cache file, so the
-    # full study reads the files that the generator's defaults write.
-    defaults = inspect.signature(policy.generate_locomotion).parameters
-    kw = {k: v for k, v in kw.items() if v != defaults[k].default}
     return policy.locomotion_dataset(
         env_id,
         level,
@@ -173,146 +161,88 @@ def locomotion_data(cfg: Config, env_id: str, level: str, ctx) -> dict:
         n_per_level=cfg.data_per_level,
         hidden=cfg.data_hidden,
         progress=ctx.progress,
-        **kw,
+        start_steps=cfg.data_start_steps,
+        snapshot_every=cfg.data_snapshot_every,
+        eval_steps=cfg.data_eval_steps,
     )
-
-
-def sf_features(raw: dict, grid: np.ndarray) -> np.ndarray:
-    """``[N, M + 1]`` phi: ``-|x_velocity - c_m|`` per grid velocity, then ``r - reward_forward``.
-
-    The last feature is the rest of the environment's reward (control cost, Hopper's and
-    Walker2d's healthy bonus), so a tracking objective ``r - reward_forward - |v - v*|`` is
-    exactly linear in phi when ``v*`` is on the grid and approximately otherwise.
-    """
-    v = raw["infos/x_velocity"].astype(np.float64)[:, None]
-    rest = (raw["rewards"] - raw["infos/reward_forward"]).astype(np.float64)[:, None]
-    return np.concatenate([-np.abs(v - grid[None]), rest], -1).astype(np.float32)
 
 
 def _run_env(cfg: Config, ctx, env_id: str, key) -> dict:
     name = env_id.split("-")[0].lower()
     med_raw, rep_raw = (locomotion_data(cfg, env_id, lv, ctx) for lv in ("medium", "medium-replay"))
-    med, rep = policy.batch_from_dataset(med_raw), policy.batch_from_dataset(rep_raw)
     # One observation normaliser (from the union of both sets) for every network.
-    allobs = np.concatenate([med_raw["observations"], rep_raw["observations"]])
-    mu = jnp.asarray(allobs.mean(0, keepdims=True), jnp.float32)  # [1, o]
-    sd = jnp.asarray(allobs.std(0, keepdims=True) + 1e-3, jnp.float32)
-
-    def norm(o):
-        return (o - mu) / sd
-
-    med = med._replace(
-        observations=norm(med.observations), next_observations=norm(med.next_observations)
-    )
-    ends = policy.trajectory_ends(rep_raw["terminals"], rep_raw["timeouts"])
-    goals = policy.hindsight_mean(rep_raw["infos/x_velocity"], ends, cfg.velocity_horizon)
-    v_scale = float(np.std(goals) + 1e-3)
-    g_in = jnp.asarray(goals / v_scale, jnp.float32)[:, None]
-    rep_obs, rep_next = norm(rep.observations), norm(rep.next_observations)
-    gdata = rep._replace(observations=jnp.concatenate([rep_obs, g_in], -1))
-    # The guide's data: goal in both observations, the shifted reward for that goal.
-    shifted = rep_raw["rewards"] - rep_raw["infos/reward_forward"]
-    shifted = shifted - np.abs(rep_raw["infos/x_velocity"] - goals)
-    guide_data = gdata._replace(
-        next_observations=jnp.concatenate([rep_next, g_in], -1),
-        rewards=jnp.asarray(shifted, jnp.float32),
-    )
+    norm = policy.Normaliser.fit(np.concatenate([med_raw["observations"], rep_raw["observations"]]))
+    med, rep = (norm.batch(policy.batch_from_dataset(d)) for d in (med_raw, rep_raw))
+    vg = policy.velocity_goals(rep_raw, cfg.velocity_horizon)
+    goals = vg.goals
+    gdata = policy.goal_conditioned(rep, vg.inputs(goals))
+    # The guide's data: the shifted reward for the transition's own goal.
+    own_goal = offline_rl.tracking_reward(rep_raw, goals)
+    guide_data = gdata._replace(rewards=jnp.asarray(own_goal, jnp.float32))
     # SF + GPI: the library is each prior commanded with a fixed velocity grid (quantiles of
     # the replay data's hindsight velocities, not the target) plus the frozen actor.
     grid = np.quantile(goals, np.linspace(0.1, 0.9, cfg.sf_velocities)).astype(np.float32)
-    g_grid = jnp.asarray(grid / v_scale, jnp.float32)[:, None]  # [M, 1]
+    g_grid = vg.inputs(grid)  # [M, 1]
     act_dim = med.actions.shape[1]
     nets = _policy.make_nets(cfg, act_dim, len(PRIORS) * len(grid) + 1, len(grid) + 1)
-    phi = jnp.asarray(sf_features(rep_raw, grid))
-    sf_data = policy.SFBatch(rep_obs, rep.actions, phi, rep_next, rep.terminals)
+    phi = offline_rl.velocity_features(rep_raw, grid)
+    sf_data = policy.SFBatch.from_batch(rep, jnp.asarray(phi))
     keys = jax.random.split(key, 6)
     cql = (_policy.cql(cfg, nets.prior), guide_data, cfg.guide_cql_steps, keys[4], f"{name}_cql")
     stages = (f"{name}_iql", f"{name}_vcbc", f"{name}_sf")
-    frozen = _policy.train_frozen(
+    frozen, lib = _policy.train_frozen(
         ctx, cfg, nets, med, gdata, sf_data, g_grid, keys, {"cql": cql}, name, stages
     )
-    lib = ExpertLibrary(nets.actor, nets.prior, frozen["actors"], frozen["priors"], g_grid)
 
     v_med = float(med_raw["infos/x_velocity"].mean())
     v_star = cfg.target_velocity_frac * v_med
-    g_star = jnp.float32(v_star / v_scale)
+    g_star = vg.inputs(v_star)  # [1]
+
+    def prior_obs(o, goal):  # every row commands the prior with v*
+        return jnp.concatenate([o, jnp.full((o.shape[0], 1), g_star)], -1)
+
     rng = np.random.default_rng(ctx.seed)
-    idx = rng.choice(med.observations.shape[0], cfg.n_kl_states, replace=False)
-    s = med.observations[idx]
-    s_g = jnp.concatenate([s, jnp.full((s.shape[0], 1), g_star)], -1)
-    select = jax.jit(
-        lambda pp: policy.kl_budget_alpha(
-            nets.actor.apply(lib.actor_params[0], s), nets.prior.apply(pp, s_g), cfg.kl_budget
-        )
-    )
+    s = med.observations[rng.choice(med.observations.shape[0], cfg.n_kl_states, replace=False)]
+    s_g = prior_obs(s, None)
+
+    def kl_alpha_of(pp):  # the global KL-budget alpha of a prior against the actor
+        actor, prior = nets.actor.apply(lib.actor_params[0], s), nets.prior.apply(pp, s_g)
+        return policy.kl_budget_alpha(actor, prior, cfg.kl_budget)
+
+    select = jax.jit(kl_alpha_of)
     kl_alpha = {(0, pi): float(select(pp)) for pi, pp in enumerate(lib.prior_params)}
     # SF task weights of the shifted objective: least squares on the replay transitions.
-    phi_all = sf_features(rep_raw, grid)
-    r_shift = (rep_raw["rewards"] - rep_raw["infos/reward_forward"]).astype(np.float64)
-    r_shift = r_shift - np.abs(rep_raw["infos/x_velocity"] - v_star)
-    w_sf = policy.task_weights(
-        jnp.asarray(phi_all), jnp.asarray(r_shift, jnp.float32), cfg.sf_ridge
-    )
-    fit = phi_all @ np.asarray(w_sf)
-    sf_r2 = 1.0 - np.sum((r_shift - fit) ** 2) / np.sum((r_shift - r_shift.mean()) ** 2)
-    composed = _policy.deploy(
-        cfg,
-        lib,
-        nets,
-        frozen,
-        {Method.CQL_GUIDED: "cql"},
-        norm,
-        lambda o, goal: jnp.concatenate([o, jnp.full((o.shape[0], 1), g_star)], -1),
-        lambda goal: w_sf,
-    )
+    w_sf, sf_r2 = policy.task_fit(phi, offline_rl.tracking_reward(rep_raw, v_star), cfg.sf_ridge)
+    guides, task_w = {Method.CQL_GUIDED: "cql"}, lambda goal: w_sf
+    composed = _policy.deploy(cfg, lib, nets, frozen, guides, norm, prior_obs, task_w)
     rand_row, zero_row = Row(0, 0, Method.RANDOM, 0.0), Row(0, 0, Method.ZERO, 0.0)
     guided = {Method.CQL_GUIDED: "cql_guided"}
     rows = _policy.method_rows(1, guided, cfg.guide_shifts, cfg.alphas, kl_alpha)
     table = _policy.Table(dict.fromkeys([rand_row, zero_row, *rows]), cfg.n_episodes)
-    act_rng = np.random.default_rng(ctx.seed + 1)
-
-    def act(o, sp):
-        row, shape = table.batch(sp), (len(o), act_dim)
-        # Uniform draws only for a batch with a random row, from the study's own generator.
-        rand = np.any(row.method == Method.RANDOM)
-        u = act_rng.uniform(-1, 1, shape) if rand else np.zeros(shape)
-        return composed(jnp.asarray(o, jnp.float32), None, row, jnp.asarray(u, jnp.float32))
-
-    ep = table.episode
-    res = offline_rl.evaluate_locomotion(
-        act,
-        env_id,
-        table.specs,
-        1000 * ctx.seed + ep,
-        min(cfg.n_envs, len(ep)),
-        cfg.episode_steps,
-        target_velocity=v_star,
-        progress=ctx.progress,
-    )
+    # The random row's uniform actions come from the study's own generator.
+    act = table.policy(composed, act_dim, np.random.default_rng(ctx.seed + 1))
+    evaluate = offline_rl.evaluate_locomotion
+    res = _policy.evaluate_table(ctx, cfg, table, evaluate, act, env_id, target_velocity=v_star)
     # Normalised score: 0 = the zero-action policy (standing still, measured on the same
     # episodes), 100 = the exact-tracking bound (not achieved by any policy here).
     r_zero = table.mean(res["shifted_return"], zero_row)
-    r_ideal = HEALTHY_BONUS[env_id] * cfg.episode_steps
+    r_ideal = offline_rl.tracking_return_bound(env_id, cfg.episode_steps)
 
     def stat(metric, row):
         if metric == "score":
             return 100.0 * (stat("return", row) - r_zero) / (r_ideal - r_zero)
         return table.mean(res["shifted_return" if metric == "return" else metric], row)
 
-    learned = [r for r in table.rows if r.method not in (Method.RANDOM, Method.ZERO)]
-    best = max(learned, key=lambda r: stat("return", r))
+    best = table.best(lambda r: stat("return", r))
     pre, se = name + "_", _runner.mean_se(res["shifted_return"], len(table.rows))
     out = {
         pre + "target_velocity": v_star,
         pre + "medium_velocity": v_med,
         pre + "replay_velocity_range": [float(goals.min()), float(goals.max())],
-        pre + "random_return": stat("return", rand_row),
-        pre + "random_score": stat("score", rand_row),
+        **_policy.named_summary(stat, {"random": rand_row, "best": best}, ("return", "score"), pre),
         pre + "zero_return": r_zero,
         pre + "ideal_return": r_ideal,
-        pre + "best_return": stat("return", best),
-        pre + "best_score": stat("score", best),
-        pre + "best_method": _describe(best),
+        pre + "best_method": best.label(PRIORS),
         pre + "return_se": se,
         pre + "score_se": None if se is None else 100.0 * se / (r_ideal - r_zero),
         pre + "data_expert_return": float(med_raw["meta/expert_return"]),
@@ -324,22 +254,9 @@ def _run_env(cfg: Config, ctx, env_id: str, key) -> dict:
     }
     metrics, curves = ("score", "return"), (("poe", "score"), ("poe", "return"))
     curves += (("additive", "score"), ("poe", "velocity"))
-    out |= _policy.actor_summary(stat, 0, cfg, kl_alpha, guided, metrics, "score", curves, pre)
-    out[pre + "actor_velocity"] = stat("velocity", Row(0, 0, Method.POE, 0.0))
-    for pi, q in enumerate(PRIORS):
-        out[f"{pre}prior_only_velocity_{q}"] = stat("velocity", Row(0, pi, Method.POE, 1.0))
-        out[f"{pre}sfgpi_velocity_{q}"] = stat("velocity", Row(0, pi, Method.SFGPI, 0.0))
-    return out
-
-
-def _describe(row: Row) -> str:
-    """A method row in words, e.g. ``"poe alpha=0.25 good"``."""
-    if row.method == Method.CQL_GUIDED:
-        return f"cql_guided shift={row.alpha:g}"
-    name = {Method.KL_STATE: "poe_kl_state"}.get(row.method, row.method.name.lower())
-    if row.method in (Method.KL_STATE, Method.SFGPI):
-        return f"{name} {PRIORS[row.prior]}"
-    return f"{name} alpha={row.alpha:g} {PRIORS[row.prior]}"
+    velocity = {"velocity": ("actor", "prior_only", "sfgpi")}
+    args = (stat, 0, cfg, kl_alpha, guided, metrics, "score", curves, pre, velocity)
+    return out | _policy.actor_summary(*args)
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
@@ -361,19 +278,16 @@ STUDY = _runner.Study(
     Config,
     run,
     quick={
+        **_policy.QUICK,
         "envs": ("HalfCheetah-v5", "Hopper-v5"),
         "data_steps": 3000,
-        "data_hidden": 64,
         "data_per_level": 5000,
         "data_start_steps": 1000,
         "data_snapshot_every": 1000,
         "data_eval_steps": 200,
-        "hidden": 64,
         "iql_steps": 1000,
         "bc_steps": 1000,
         "train_chunk": 250,
-        "alphas": (0.0, 0.25, 0.5, 0.75, 1.0),
-        "n_kl_states": 512,
         "n_episodes": 2,
         "episode_steps": 200,
         "guide_cql_steps": 1000,

@@ -49,6 +49,7 @@ from hexad.policy._offline import (
     CQLState,
     IQLInfo,
     IQLState,
+    Normaliser,
     batch_from_dataset,
     bc,
     cql,
@@ -58,10 +59,13 @@ from hexad.policy._offline import (
 )
 from hexad.policy._online import SACInfo, SACState, sac, soft_td_target
 from hexad.policy._priors import (
+    VelocityGoals,
     degrade_params,
     future_goal_indices,
+    goal_conditioned,
     hindsight_mean,
     trajectory_ends,
+    velocity_goals,
 )
 from hexad.policy._sf import (
     SFBatch,
@@ -70,6 +74,7 @@ from hexad.policy._sf import (
     SuccessorFeatures,
     gpi,
     sf_td,
+    task_fit,
     task_weights,
 )
 from hexad.policy._steering import q_steer
@@ -89,6 +94,7 @@ __all__ = [
     "IQLInfo",
     "IQLState",
     "Method",
+    "Normaliser",
     "OnlineEnv",
     "OnlineResult",
     "Row",
@@ -100,6 +106,7 @@ __all__ = [
     "SuccessorFeatures",
     "TwinCritic",
     "ValueNet",
+    "VelocityGoals",
     "additive",
     "ant_controller_spec",
     "antmaze_dataset",
@@ -111,6 +118,7 @@ __all__ = [
     "expectile_loss",
     "future_goal_indices",
     "gaussian_log_prob",
+    "goal_conditioned",
     "generate_locomotion",
     "gpi",
     "hindsight_mean",
@@ -131,8 +139,10 @@ __all__ = [
     "soft_td_target",
     "squash",
     "stack_rows",
+    "task_fit",
     "task_weights",
     "train_ant_controller",
     "train_online",
     "trajectory_ends",
+    "velocity_goals",
 ]

@@ -467,12 +467,19 @@ def locomotion_dataset(
 ) -> dict[str, np.ndarray]:
     """Returns one level of the locomotion data, generating and caching all four on first use.
 
+    The files are named by a hash of the settings; of ``kwargs``, only those that differ from
+    :func:`generate_locomotion`'s defaults take part, so passing a default explicitly reads the
+    same files as leaving it out.
+
     Args:
       env_id: one of ``hexad.data.offline_rl.LOCOMOTION_ENVS``.
       level: one of ``hexad.data.offline_rl.LOCOMOTION_LEVELS``.
-      total_steps, seed, n_per_level, hidden, kwargs: see :func:`generate_locomotion`.
+      total_steps, seed, n_per_level, hidden: see :func:`generate_locomotion`.
       path_dir: folder of the npz files; default ``hexad.data.cache_dir("offline_rl")``.
       progress: optional progress-bar wrapper, used only when generating.
+      kwargs: :func:`generate_locomotion`'s other settings (``n_envs``, ``batch_size``, ``lr``,
+        ``start_steps``, ``snapshot_every``, ``n_eval_episodes``, ``eval_steps``,
+        ``episode_steps``).
 
     Returns:
       a dict with the D4RL fields and the extras listed in :mod:`hexad.data.offline_rl`; the
@@ -488,6 +495,16 @@ def locomotion_dataset(
     D.check_env_id(env_id)
     if level not in D.LOCOMOTION_LEVELS:
         raise ValueError(f"level: expected one of {D.LOCOMOTION_LEVELS}, got {level!r}")
+    defaults = {
+        k: p.default
+        for k, p in inspect.signature(generate_locomotion).parameters.items()
+        if k not in ("env_id", "total_steps", "seed", "n_per_level", "hidden", "progress")
+    }
+    unknown = sorted(set(kwargs) - set(defaults))
+    if unknown:
+        raise TypeError(f"kwargs: expected names among {sorted(defaults)}, got {unknown}")
+    # A default passed explicitly must not orphan the files its omission writes.
+    kwargs = {k: v for k, v in kwargs.items() if v != defaults[k]}
     spec = {
         "env": env_id,
         "steps": int(total_steps),

@@ -85,6 +85,32 @@ class Row(NamedTuple):
     method: Method
     alpha: float
 
+    def label(self, prior_names: Sequence[str]) -> str:
+        """Returns the row in words, naming its prior ``prior_names[self.prior]``.
+
+        The method's lower-case name (``poe_kl_state`` for :attr:`Method.KL_STATE`), then the
+        row's coefficient where the method has one (``shift=`` for the guided methods, which
+        use no prior, ``alpha=`` for PoE and additive), then the prior for the methods that
+        use one. The actor is not named.
+
+        >>> Row(0, 1, Method.POE, 0.25).label(("good", "degraded"))
+        'poe alpha=0.25 degraded'
+        """
+        method = Method(self.method)
+        name = "poe_kl_state" if method == Method.KL_STATE else method.name.lower()
+        if method in _GUIDED:
+            return f"{name} shift={self.alpha:g}"
+        if method in (Method.ZERO, Method.RANDOM):
+            return name
+        if not 0 <= self.prior < len(prior_names):
+            raise ValueError(
+                f"prior_names: expected a name for prior {self.prior} (the row's), got "
+                f"{list(prior_names)}"
+            )
+        if method in (Method.KL_STATE, Method.SFGPI):
+            return f"{name} {prior_names[self.prior]}"
+        return f"{name} alpha={self.alpha:g} {prior_names[self.prior]}"
+
 
 def stack_rows(rows: Sequence[Row]) -> Row:
     """Returns a ``Row`` of arrays: ``actor``, ``prior``, ``method`` int32 ``[R]``, ``alpha``

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -31,6 +32,7 @@ __all__ = [
     "CQLState",
     "IQLInfo",
     "IQLState",
+    "Normaliser",
     "batch_from_dataset",
     "bc",
     "cql",
@@ -103,6 +105,66 @@ def batch_from_dataset(data: Mapping[str, Any], dtype=jnp.float32) -> Batch:
             f"{arrs['observations'].shape}, got {arrs['next_observations'].shape}"
         )
     return Batch(**{k: jnp.asarray(v, dtype) for k, v in arrs.items()})
+
+
+@flax.struct.dataclass
+class Normaliser:
+    """Per-feature standardisation of observations, ``(obs - mean) / std``.
+
+    Fitted on a data set and then applied to every network's input, at training and at
+    deployment, so all of them see the same scale.
+
+    Attributes:
+      mean: ``[1, o]`` float32.
+      std: ``[1, o]`` float32, positive.
+    """
+
+    mean: jax.Array
+    std: jax.Array
+
+    @classmethod
+    def fit(cls, observations, eps: float = 1e-3) -> Normaliser:
+        """Returns the normaliser of ``observations [N, o]``: their mean and ``std + eps``.
+
+        The statistics are taken over the rows in the observations' own dtype, then stored
+        as float32.
+
+        Args:
+          observations: ``[N, o]``, ``N >= 1``.
+          eps: added to each standard deviation, ``> 0`` (a constant feature stays finite).
+
+        >>> norm = Normaliser.fit(np.array([[0.0, 1.0], [2.0, 1.0]]), eps=0.5)
+        >>> norm.mean.tolist(), norm.std.tolist()
+        ([[1.0, 1.0]], [[1.5, 0.5]])
+        """
+        x = np.asarray(observations)
+        if x.ndim != 2 or x.shape[0] < 1:
+            raise ValueError(f"observations: expected shape [N, o] with N >= 1, got {x.shape}")
+        check_positive("eps", eps)
+        mean = jnp.asarray(x.mean(0, keepdims=True), jnp.float32)
+        return cls(mean, jnp.asarray(x.std(0, keepdims=True) + eps, jnp.float32))
+
+    def __call__(self, obs) -> jax.Array:
+        """Returns ``[B, o]`` the standardised ``obs [B, o]`` (traceable).
+
+        >>> norm = Normaliser(jnp.ones((1, 2)), jnp.full((1, 2), 2.0))
+        >>> norm(jnp.array([[3.0, 1.0]])).tolist()
+        [[1.0, 0.0]]
+        """
+        return (obs - self.mean) / self.std
+
+    def batch(self, batch: Batch) -> Batch:
+        """Returns ``batch`` with its observations and next observations standardised.
+
+        >>> norm = Normaliser(jnp.ones((1, 2)), jnp.full((1, 2), 2.0))
+        >>> b = Batch(jnp.ones((3, 2)), jnp.zeros((3, 1)), jnp.zeros(3), jnp.full((3, 2), 5.0),
+        ...           jnp.zeros(3))
+        >>> out = norm.batch(b)
+        >>> out.observations[0].tolist(), out.next_observations[0].tolist()
+        ([0.0, 0.0], [2.0, 2.0])
+        """
+        obs, nxt = self(batch.observations), self(batch.next_observations)
+        return batch._replace(observations=obs, next_observations=nxt)
 
 
 def expectile_loss(diff, expectile: float):

@@ -1,17 +1,26 @@
-"""Goal-conditioned priors: hindsight relabelling (goal indices, mean future values), degraded
-priors."""
+"""Goal-conditioned priors: hindsight relabelling (goal indices, mean future values), goals in a
+batch's observations, degraded priors."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from hexad._base import check_int
+from hexad.policy._offline import Batch
 
-__all__ = ["degrade_params", "future_goal_indices", "hindsight_mean", "trajectory_ends"]
+__all__ = [
+    "VelocityGoals",
+    "degrade_params",
+    "future_goal_indices",
+    "goal_conditioned",
+    "hindsight_mean",
+    "trajectory_ends",
+    "velocity_goals",
+]
 
 
 def trajectory_ends(terminals, timeouts) -> np.ndarray:
@@ -109,6 +118,84 @@ def hindsight_mean(values, ends, horizon: int) -> np.ndarray:
     cs = np.concatenate([[0.0], np.cumsum(v)])
     j = np.minimum(i + horizon, e + 1)
     return ((cs[j] - cs[i]) / (j - i)).astype(np.float32)
+
+
+class VelocityGoals(NamedTuple):
+    """Hindsight velocity goals of a locomotion data set, and the scale of their network input.
+
+    Attributes:
+      goals: ``[N]`` float32, each transition's mean x velocity over its next ``horizon``
+        steps (:func:`hindsight_mean`).
+      scale: ``std(goals) + eps`` (the std in float32); a velocity-conditioned network reads
+        a goal ``v`` as ``v / scale`` (:meth:`inputs`).
+    """
+
+    goals: np.ndarray
+    scale: float
+
+    def inputs(self, velocities) -> jax.Array:
+        """Returns ``[..., 1]`` float32 ``v / scale``, the network input of ``velocities [...]``.
+
+        The division runs in NumPy in the velocities' own dtype (float64 for a Python float)
+        and is then rounded to float32.
+
+        >>> VelocityGoals(np.zeros(2, np.float32), 2.0).inputs(np.array([1.0, 3.0])).tolist()
+        [[0.5], [1.5]]
+        """
+        return jnp.asarray(np.asarray(velocities) / self.scale, jnp.float32)[..., None]
+
+
+def velocity_goals(data, horizon: int, eps: float = 1e-3) -> VelocityGoals:
+    """Returns the hindsight velocity goals of ``data`` and their input scale.
+
+    The goal of a velocity-conditioned prior: transition ``i`` is relabelled with the mean
+    ``infos/x_velocity`` over its next ``horizon`` steps within its trajectory (ends from
+    ``terminals`` and ``timeouts``), the velocity its own behaviour went on to achieve.
+
+    Args:
+      data: a mapping with ``infos/x_velocity [N]``, ``terminals [N]`` and ``timeouts [N]``
+        (the locomotion data's fields).
+      horizon: window length, ``>= 1``.
+      eps: added to the goals' standard deviation for the scale, ``>= 0``.
+
+    >>> d = {"infos/x_velocity": np.array([1.0, 3.0, 5.0, 7.0]), "terminals": np.zeros(4),
+    ...      "timeouts": np.array([0.0, 1.0, 0.0, 1.0])}
+    >>> vg = velocity_goals(d, 2, eps=0.0)
+    >>> vg.goals.tolist(), round(vg.scale, 4)
+    ([2.0, 3.0, 6.0, 7.0], 2.0616)
+    """
+    if not eps >= 0:
+        raise ValueError(f"eps: expected a number >= 0, got {eps!r}")
+    ends = trajectory_ends(data["terminals"], data["timeouts"])
+    goals = hindsight_mean(data["infos/x_velocity"], ends, horizon)
+    return VelocityGoals(goals, float(np.std(goals) + eps))
+
+
+def goal_conditioned(batch: Batch, goals) -> Batch:
+    """Returns ``batch`` with each transition's goal appended to its observations.
+
+    The input of a goal-conditioned network: ``observations`` and ``next_observations`` become
+    ``[N, o + g]`` (the goal stays fixed across the transition, as in hindsight relabelling);
+    actions, rewards and terminals are unchanged (replace the rewards with ``._replace`` for a
+    goal-dependent objective).
+
+    Args:
+      batch: a :class:`Batch` of ``N`` transitions.
+      goals: ``[N, g]`` goals (e.g. :func:`hindsight_mean` ``[:, None]``).
+
+    >>> b = Batch(jnp.zeros((3, 2)), jnp.zeros((3, 1)), jnp.zeros(3), jnp.ones((3, 2)),
+    ...           jnp.zeros(3))
+    >>> g = goal_conditioned(b, jnp.full((3, 1), 7.0))
+    >>> g.observations[0].tolist(), g.next_observations[0].tolist()
+    ([0.0, 0.0, 7.0], [1.0, 1.0, 7.0])
+    """
+    g = jnp.asarray(goals)
+    n = jnp.shape(batch.observations)[0]
+    if g.ndim != 2 or g.shape[0] != n:
+        raise ValueError(f"goals: expected shape [{n}, g] (the batch's rows), got {g.shape}")
+    obs = jnp.concatenate([batch.observations, g], -1)
+    nxt = jnp.concatenate([batch.next_observations, g], -1)
+    return batch._replace(observations=obs, next_observations=nxt)
 
 
 def degrade_params(key, params: Any, scale: float) -> Any:

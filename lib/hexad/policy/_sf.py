@@ -19,11 +19,12 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from hexad._base import Algorithm, check_positive, check_unit
 from hexad.policy._networks import MLP
-from hexad.policy._offline import _descend, _polyak
+from hexad.policy._offline import Batch, _descend, _polyak
 
 __all__ = [
     "SFBatch",
@@ -32,6 +33,7 @@ __all__ = [
     "SuccessorFeatures",
     "gpi",
     "sf_td",
+    "task_fit",
     "task_weights",
 ]
 
@@ -54,6 +56,21 @@ class SFBatch(NamedTuple):
     features: jax.Array
     next_observations: jax.Array
     terminals: jax.Array
+
+    @classmethod
+    def from_batch(cls, batch: Batch, features) -> SFBatch:
+        """Returns the transitions of ``batch`` with their ``features [B, F]`` (rewards dropped).
+
+        >>> b = Batch(jnp.zeros((3, 2)), jnp.zeros((3, 1)), jnp.zeros(3), jnp.ones((3, 2)),
+        ...           jnp.zeros(3))
+        >>> SFBatch.from_batch(b, jnp.ones((3, 4))).features.shape
+        (3, 4)
+        """
+        n, fs = jnp.shape(batch.observations)[0], jnp.shape(features)
+        if len(fs) != 2 or fs[0] != n:
+            raise ValueError(f"features: expected shape [{n}, F] (the batch's rows), got {fs}")
+        obs, nxt = batch.observations, batch.next_observations
+        return cls(obs, batch.actions, features, nxt, batch.terminals)
 
 
 class SFState(NamedTuple):
@@ -190,6 +207,32 @@ def task_weights(features, rewards, ridge: float = 1e-6):
     n, f = fs
     gram = features.T @ features + (ridge * n) * jnp.eye(f, dtype=features.dtype)
     return jnp.linalg.solve(gram, features.T @ rewards)
+
+
+def task_fit(features, rewards, ridge: float = 1e-6) -> tuple[jax.Array, float]:
+    """Returns ``(w [F], r2)``: :func:`task_weights` and the R^2 of its fit of ``rewards``.
+
+    ``w`` is fitted in float32; ``r2 = 1 - |rewards - features w|^2 / |rewards - mean|^2`` is
+    evaluated on the host, the residuals in float64 (``features w`` in the features' dtype).
+    An R^2 near 1 says the new task is nearly linear in the features, so GPI's values
+    ``psi . w`` are nearly its action values.
+
+    Args:
+      features: ``[N, F]`` ``phi(s, a, s')``.
+      rewards: ``[N]`` rewards of the new objective on the same transitions, not all equal.
+      ridge: Tikhonov weight per sample, ``>= 0``.
+
+    >>> phi = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], np.float32)
+    >>> w, r2 = task_fit(phi, np.array([1.0, 2.0, 3.0]), ridge=0.0)
+    >>> w.round(4).tolist(), round(r2, 4)
+    ([1.0, 2.0], 1.0)
+    """
+    phi, r = np.asarray(features), np.asarray(rewards, np.float64)
+    w = task_weights(jnp.asarray(phi), jnp.asarray(r, jnp.float32), ridge)
+    dev = np.sum((r - r.mean()) ** 2)
+    if not dev > 0:
+        raise ValueError("rewards: expected values that are not all equal (R^2 is undefined)")
+    return w, float(1.0 - np.sum((r - phi @ np.asarray(w)) ** 2) / dev)
 
 
 def gpi(psi_fn: Callable, obs, candidates, w, policy_mask=None):

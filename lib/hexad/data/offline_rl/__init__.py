@@ -70,6 +70,9 @@ from hexad.data.offline_rl._locomotion import (
     collect_locomotion,
     evaluate_locomotion,
     locomotion_levels,
+    tracking_return_bound,
+    tracking_reward,
+    velocity_features,
 )
 from hexad.data.offline_rl._maze import (
     UMAZE,
@@ -129,7 +132,10 @@ __all__ = [
     "save_offline_rl",
     "spec_tag",
     "torso_yaw",
+    "tracking_return_bound",
+    "tracking_reward",
     "upright",
     "validate_offline_rl",
     "vec_step",
+    "velocity_features",
 ]

@@ -1,6 +1,6 @@
 """MuJoCo locomotion (HalfCheetah, Hopper, Walker2d): environments, collection with a given
-policy, D4RL-style level selection, and evaluation. The behaviour policies themselves are
-trained in :mod:`hexad.policy` (``locomotion_dataset``)."""
+policy, D4RL-style level selection, the velocity-tracking objective, and evaluation. The behaviour
+policies themselves are trained in :mod:`hexad.policy` (``locomotion_dataset``)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,15 @@ __all__ = [
     "collect_locomotion",
     "evaluate_locomotion",
     "locomotion_levels",
+    "tracking_return_bound",
+    "tracking_reward",
+    "velocity_features",
 ]
 
 LOCOMOTION_ENVS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
 LOCOMOTION_LEVELS = ("random", "medium", "expert", "medium-replay")
+# Each task's per-step healthy bonus (gymnasium's default ``healthy_reward``; HalfCheetah has none).
+_HEALTHY_REWARD = {"HalfCheetah-v5": 0.0, "Hopper-v5": 1.0, "Walker2d-v5": 1.0}
 
 
 def check_env_id(env_id: str) -> str:
@@ -152,6 +157,83 @@ def locomotion_levels(snapshot_returns) -> dict[str, int]:
     return {"random": 0, "medium": medium, "expert": best}
 
 
+def tracking_reward(data, target_velocity) -> np.ndarray:
+    """Returns ``[N]`` float64 the velocity-tracking reward ``r - reward_forward - |v - v*|``.
+
+    The environment's reward with its forward term replaced by a tracking term: the control
+    cost and, for Hopper and Walker2d, the healthy bonus are kept. ``v - v*`` is taken in the
+    promoted dtype of ``infos/x_velocity`` and ``target_velocity``, the rest in float64.
+
+    Args:
+      data: a mapping with ``rewards [N]``, ``infos/reward_forward [N]`` and
+        ``infos/x_velocity [N]`` (the locomotion data's fields, or one :func:`vec_step`).
+      target_velocity: ``v*``, a scalar or ``[N]`` (e.g. each transition's hindsight goal).
+
+    >>> d = {"rewards": np.array([3.0, 0.5]), "infos/reward_forward": np.array([2.0, 1.0]),
+    ...      "infos/x_velocity": np.array([2.0, 1.0])}
+    >>> tracking_reward(d, 1.5).tolist()
+    [0.5, -1.0]
+    """
+    r, fwd, v = (
+        np.asarray(data[k]) for k in ("rewards", "infos/reward_forward", "infos/x_velocity")
+    )
+    if r.ndim != 1 or fwd.shape != r.shape or v.shape != r.shape:
+        raise ValueError(
+            "data: expected rewards, infos/reward_forward, infos/x_velocity of one shape [N], "
+            f"got {r.shape}, {fwd.shape}, {v.shape}"
+        )
+    target = np.asarray(target_velocity)
+    if target.shape not in ((), r.shape):
+        raise ValueError(
+            f"target_velocity: expected a scalar or shape {r.shape}, got {target.shape}"
+        )
+    return (r - fwd).astype(np.float64) - np.abs(v - target_velocity)
+
+
+def velocity_features(data, grid) -> np.ndarray:
+    """Returns ``[N, M + 1]`` float32 features ``[-|v - c_m|]_m, r - reward_forward``.
+
+    The successor features' ``phi`` of the tracking objective: one tracking term per grid
+    velocity ``c_m``, then the rest of the environment's reward (control cost, healthy bonus).
+    :func:`tracking_reward` for ``v* = c_m`` is exactly ``phi_m + phi_M`` (up to rounding), and
+    for any other ``v*`` it is approximately linear in ``phi``. Computed in float64.
+
+    Args:
+      data: a mapping with ``rewards [N]``, ``infos/reward_forward [N]``, ``infos/x_velocity [N]``.
+      grid: ``[M]`` velocities ``c_m``.
+
+    >>> d = {"rewards": np.array([3.0]), "infos/reward_forward": np.array([2.0]),
+    ...      "infos/x_velocity": np.array([2.0])}
+    >>> velocity_features(d, np.array([0.0, 1.5])).tolist()
+    [[-2.0, -0.5, 1.0]]
+    """
+    c = np.asarray(grid)
+    if c.ndim != 1:
+        raise ValueError(f"grid: expected shape [M], got {c.shape}")
+    v = np.asarray(data["infos/x_velocity"]).astype(np.float64)[:, None]
+    rest = np.asarray(data["rewards"]) - np.asarray(data["infos/reward_forward"])
+    rest = rest.astype(np.float64)[:, None]
+    return np.concatenate([-np.abs(v - c[None]), rest], -1).astype(np.float32)
+
+
+def tracking_return_bound(env_id: str, episode_steps: int) -> float:
+    """Returns the highest return of the tracking objective over ``episode_steps`` steps.
+
+    Exact tracking with zero control cost, healthy at every step: ``episode_steps`` times the
+    task's healthy bonus (1 for Hopper and Walker2d, 0 for HalfCheetah). No policy reaches it;
+    it is the 100 of a normalised tracking score.
+
+    Args:
+      env_id: one of ``LOCOMOTION_ENVS``.
+      episode_steps: steps per episode, ``>= 1``.
+
+    >>> tracking_return_bound("Hopper-v5", 1000), tracking_return_bound("HalfCheetah-v5", 1000)
+    (1000.0, 0.0)
+    """
+    check_env_id(env_id)
+    return _HEALTHY_REWARD[env_id] * check_int("episode_steps", episode_steps)
+
+
 def evaluate_locomotion(
     policy,
     env_id: str,
@@ -169,9 +251,9 @@ def evaluate_locomotion(
     batched policy call per step. An episode ends at ``episode_steps`` or when the task
     terminates (Hopper or Walker2d falling); later steps are ignored.
 
-    With ``target_velocity`` ``v*`` the *shifted* reward of a step replaces the environment's
-    forward term by a tracking term: ``r - reward_forward - |x_velocity - v*|`` (keeping the
-    control cost and, for Hopper and Walker2d, the healthy bonus).
+    With ``target_velocity`` ``v*`` the *shifted* reward of a step is :func:`tracking_reward`:
+    the environment's forward term replaced by ``-|x_velocity - v*|`` (keeping the control cost
+    and, for Hopper and Walker2d, the healthy bonus).
 
     Args:
       policy: host-callable returning actions in ``[-1, 1]``.
@@ -217,10 +299,7 @@ def evaluate_locomotion(
                 acc["velocity"] += w * tr["infos/x_velocity"]
                 acc["length"] += w
                 if target_velocity is not None:
-                    track = np.abs(tr["infos/x_velocity"] - target_velocity)
-                    acc["shifted_return"] += w * (
-                        tr["rewards"] - tr["infos/reward_forward"] - track
-                    )
+                    acc["shifted_return"] += w * tracking_reward(tr, target_velocity)
                 alive &= tr["terminals"] == 0
                 if not alive.any():
                     break
