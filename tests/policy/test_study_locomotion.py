@@ -94,7 +94,10 @@ def _smoke(tmp_path, monkeypatch, cache_root):
 
 def test_every_task_has_a_healthy_bonus_and_bad_env_raises():
     # The normalisation's 100 (exact tracking) needs each task's healthy bonus.
-    assert set(study.HEALTHY_BONUS) == set(study.offline_rl.LOCOMOTION_ENVS)
+    bound = {
+        e: study.offline_rl.tracking_return_bound(e, 10) for e in study.offline_rl.LOCOMOTION_ENVS
+    }
+    assert bound == {"HalfCheetah-v5": 0.0, "Hopper-v5": 10.0, "Walker2d-v5": 10.0}
     assert study.Config().envs == study.offline_rl.LOCOMOTION_ENVS  # the full study runs all three
     with pytest.raises(ValueError, match="envs"):
         study.run(study.STUDY.make_config(True, {"envs": ("Walker2d-v4",)}), None)
