@@ -390,15 +390,8 @@ class Context:
         ...     print(start, state["w"].tolist())
         1 [1.0, 1.0]
         """
-        if self.checkpoint_dir is None:
-            yield 0, init_state, lambda step, state: None
-            return
-        from hexad import cachex
-
-        with cachex.CacheXManager(self.checkpoint_dir / tag) as mngr:
-            start, state = cachex.resume(mngr, init_state, self.resume)
-            yield start, state, lambda step, st: mngr.save(step, st)
-            mngr.wait_until_finished()
+        with _checkpoints(self.checkpoint_dir, tag, init_state, self.resume) as out:
+            yield out
 
     def train_chunks(
         self,
@@ -449,9 +442,9 @@ class Context:
         log = _last_of_each if log is None else log
         info_shape = jax.eval_shape(chunk_fn, state, jax.random.fold_in(key, 0))[1]
         info = jax.tree.map(lambda s: jax.numpy.zeros(s.shape, s.dtype), info_shape)
-        ckpt_dir = self.checkpoint_dir if ckpt_every is not None else None
-        ctx = dataclasses.replace(self, checkpoint_dir=ckpt_dir, _metrics_file=None)
-        with ctx.checkpointed(tag, {"state": state, "info": info}) as (start, saved, save):
+        root = self.checkpoint_dir if ckpt_every is not None else None
+        saved = {"state": state, "info": info}
+        with _checkpoints(root, tag, saved, self.resume) as (start, saved, save):
             state, info = saved["state"], saved["info"]
             for c in self.progress(range(start, n_chunks), desc=tag, total=n_chunks - start):
                 state, info = chunk_fn(state, jax.random.fold_in(key, c))
@@ -466,6 +459,20 @@ class Context:
         if self._metrics_file is not None:
             self._metrics_file.close()
             self._metrics_file = None
+
+
+@contextlib.contextmanager
+def _checkpoints(root: Path | None, tag: str, init_state: Any, resume: bool):
+    """:meth:`Context.checkpointed` in ``root / tag``; without ``root`` nothing is saved."""
+    if root is None:
+        yield 0, init_state, lambda step, state: None
+        return
+    from hexad import cachex
+
+    with cachex.CacheXManager(root / tag) as mngr:
+        start, state = cachex.resume(mngr, init_state, resume)
+        yield start, state, lambda step, st: mngr.save(step, st)
+        mngr.wait_until_finished()
 
 
 def _last_of_each(c: int, info: Any) -> dict[str, float]:
