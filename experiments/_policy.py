@@ -301,6 +301,24 @@ class Table:
             raise KeyError(f"row {row} is not in the table")
         return float(np.mean(np.asarray(values)[np.isin(self.specs[:, 0], hits)]))
 
+    def stat(self, results, names=None, score=None) -> Callable:
+        """``stat(metric, row) -> float``: the mean of ``results[metric]`` over a row's episodes.
+
+        ``names`` maps a metric to its key in ``results`` (e.g. ``{"return":
+        "shifted_return"}``); with ``score = (zero_row, ideal)`` the metric ``"score"`` is the
+        normalised return ``100 (R - R_zero) / (ideal - R_zero)``, ``R_zero`` the return of
+        ``zero_row``.
+        """
+        names = names or {}
+
+        def stat(metric, row):
+            if metric == "score" and score is not None:
+                r_zero = stat("return", score[0])
+                return 100.0 * (stat("return", row) - r_zero) / (score[1] - r_zero)
+            return self.mean(results[names.get(metric, metric)], row)
+
+        return stat
+
     def best(self, key: Callable) -> Row:
         """The row with the largest ``key(row)`` among the learned methods (neither
         :attr:`Method.RANDOM` nor :attr:`Method.ZERO`); the first one on a tie."""
@@ -594,9 +612,7 @@ def run_maze(cfg: MazeConfig, ctx: _runner.Context, maze: Maze) -> dict:
         cfg.episode_steps,
     )
 
-    def stat(metric, row):
-        return table.mean(res[metric], row)
-
+    stat = table.stat(res)
     out = {
         "alphas": list(cfg.alphas),
         "kl_budget": cfg.kl_budget,

@@ -150,45 +150,39 @@ class Config(_policy.CompositionConfig):
         _runner.at_least(self, 1, "data_snapshot_every", "data_eval_steps", "velocity_horizon")
         _runner.at_least(self, 0, "data_seed", "data_start_steps")
 
-
-def locomotion_data(cfg: Config, env_id: str, level: str, ctx) -> dict:
-    """One level of the SAC-generated data (cached)."""
-    return policy.locomotion_dataset(
-        env_id,
-        level,
-        cfg.data_steps,
-        seed=cfg.data_seed,
-        n_per_level=cfg.data_per_level,
-        hidden=cfg.data_hidden,
-        progress=ctx.progress,
-        start_steps=cfg.data_start_steps,
-        snapshot_every=cfg.data_snapshot_every,
-        eval_steps=cfg.data_eval_steps,
-    )
+    def data_kwargs(self) -> dict:
+        """The keyword arguments of :func:`hexad.policy.locomotion_dataset`: the ``data_``
+        fields without their prefix (``data_steps`` is ``total_steps``, ``data_per_level``
+        ``n_per_level``)."""
+        renamed = {"data_steps": "total_steps", "data_per_level": "n_per_level"}
+        names = [f.name for f in dataclasses.fields(self) if f.name.startswith("data_")]
+        return {renamed.get(k, k.removeprefix("data_")): getattr(self, k) for k in names}
 
 
 def _run_env(cfg: Config, ctx, env_id: str, key) -> dict:
     name = env_id.split("-")[0].lower()
-    med_raw, rep_raw = (locomotion_data(cfg, env_id, lv, ctx) for lv in ("medium", "medium-replay"))
+    med_raw, rep_raw = (
+        policy.locomotion_dataset(env_id, lv, progress=ctx.progress, **cfg.data_kwargs())
+        for lv in ("medium", "medium-replay")
+    )
     # One observation normaliser (from the union of both sets) for every network.
     norm = policy.Normaliser.fit(np.concatenate([med_raw["observations"], rep_raw["observations"]]))
     med, rep = (norm.batch(policy.batch_from_dataset(d)) for d in (med_raw, rep_raw))
     vg = policy.velocity_goals(rep_raw, cfg.velocity_horizon)
-    goals = vg.goals
-    gdata = policy.goal_conditioned(rep, vg.inputs(goals))
-    # The guide's data: the shifted reward for the transition's own goal.
-    own_goal = offline_rl.tracking_reward(rep_raw, goals)
-    guide_data = gdata._replace(rewards=jnp.asarray(own_goal, jnp.float32))
+    # The prior's and the guide's data: the goal in the observations, and the shifted reward
+    # for the transition's own goal (the guide's objective; BC reads no rewards).
+    own_goal = jnp.asarray(offline_rl.tracking_reward(rep_raw, vg.goals), jnp.float32)
+    gdata = policy.goal_conditioned(rep, vg.inputs(vg.goals), own_goal)
     # SF + GPI: the library is each prior commanded with a fixed velocity grid (quantiles of
     # the replay data's hindsight velocities, not the target) plus the frozen actor.
-    grid = np.quantile(goals, np.linspace(0.1, 0.9, cfg.sf_velocities)).astype(np.float32)
+    grid = np.quantile(vg.goals, np.linspace(0.1, 0.9, cfg.sf_velocities)).astype(np.float32)
     g_grid = vg.inputs(grid)  # [M, 1]
     act_dim = med.actions.shape[1]
     nets = _policy.make_nets(cfg, act_dim, len(PRIORS) * len(grid) + 1, len(grid) + 1)
     phi = offline_rl.velocity_features(rep_raw, grid)
     sf_data = policy.SFBatch.from_batch(rep, jnp.asarray(phi))
     keys = jax.random.split(key, 6)
-    cql = (_policy.cql(cfg, nets.prior), guide_data, cfg.guide_cql_steps, keys[4], f"{name}_cql")
+    cql = (_policy.cql(cfg, nets.prior), gdata, cfg.guide_cql_steps, keys[4], f"{name}_cql")
     stages = (f"{name}_iql", f"{name}_vcbc", f"{name}_sf")
     frozen, lib = _policy.train_frozen(
         ctx, cfg, nets, med, gdata, sf_data, g_grid, keys, {"cql": cql}, name, stages
@@ -204,12 +198,7 @@ def _run_env(cfg: Config, ctx, env_id: str, key) -> dict:
     rng = np.random.default_rng(ctx.seed)
     s = med.observations[rng.choice(med.observations.shape[0], cfg.n_kl_states, replace=False)]
     s_g = prior_obs(s, None)
-
-    def kl_alpha_of(pp):  # the global KL-budget alpha of a prior against the actor
-        actor, prior = nets.actor.apply(lib.actor_params[0], s), nets.prior.apply(pp, s_g)
-        return policy.kl_budget_alpha(actor, prior, cfg.kl_budget)
-
-    select = jax.jit(kl_alpha_of)
+    select = jax.jit(lib.kl_budget_alpha_fn(0, s, s_g, cfg.kl_budget))
     kl_alpha = {(0, pi): float(select(pp)) for pi, pp in enumerate(lib.prior_params)}
     # SF task weights of the shifted objective: least squares on the replay transitions.
     w_sf, sf_r2 = policy.task_fit(phi, offline_rl.tracking_reward(rep_raw, v_star), cfg.sf_ridge)
@@ -225,20 +214,15 @@ def _run_env(cfg: Config, ctx, env_id: str, key) -> dict:
     res = _policy.evaluate_table(ctx, cfg, table, evaluate, act, env_id, target_velocity=v_star)
     # Normalised score: 0 = the zero-action policy (standing still, measured on the same
     # episodes), 100 = the exact-tracking bound (not achieved by any policy here).
-    r_zero = table.mean(res["shifted_return"], zero_row)
     r_ideal = offline_rl.tracking_return_bound(env_id, cfg.episode_steps)
-
-    def stat(metric, row):
-        if metric == "score":
-            return 100.0 * (stat("return", row) - r_zero) / (r_ideal - r_zero)
-        return table.mean(res["shifted_return" if metric == "return" else metric], row)
-
+    stat = table.stat(res, {"return": "shifted_return"}, (zero_row, r_ideal))
+    r_zero = stat("return", zero_row)
     best = table.best(lambda r: stat("return", r))
     pre, se = name + "_", _runner.mean_se(res["shifted_return"], len(table.rows))
     out = {
         pre + "target_velocity": v_star,
         pre + "medium_velocity": v_med,
-        pre + "replay_velocity_range": [float(goals.min()), float(goals.max())],
+        pre + "replay_velocity_range": [float(vg.goals.min()), float(vg.goals.max())],
         **_policy.named_summary(stat, {"random": rand_row, "best": best}, ("return", "score"), pre),
         pre + "zero_return": r_zero,
         pre + "ideal_return": r_ideal,
@@ -255,8 +239,9 @@ def _run_env(cfg: Config, ctx, env_id: str, key) -> dict:
     metrics, curves = ("score", "return"), (("poe", "score"), ("poe", "return"))
     curves += (("additive", "score"), ("poe", "velocity"))
     velocity = {"velocity": ("actor", "prior_only", "sfgpi")}
-    args = (stat, 0, cfg, kl_alpha, guided, metrics, "score", curves, pre, velocity)
-    return out | _policy.actor_summary(*args)
+    return out | _policy.actor_summary(
+        stat, 0, cfg, kl_alpha, guided, metrics, "score", curves, pre, velocity
+    )
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:

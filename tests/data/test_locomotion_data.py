@@ -1,5 +1,7 @@
 """Locomotion offline data: D4RL fields and levels of hexad.policy.locomotion_dataset, caching,
-refusals, level selection, collection and the shifted-reward evaluation."""
+refusals, level selection, collection, the tracking objective and the shifted-reward evaluation."""
+
+import functools
 
 import jax
 import numpy as np
@@ -144,3 +146,83 @@ def test_walker2d_shifted_reward_keeps_healthy_bonus():
     n = res["length"]
     assert np.all(n == 5)
     np.testing.assert_allclose(res["shifted_return"], -9.0 * n - n * res["velocity"], rtol=1e-5)
+
+
+def _steps(r, fwd, v):
+    return {
+        "rewards": np.asarray(r, np.float32),
+        "infos/reward_forward": np.asarray(fwd, np.float32),
+        "infos/x_velocity": np.asarray(v, np.float32),
+    }
+
+
+def test_tracking_reward_replaces_the_forward_term():
+    # r = healthy 1 + forward v - control 0.25: the tracking reward is 1 - 0.25 - |v - v*|.
+    v = np.array([0.0, 1.0, 2.5])
+    d = _steps(1.0 + v - 0.25, v, v)
+    got = D.tracking_reward(d, 1.0)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, 0.75 - np.abs(v - 1.0), rtol=1e-6)
+    # One target per transition (a hindsight goal each).
+    np.testing.assert_allclose(D.tracking_reward(d, v), [0.75, 0.75, 0.75], rtol=1e-6)
+    with pytest.raises(ValueError, match="target_velocity"):
+        D.tracking_reward(d, np.zeros(2))
+    with pytest.raises(ValueError, match="data"):
+        D.tracking_reward(_steps([1.0], [1.0, 2.0], [1.0]), 0.0)
+
+
+def test_velocity_features_make_each_grid_target_linear():
+    # Tracking a grid velocity c_m is exactly phi_m + phi_M: the SF task weights are one-hot
+    # plus the rest term, which is why SF + GPI can track any grid velocity without learning.
+    rng = np.random.default_rng(0)
+    v = rng.normal(size=50)
+    d = _steps(1.0 + v - rng.uniform(0, 1, 50), v, v)
+    grid = np.array([-0.5, 0.0, 1.25], np.float32)
+    phi = D.velocity_features(d, grid)
+    assert phi.shape == (50, 4) and phi.dtype == np.float32
+    for m, c in enumerate(grid):
+        np.testing.assert_allclose(phi[:, m] + phi[:, -1], D.tracking_reward(d, c), atol=1e-5)
+    with pytest.raises(ValueError, match="grid"):
+        D.velocity_features(d, grid[:, None])
+
+
+def test_tracking_return_bound_is_the_healthy_bonus_per_step():
+    # Checked against gymnasium's own default healthy_reward (HalfCheetah has none).
+    import inspect
+
+    import gymnasium as gym
+
+    for env_id in D.LOCOMOTION_ENVS:
+        env = gym.make(env_id)
+        try:
+            params = inspect.signature(type(env.unwrapped).__init__).parameters
+        finally:
+            env.close()
+        healthy = params["healthy_reward"].default if "healthy_reward" in params else 0.0
+        assert D.tracking_return_bound(env_id, 7) == 7 * healthy
+    with pytest.raises(ValueError, match="env_id"):
+        D.tracking_return_bound("Hopper-v4", 7)
+    with pytest.raises(ValueError, match="episode_steps"):
+        D.tracking_return_bound("Hopper-v5", 0)
+
+
+def test_default_settings_name_the_same_cache_files(levels, monkeypatch):
+    # Passing a generator default explicitly reads the files its omission wrote: generation
+    # would raise here, so only a cache hit passes. A non-default value names other files.
+    folder, data = levels
+    from hexad.policy import _behaviour
+
+    original = _behaviour.generate_locomotion
+
+    @functools.wraps(original)
+    def refuse(*args, **kwargs):
+        raise AssertionError("generated instead of reading the cache")
+
+    monkeypatch.setattr(_behaviour, "generate_locomotion", refuse)
+    defaults = dict(lr=1e-3, n_envs=4, episode_steps=1000, n_eval_episodes=2)
+    again = P.locomotion_dataset("Hopper-v5", "medium", path_dir=folder, **TINY_HOPPER, **defaults)
+    np.testing.assert_array_equal(again["actions"], data["medium"]["actions"])
+    with pytest.raises(AssertionError, match="generated"):
+        P.locomotion_dataset("Hopper-v5", "medium", path_dir=folder, **TINY_HOPPER, lr=1e-2)
+    with pytest.raises(TypeError, match="kwargs.*widht"):
+        P.locomotion_dataset("Hopper-v5", "medium", path_dir=folder, **TINY_HOPPER, widht=8)

@@ -215,3 +215,34 @@ def test_gpi_picks_the_best_member_of_each_rows_pair():
         q = np.asarray(psi(jnp.broadcast_to(obs[b], (len(cands), OBS)), cands)) @ np.asarray(w)
         best = cands[np.argmax(q[:, mask].max(axis=1))]
         np.testing.assert_allclose(got[b], best, rtol=1e-6)
+
+
+def test_row_labels():
+    names = ("good", "degraded", "random")
+    assert Row(0, 1, Method.POE, 0.25).label(names) == "poe alpha=0.25 degraded"
+    assert Row(0, 0, Method.ADDITIVE, 1.0).label(names) == "additive alpha=1 good"
+    assert Row(0, 2, Method.KL_STATE, 0.0).label(names) == "poe_kl_state random"
+    assert Row(0, 2, Method.SFGPI, 0.0).label(names) == "sfgpi random"
+    assert Row(0, 0, Method.CQL_GUIDED, 0.5).label(names) == "cql_guided shift=0.5"
+    assert Row(0, 0, Method.IQL_GUIDED, 2.0).label(()) == "iql_guided shift=2"
+    assert Row(0, 0, Method.ZERO, 0.0).label(()) == "zero"
+    with pytest.raises(ValueError, match="prior_names"):
+        Row(0, 3, Method.POE, 0.5).label(names)
+
+
+def test_kl_budget_alpha_fn_is_the_selector_of_each_prior(fast_compile):
+    net = policy.GaussianActor(D, (8,))
+    ks = jax.random.split(jax.random.key(3), 5)
+    s = jax.random.normal(ks[0], (16, OBS))
+    s_g = jnp.concatenate([s, jnp.ones((16, 1))], -1)
+    ap = net.init(ks[1], s[:1])
+    pps = [net.init(k, s_g[:1]) for k in ks[2:]]
+    lib = policy.ExpertLibrary(net, net, (ap,), tuple(pps), jnp.ones((1, 1)))
+    fn = jax.jit(chex.assert_max_traces(lib.kl_budget_alpha_fn(0, s, s_g, 0.3), n=1))
+    for pp in pps:
+        want = policy.kl_budget_alpha(net.apply(ap, s), net.apply(pp, s_g), 0.3)
+        assert float(fn(pp)) == pytest.approx(float(want), abs=1e-6)
+        kl = policy.poe_kl_to_actor(net.apply(ap, s), net.apply(pp, s_g), fn(pp))
+        assert float(jnp.mean(kl)) <= 0.3 + 1e-5  # feasible
+    with pytest.raises(ValueError, match="actor"):
+        lib.kl_budget_alpha_fn(1, s, s_g, 0.3)

@@ -253,3 +253,25 @@ def test_dataset_validation():
         P.iql(
             P.GaussianActor(2), P.TwinCritic(), P.ValueNet(), *(optax.sgd(1.0),) * 3, expectile=1.5
         )
+
+
+def test_normaliser_standardises_observations_and_batches():
+    rng = np.random.default_rng(0)
+    x = (3.0 + 2.0 * rng.normal(size=(500, 3))).astype(np.float32)
+    x[:, 2] = 5.0  # a constant feature stays finite thanks to eps
+    norm = P.Normaliser.fit(x, eps=1e-3)
+    z = np.asarray(norm(jnp.asarray(x)))
+    np.testing.assert_allclose(z.mean(0), 0.0, atol=1e-5)
+    sd = x.std(0)
+    np.testing.assert_allclose(z.std(0), sd / (sd + 1e-3), rtol=1e-4)
+    # The same map inside jit (a pytree: its statistics are leaves), and on both batch fields.
+    np.testing.assert_allclose(jax.jit(lambda n, o: n(o))(norm, x), z, rtol=1e-6)
+    b = P.Batch(jnp.asarray(x), jnp.zeros((500, 1)), jnp.zeros(500), jnp.asarray(x), jnp.zeros(500))
+    nb = norm.batch(b)
+    np.testing.assert_allclose(nb.observations, z, rtol=1e-6)
+    np.testing.assert_allclose(nb.next_observations, z, rtol=1e-6)
+    assert nb.actions is b.actions
+    with pytest.raises(ValueError, match="observations"):
+        P.Normaliser.fit(x[:, 0])
+    with pytest.raises(ValueError, match="eps"):
+        P.Normaliser.fit(x, eps=0.0)

@@ -190,3 +190,30 @@ def test_sf_bad_input(tabular_problem):
         P.gpi(psi, jnp.zeros((2, 1)), jnp.zeros((2, 2, 2)), jnp.ones(3))
     with pytest.raises(ValueError, match="policy_mask"):
         P.gpi(psi, jnp.zeros((2, 1)), jnp.zeros((2, 2, 2)), jnp.ones(2), policy_mask=np.ones(3))
+
+
+def test_task_fit_weights_and_r2_closed_forms():
+    rng = np.random.default_rng(0)
+    phi = rng.normal(size=(40, 3)).astype(np.float32)
+    w_true = np.array([1.0, -2.0, 0.5])
+    w, r2 = P.task_fit(phi, phi @ w_true, ridge=0.0)  # exactly linear: R^2 = 1
+    np.testing.assert_allclose(w, w_true, atol=1e-4)
+    assert r2 == pytest.approx(1.0, abs=1e-6)
+    # A constant feature alone fits the mean: R^2 = 0 exactly (up to rounding).
+    r = rng.normal(size=40)
+    w, r2 = P.task_fit(np.ones((40, 1), np.float32), r, ridge=0.0)
+    assert float(w[0]) == pytest.approx(r.mean(), abs=1e-5) and r2 == pytest.approx(0.0, abs=1e-5)
+    with pytest.raises(ValueError, match="rewards"):
+        P.task_fit(phi, np.ones(40))
+
+
+def test_sf_batch_from_batch_keeps_the_transitions():
+    b = P.Batch(
+        jnp.zeros((3, 2)), jnp.ones((3, 1)), jnp.zeros(3), jnp.full((3, 2), 2.0), jnp.ones(3)
+    )
+    phi = jnp.arange(12.0).reshape(3, 4)
+    sb = P.SFBatch.from_batch(b, phi)
+    assert sb.features is phi and sb.actions is b.actions and sb.terminals is b.terminals
+    assert sb.observations is b.observations and sb.next_observations is b.next_observations
+    with pytest.raises(ValueError, match="features"):
+        P.SFBatch.from_batch(b, phi[:2])

@@ -26,6 +26,7 @@ from hexad.policy._gaussian import (
     DiagGaussian,
     _check_pair,
     additive,
+    kl_budget_alpha,
     kl_budget_alpha_per_state,
     poe,
 )
@@ -243,6 +244,40 @@ class ExpertLibrary:
         (4, 1)
         """
         return _pick([self.prior.apply(p, obs_goal) for p in self.prior_params], index)
+
+    def kl_budget_alpha_fn(self, actor: int, obs, obs_goal, budget) -> Callable:
+        """Returns ``alpha(prior_params) -> scalar``: a prior's global KL-budget alpha.
+
+        :func:`kl_budget_alpha` of the prior network with ``prior_params`` at ``obs_goal``
+        against actor ``actor`` at ``obs``: a pure function of the prior's parameters (jit it
+        once and call it for each prior, or vmap it over stacked parameters); the actor's
+        parameters and the states are closed over.
+
+        Args:
+          actor: index of the actor.
+          obs: ``[n, o]`` states.
+          obs_goal: ``[n, o + g]`` the same states with the goal the prior is commanded with.
+          budget: scalar ``>= 0``, nats.
+
+        >>> from hexad.policy import GaussianActor
+        >>> net = GaussianActor(1, ())
+        >>> p = net.init(jax.random.key(0), jnp.zeros((1, 2)))
+        >>> lib = ExpertLibrary(net, net, (p,), (p,), jnp.zeros((1, 0)))
+        >>> s = jnp.ones((4, 2))
+        >>> round(float(lib.kl_budget_alpha_fn(0, s, s, 0.5)(p)), 4)  # the prior is the actor
+        1.0
+        """
+        if not 0 <= actor < len(self.actor_params):
+            raise ValueError(
+                f"actor: expected an index in [0, {len(self.actor_params)}), got {actor}"
+            )
+        params = self.actor_params[actor]
+
+        def alpha(prior_params):
+            a, p = self.actor.apply(params, obs), self.prior.apply(prior_params, obs_goal)
+            return kl_budget_alpha(a, p, budget)
+
+        return alpha
 
     def gpi(self, psi_fn: Callable, obs, w, actor_index, prior_index) -> jax.Array:
         """Returns ``[B, d]`` the GPI action of each row over its own pair's members.

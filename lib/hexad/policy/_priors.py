@@ -171,17 +171,18 @@ def velocity_goals(data, horizon: int, eps: float = 1e-3) -> VelocityGoals:
     return VelocityGoals(goals, float(np.std(goals) + eps))
 
 
-def goal_conditioned(batch: Batch, goals) -> Batch:
+def goal_conditioned(batch: Batch, goals, rewards=None) -> Batch:
     """Returns ``batch`` with each transition's goal appended to its observations.
 
     The input of a goal-conditioned network: ``observations`` and ``next_observations`` become
     ``[N, o + g]`` (the goal stays fixed across the transition, as in hindsight relabelling);
-    actions, rewards and terminals are unchanged (replace the rewards with ``._replace`` for a
-    goal-dependent objective).
+    actions and terminals are unchanged, and so are the rewards unless ``rewards`` (the
+    goal-dependent objective's) replace them.
 
     Args:
       batch: a :class:`Batch` of ``N`` transitions.
-      goals: ``[N, g]`` goals (e.g. :func:`hindsight_mean` ``[:, None]``).
+      goals: ``[N, g]`` goals (e.g. :meth:`VelocityGoals.inputs`).
+      rewards: optional ``[N]`` rewards for these goals.
 
     >>> b = Batch(jnp.zeros((3, 2)), jnp.zeros((3, 1)), jnp.zeros(3), jnp.ones((3, 2)),
     ...           jnp.zeros(3))
@@ -193,9 +194,14 @@ def goal_conditioned(batch: Batch, goals) -> Batch:
     n = jnp.shape(batch.observations)[0]
     if g.ndim != 2 or g.shape[0] != n:
         raise ValueError(f"goals: expected shape [{n}, g] (the batch's rows), got {g.shape}")
+    if rewards is not None and jnp.shape(rewards) != (n,):
+        raise ValueError(
+            f"rewards: expected shape ({n},) (the batch's rows), got {jnp.shape(rewards)}"
+        )
     obs = jnp.concatenate([batch.observations, g], -1)
     nxt = jnp.concatenate([batch.next_observations, g], -1)
-    return batch._replace(observations=obs, next_observations=nxt)
+    out = batch._replace(observations=obs, next_observations=nxt)
+    return out if rewards is None else out._replace(rewards=rewards)
 
 
 def degrade_params(key, params: Any, scale: float) -> Any:
