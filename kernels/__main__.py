@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         meta["roofline_gflops"] = roofline.peak_flops / 1e9
         meta["roofline_gbs"] = roofline.bandwidth / 1e9
         _harness.write_jsonl(rows, args.json, meta)
+    unbounded = [r.name for r in rows if r.bound_s is None]
+    if unbounded:
+        print(f"# rows without a lower bound: {', '.join(unbounded)}", file=sys.stderr)
     if failed:
         print(f"# failed cases: {', '.join(failed)}", file=sys.stderr)
         return 1

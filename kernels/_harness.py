@@ -11,10 +11,20 @@ Timing protocol (DESIGN.md): for a jitted case, compile seconds come from
 calls, each ended with ``jax.block_until_ready``; the row reports the median. The peer gets the
 same protocol. ``ratio = median(ours) / median(peer)``: below 1 means faster than the peer.
 
-Roofline: at start-up the harness measures this machine's peak float32 matmul FLOP/s and memory
-bandwidth with jnp kernels (:func:`measure_roofline`); a case that states its ``flops`` and
-``bytes`` reports the fraction of the roofline bound ``min(peak, intensity * bandwidth)`` it
-reaches.
+Lower bounds: every row states the kernel's own limit and the fraction of it reached
+(``bound_s / median``, 1.0 = at the limit), beside the peer ratio; a peer can be slow too. A
+case gives its bound in one of three ways, and ``bound_note`` says how it was computed:
+
+- the roofline, from ``flops`` and ``bytes``: at start-up the harness measures this machine's
+  peak float32 matmul FLOP/s and memory bandwidth with jnp kernels (:func:`measure_roofline`),
+  and the bound is ``max(flops / peak, bytes / bandwidth)``;
+- an *equivalent-work* bound: ``bound_work`` times the median of ``bound_fn(*bound_args)``,
+  timed in the same run by the same protocol (e.g. DTB's outer step against ``K + 2`` plain
+  training steps of the same model, or Pref-MH against one random-walk MH step);
+- a fixed ``bound_s`` in seconds, measured by the case module itself (e.g. fsync'd bytes over
+  this disk's measured fsync'd bandwidth, a host copy over the measured copy bandwidth).
+
+The ratio to the peer and the fraction of the bound are the two numbers to quote.
 """
 
 from __future__ import annotations
@@ -58,6 +68,14 @@ class Case:
       goal: the issue's bar, stated as text, e.g. ``"ratio <= 1.2"``.
       repeats: at least this many timed calls (raised to 5 if lower).
       warmup: untimed calls before timing (after compilation).
+      bound_s: the kernel's lower bound in seconds, measured by the case module (see the
+        module docstring); ``None`` to use ``bound_fn`` or the roofline.
+      bound_fn: a reference computation whose median, times ``bound_work``, is the bound.
+      bound_args: arguments of ``bound_fn`` (default: ``args``; when ``bound_fn`` is the peer,
+        the peer's own median is reused).
+      bound_work: how many ``bound_fn`` calls one call of ``fn`` must do at least.
+      bound_jit: whether to wrap ``bound_fn`` in ``jax.jit``.
+      bound_note: how the bound is computed, in words (printed with the row).
     """
 
     name: str
@@ -77,6 +95,12 @@ class Case:
     goal: str = ""
     repeats: int = 7
     warmup: int = 2
+    bound_s: float | None = None
+    bound_fn: Callable | None = None
+    bound_args: tuple | None = None
+    bound_work: float = 1.0
+    bound_jit: bool = True
+    bound_note: str = ""
 
 
 @dataclasses.dataclass
@@ -112,6 +136,9 @@ class Row:
     peer_median_s: float | None = None
     ratio: float | None = None
     goal: str = ""
+    bound_s: float | None = None
+    bound_frac: float | None = None
+    bound_note: str = ""
     extra: dict = dataclasses.field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -205,7 +232,33 @@ def time_case(case: Case, roofline: Roofline) -> Row:
         row.peer_compile_s = p_compile
         row.peer_median_s = statistics.median(p_times)
         row.ratio = median / row.peer_median_s
+    row.bound_s, row.bound_note = _bound(case, roofline, row.peer_median_s)
+    if row.bound_s is not None:
+        row.bound_frac = row.bound_s / median
     return row
+
+
+def _bound(case: Case, roofline: Roofline, peer_median: float | None) -> tuple[float | None, str]:
+    """Returns ``(bound seconds or None, how it was computed)`` for ``case``.
+
+    A ``bound_fn`` that is the case's own peer (with no ``bound_args`` of its own) reuses the
+    peer's median instead of timing it again.
+    """
+    if case.bound_s is not None:
+        return float(case.bound_s), case.bound_note or "measured by the case"
+    if case.bound_fn is not None and case.bound_fn is case.peer and case.bound_args is None:
+        note = case.bound_note or f"{case.bound_work:g} x the peer"
+        return case.bound_work * peer_median, note
+    if case.bound_fn is not None:
+        args = case.args if case.bound_args is None else case.bound_args
+        _, times = time_call(
+            case.bound_fn, args, jit=case.bound_jit, repeats=case.repeats, warmup=case.warmup
+        )
+        note = case.bound_note or f"{case.bound_work:g} x {case.bound_fn.__name__}"
+        return case.bound_work * statistics.median(times), note
+    if case.flops or case.bytes:
+        return roofline.bound(case.flops, case.bytes), case.bound_note or "roofline"
+    return None, ""
 
 
 def _si(x: float | None, unit: str = "") -> str:
@@ -236,6 +289,8 @@ def format_table(rows: Sequence[Row]) -> str:
         "median",
         "throughput",
         "roofline",
+        "bound",
+        "of bound",
         "peer",
         "peer median",
         "ratio",
@@ -251,6 +306,8 @@ def format_table(rows: Sequence[Row]) -> str:
                 _secs(r.median_s),
                 _si(r.throughput, r.unit + "/s"),
                 "-" if r.roofline_frac is None else f"{100 * r.roofline_frac:.1f}%",
+                f"{_secs(r.bound_s)} ({r.bound_note})" if r.bound_s is not None else "-",
+                "-" if r.bound_frac is None else f"{100 * r.bound_frac:.1f}%",
                 r.peer_name or "-",
                 _secs(r.peer_median_s),
                 "-" if r.ratio is None else f"{r.ratio:.3f}",

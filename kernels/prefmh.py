@@ -5,13 +5,17 @@ Rows:
 - ``prefmh/kbudget K=1``: chain steps per second of Pref-MH (K = 1, a Bradley-Terry judge of a
   2-D four-component Gaussian mixture, Gaussian random walk), 4096 vmapped chains, 50 steps in
   one ``lax.scan``. Peer: ``blackjax.normal_random_walk`` with the exact log-density of the
-  same target and the same step size, same chains and steps (issue 4's bar: at least 0.7x its
-  throughput, i.e. time ratio ours/peer <= 1.43).
+  same target and the same step size, same chains and steps (goal: ratio ours/peer <= 1.05).
 - ``prefmh/kbudget K=3``: the same with three comparisons per step (same peer).
 - ``prefmh/external judge``: the same K = 1 chain whose judge is a numpy Bradley-Terry
   simulator reached through ``jax.pure_callback`` (one batched host call per step for all
   chains); throughput is in comparisons/s. Peer: the in-graph Bradley-Terry judge. The
   overhead per comparison is ``(median - peer median) / comparisons``.
+
+Bounds: a K-budget step does at least the work of one random-walk MH step (one score of the
+proposal, one uniform), so each K-budget row's bound is the BlackJAX step timed in the same run
+(a fraction of 1.0 is RWMH's cost); the external-judge row's bound is the same chain with the
+in-graph judge (what remains is the host round trip).
 
 Run: ``python -m kernels prefmh [--quick]`` (``--quick``: 1024 chains, 20 steps).
 """
@@ -99,7 +103,9 @@ def cases(quick: bool) -> list[Case]:
                 peer=peer_run,
                 peer_args=(key, bj_state),
                 peer_name="blackjax.normal_random_walk",
-                goal="ours >= 0.7x peer throughput (ratio <= 1.43)" if k == 1 else "",
+                goal="ratio <= 1.05 vs the peer" if k == 1 else "",
+                bound_fn=peer_run,
+                bound_note="1 RWMH step per step",
             )
         )
     ext_steps = 5 if quick else 10
@@ -119,6 +125,8 @@ def cases(quick: bool) -> list[Case]:
             peer_name="in-graph BT judge",
             goal="report overhead per comparison",
             repeats=5,
+            bound_fn=bt_run,
+            bound_note="the in-graph judge's chain",
         )
     )
     return out

@@ -93,3 +93,31 @@ def test_cli_roofline_quick(tmp_path):
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert {r["name"].split(" ")[0] for r in rows} == {"roofline/matmul", "roofline/stream"}
     assert all(r["median_s"] > 0 and r["ratio"] > 0 for r in rows)
+
+
+def test_every_kind_of_bound(roofline):
+    x = np.ones((32, 32), np.float32)
+
+    def case(**kw):
+        return _harness.Case(name="t/b", fn=lambda v: v + 1, args=(x,), jit=False, **kw)
+
+    fixed = _harness.time_case(case(bound_s=1e-3, bound_note="disk"), roofline)
+    assert fixed.bound_s == 1e-3 and fixed.bound_note == "disk"
+    assert fixed.bound_frac == pytest.approx(1e-3 / fixed.median_s)
+
+    def ref(v):
+        return v * 2
+
+    work = _harness.time_case(case(bound_fn=ref, bound_work=3.0, bound_jit=False), roofline)
+    assert work.bound_s > 0 and work.bound_note == "3 x ref"
+
+    peer = _harness.time_case(case(peer=ref, peer_jit=False, bound_fn=ref), roofline)
+    assert peer.bound_s == pytest.approx(peer.peer_median_s)  # reused, not timed again
+
+    roof = _harness.time_case(case(flops=1e6, bytes=1e5), roofline)
+    assert roof.bound_s == pytest.approx(max(1e6 / 1e11, 1e5 / 1e10))
+    assert roof.bound_note == "roofline" and roof.bound_frac == pytest.approx(roof.roofline_frac)
+
+    none = _harness.time_case(case(), roofline)
+    assert none.bound_s is None and none.bound_frac is None
+    assert "of bound" in _harness.format_table([fixed, none]).splitlines()[0]
