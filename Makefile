@@ -7,7 +7,7 @@ STAMP := $(VENV)/.hexad-installed
 EXTRAS ?= test,exp
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-slow bench lint format clean
+.PHONY: venv demo test test-slow bench gpu-check lint format clean
 
 venv: $(STAMP)
 
@@ -34,6 +34,11 @@ test-slow: venv
 
 bench: venv
 	$(PY) -m kernels --quick
+
+# On a machine with an NVIDIA GPU: the gpu extra, the gpu-marked and lowering tests, and the
+# full benchmarks as JSON rows (runs/gpu-check/); fails at once where no GPU is visible.
+gpu-check: venv
+	PY=$(PY) .ci/gpu-check
 
 lint: venv
 	$(VENV)/bin/ruff check .
