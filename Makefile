@@ -4,10 +4,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hexad-installed
-EXTRAS ?= test,exp
+EXTRAS ?= test,exp,docs
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test test-slow bench gpu-check lint format clean
+.PHONY: venv demo test test-slow bench gpu-check docs lint format clean
 
 venv: $(STAMP)
 
@@ -40,6 +40,12 @@ bench: venv
 gpu-check: venv
 	PY=$(PY) .ci/gpu-check
 
+# The documentation site: API reference, tutorials executed as notebooks, the reproduction
+# pages rendered from results/. Offline; any Sphinx warning fails the build.
+docs: venv
+	OPENBLAS_NUM_THREADS=1 $(PY) docs/render_results.py
+	$(PY) -m sphinx -W --keep-going -b html -j 1 docs docs/_build/html
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -49,4 +55,4 @@ format: venv
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache docs/_build docs/jupyter_execute

@@ -41,6 +41,8 @@ import datetime as _dt
 import json
 import math
 import os
+import platform
+import subprocess
 import sys
 import time
 import types
@@ -62,6 +64,7 @@ __all__ = [
     "one_of",
     "parse_set",
     "positive",
+    "provenance",
     "require",
     "to_jsonable",
 ]
@@ -284,6 +287,54 @@ def apply_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
         changes[k] = v
     # The config's __post_init__ checks the ranges (ConfigError naming the field).
     return dataclasses.replace(config, **changes)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def provenance(study: str, *, quick: bool = False, seed: int = 0) -> dict[str, Any]:
+    """Where a run's figures came from: the commit (and whether the tree had local changes),
+    the date, the command, and the machine (CPU model and cores, jax's backend and devices).
+    No host names or paths."""
+    import jax
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(
+                ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    if sys.argv and Path(sys.argv[0]).stem == study:
+        command = " ".join([f"python -m experiments.{study}", *sys.argv[1:]])
+    else:  # called from Python (the demo, a test, a notebook): the equivalent command
+        command = f"python -m experiments.{study}{' --quick' if quick else ''} --seed {seed}"
+    return {
+        "commit": commit,
+        "dirty": None if status is None else bool(status),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": command,
+        "machine": {
+            "cpu": _cpu_model(),
+            "cores": os.cpu_count(),
+            "backend": jax.default_backend(),
+            "devices": [d.device_kind for d in jax.devices()],
+            "python": platform.python_version(),
+            "jax": jax.__version__,
+        },
+    }
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -616,7 +667,13 @@ class Study:
         )
         ctx.write_json(
             "config.json",
-            {"study": self.name, "seed": seed, "quick": quick, "config": cfg},
+            {
+                "study": self.name,
+                "seed": seed,
+                "quick": quick,
+                "config": cfg,
+                "provenance": provenance(self.name, quick=quick, seed=seed),
+            },
         )
         t0 = time.perf_counter()
         try:

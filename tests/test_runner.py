@@ -107,6 +107,12 @@ def test_main_writes_contract_files(tmp_path, capsys):
     summary = STUDY.main(["--quick", "--out", str(out), "--seed", "3", "--set", "lr=0.5"])
     assert summary["n"] == 2 and summary["lr"] == 0.5 and summary["sizes"] == [1, 2]
     config = json.loads((out / "config.json").read_text())
+    prov = config.pop("provenance")
+    # Called from Python, not as `python -m experiments.toy`: the equivalent command is stored.
+    assert prov["command"] == "python -m experiments.toy --quick --seed 3"
+    assert prov["commit"] is None or len(prov["commit"]) == 40  # None outside a git clone
+    assert prov["machine"]["cores"] >= 1 and prov["machine"]["backend"] == "cpu"
+    assert prov["date"].endswith("Z")
     assert config == {
         "study": "toy",
         "seed": 3,

@@ -1,0 +1,318 @@
+"""Renders the reproduction report, one page per paper, from the committed full runs.
+
+Reads ``results/<study>/config.json`` (the config and its provenance: commit, date, command,
+machine) and ``results/<study>/summary.json`` for every study of a paper, copies the study's
+PNG plots next to the page, and writes ``docs/reproduction/papers/<paper>.md``: the paper's
+claims, each study's figures and provenance, and a verdict per claim decided by a rule stated on
+the page. A claim whose figures are not in ``results/`` yet is reported as not measured, with the
+command that measures it. Nothing on the pages is typed by hand.
+
+Run: ``python docs/render_results.py`` (``make docs`` runs it first).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results"
+OUT = Path(__file__).resolve().parent / "reproduction" / "papers"
+
+Summaries = Mapping[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claim of a paper and the rule that decides it from the studies' summaries.
+
+    ``rule(summaries) -> (verdict, reason)`` with verdict one of "reproduced", "partly",
+    "not reproduced", or "not measured"; it may raise ``KeyError`` for a missing figure.
+    """
+
+    text: str
+    rule_text: str
+    rule: Callable[[Summaries], tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Paper:
+    slug: str
+    title: str
+    source: str
+    studies: tuple[str, ...]
+    claims: tuple[Claim, ...] = field(default=())
+
+
+def _paired(summaries: Summaries, study: str, metric: str) -> tuple[str, str]:
+    s = summaries[study]
+    mean, sd = float(s[f"{metric}_diff_mean"]), float(s[f"{metric}_diff_sd"])
+    reason = f"{study}: {metric} RWEFM - baseline = {mean:+.4f} (sd {sd:.4f})"
+    if mean + 2 * sd < 0:
+        return "reproduced", reason
+    if mean - 2 * sd > 0:
+        return "not reproduced", reason
+    return "partly", reason + ": within two sd of zero"
+
+
+def _rwefm(summaries: Summaries) -> tuple[str, str]:
+    verdicts = [_paired(summaries, st, "w2") for st in PAPERS_BY_SLUG["rwefm"].studies]
+    kinds = {v for v, _ in verdicts}
+    reason = "; ".join(r for _, r in verdicts)
+    if kinds == {"reproduced"}:
+        return "reproduced", reason
+    if "reproduced" in kinds:
+        return "partly", reason
+    return "not reproduced", reason
+
+
+def _prefmh(summaries: Summaries) -> tuple[str, str]:
+    s = summaries["prefmh_mixture"]
+    floor = float(s["tv_iid"])
+    ks = sorted(k for k in s if k.startswith("tv_prefmh_k"))
+    worst = max(float(s[k]) for k in ks)
+    reason = f"prefmh_mixture: worst K-budget TV {worst:.4f}, i.i.d. floor {floor:.4f}"
+    reason += f", majority vote {float(s['tv_majority_k3']):.4f}"
+    if worst <= 2 * floor and float(s["tv_majority_k3"]) > 2 * floor:
+        return "reproduced", reason
+    return ("partly" if worst <= 2 * floor else "not reproduced"), reason
+
+
+def _cvxclust(summaries: Summaries) -> tuple[str, str]:
+    s = summaries["cvxclust_phase"]
+    n = int(
+        s["synergy_cells_tuned"]
+        if not isinstance(s["synergy_cells_tuned"], list)
+        else len(s["synergy_cells_tuned"])
+    )
+    reason = f"cvxclust_phase: {n} synergy cell(s) with every program tuned on the same grid"
+    return ("reproduced" if n > 0 else "not reproduced"), reason
+
+
+def _verdict_keys(summaries: Summaries, study: str, prefix: str) -> tuple[str, str]:
+    s = summaries[study]
+    keys = sorted(k for k in s if k.startswith(prefix))
+    if not keys:
+        raise KeyError(prefix)
+    vals = {k[len(prefix) :]: str(s[k]) for k in keys}
+    reason = f"{study}: " + ", ".join(f"{k} {v}" for k, v in vals.items())
+    held = [v for v in vals.values() if v.startswith("holds")]
+    if len(held) == len(vals):
+        return "reproduced", reason
+    return ("partly" if held else "not reproduced"), reason
+
+
+def _dtb(summaries: Summaries) -> tuple[str, str]:
+    s = summaries["backdoor_dtb"]
+    ours = float(s["hidden_asr_after_suppressed_mean"])
+    naive = float(s["naive_hidden_asr_after_suppressed_mean"])
+    sd = float(s.get("hidden_asr_after_suppressed_mean_sd", 0.0))
+    n = int(s["n_defenses_suppressed"])
+    reason = (
+        f"backdoor_dtb: hidden ASR after the {n} defenses that suppressed the decoy "
+        f"{ours:.3f} (sd {sd:.3f}) vs the naive model's {naive:.3f}"
+    )
+    if n == 0:
+        return "not measured", reason + ": no defense suppressed the decoy"
+    if ours >= 0.5 and ours - 2 * sd > naive:
+        return "reproduced", reason
+    return ("partly" if ours - 2 * sd > naive else "not reproduced"), reason
+
+
+def _cachex(summaries: Summaries) -> tuple[str, str]:
+    s = summaries["cachex_bench"]
+    ratio = float(s["stall_ratio_vs_orbax"])
+    reason = f"cachex_bench: training stall {ratio:.3f}x orbax's async save (blocked time)"
+    if ratio <= 0.2:
+        return "reproduced", reason
+    return ("partly" if ratio < 1.0 else "not reproduced"), reason
+
+
+PAPERS = (
+    Paper(
+        "rwefm",
+        "RWEFM: Riemannian Wasserstein entropic flow matching over point clouds",
+        "the reference implementation DoronHav/WassersteinFlowMatching",
+        ("rwefm_synthetic", "rwefm_protein", "rwefm_singlecell"),
+        (
+            Claim(
+                "Flow matching with Riemannian entropic maps generates point clouds on a "
+                "manifold closer to the data than the Euclidean baseline.",
+                "reproduced if RWEFM - baseline W2 (paired over seeds) is below zero by more "
+                "than two sd in every setting; partly if in some; else not reproduced",
+                _rwefm,
+            ),
+        ),
+    ),
+    Paper(
+        "prefmh",
+        "Pref-MH: exact Metropolis-Hastings driven only by pairwise comparisons",
+        "the paper's abstract",
+        ("prefmh_mixture", "prefmh_digits", "prefmh_text"),
+        (
+            Claim(
+                "The K-budget rule gives an exact chain from binary comparisons alone; majority "
+                "vote does not.",
+                "reproduced if every K-budget chain's grid TV is within twice the i.i.d. floor "
+                "and majority vote's is not",
+                _prefmh,
+            ),
+        ),
+    ),
+    Paper(
+        "cvxclust",
+        "Bounds on perfect node classification: a convex graph clustering perspective",
+        "arXiv 2508.20231 (abstract)",
+        ("cvxclust_phase", "cvxclust_planetoid"),
+        (
+            Claim(
+                "Graph and node information jointly recover communities where neither alone does.",
+                "reproduced if the phase study finds at least one synergy cell with every "
+                "program tuned on the same grid (joint rate >= 0.5, both single sources <= 0.3, "
+                "Wilson intervals apart)",
+                _cvxclust,
+            ),
+        ),
+    ),
+    Paper(
+        "policy",
+        "When policies cannot be retrained: PoE / KL post-training steering",
+        "arXiv 2604.22873 (abstract)",
+        ("policy_pointmaze", "policy_antmaze", "policy_locomotion"),
+        (
+            Claim(
+                "Composition degrades gracefully under a bad prior.",
+                "reproduced if every prior's pre-stated graceful-degradation rule holds",
+                lambda s: _verdict_keys(s, "policy_pointmaze", "verdict_graceful_"),
+            ),
+            Claim(
+                "The KL-budget selector picks a near-oracle weight without test-time search.",
+                "reproduced if every prior's pre-stated selector rule holds",
+                lambda s: _verdict_keys(s, "policy_pointmaze", "verdict_selector_"),
+            ),
+        ),
+    ),
+    Paper(
+        "dtb",
+        "DTB: defense-triggered backdoors by bi-level optimisation",
+        "the paper's abstract",
+        ("backdoor_dtb",),
+        (
+            Claim(
+                "A hidden backdoor stays dormant until a defense removes the decoy, then wakes.",
+                "reproduced if the hidden ASR after the defenses that suppressed the decoy is "
+                ">= 0.5 and above the naive two-backdoor model's by more than two sd",
+                _dtb,
+            ),
+        ),
+    ),
+    Paper(
+        "cachex",
+        "CacheX: checkpoint staging through host memory, a neighbour and a PFS drain",
+        "the paper's abstract",
+        ("cachex_durability", "cachex_bench"),
+        (
+            Claim(
+                "Training stalls only for the copy into host memory.",
+                "reproduced if the measured blocked time is at most 0.2x orbax's own async "
+                "save; partly if below 1x",
+                _cachex,
+            ),
+        ),
+    ),
+)
+PAPERS_BY_SLUG = {p.slug: p for p in PAPERS}
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool) or v is None:
+        return str(v)
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4g}"
+    if isinstance(v, list):
+        s = json.dumps(v)
+        return s if len(s) <= 80 else s[:77] + "..."
+    return str(v).replace("|", "\\|")
+
+
+def _load(study: str) -> tuple[dict, dict] | None:
+    d = RESULTS / study
+    if not (d / "summary.json").is_file() or not (d / "config.json").is_file():
+        return None
+    return (
+        json.loads((d / "config.json").read_text(encoding="utf-8")),
+        json.loads((d / "summary.json").read_text(encoding="utf-8")),
+    )
+
+
+def render(paper: Paper) -> str:
+    lines = [f"# {paper.title}", "", f"Source of the claims: {paper.source}.", ""]
+    summaries: dict[str, dict] = {}
+    study_lines: list[str] = []
+    for study in paper.studies:
+        study_lines += [f"## `{study}`", ""]
+        loaded = _load(study)
+        if loaded is None:
+            study_lines += [
+                f"No full run of this study is committed under `results/{study}/` yet. "
+                f"It is measured by `python -m experiments.{study} --out results/{study}`.",
+                "",
+            ]
+            continue
+        config, summary = loaded
+        summaries[study] = summary
+        prov = config.get("provenance", {})
+        machine = prov.get("machine", {})
+        if config.get("quick"):
+            study_lines += ["**A `--quick` run, not the full study.**", ""]
+        study_lines += [
+            f"- command: `{prov.get('command', '?')}`",
+            f"- commit: `{prov.get('commit', '?')}`"
+            + (" (with local changes)" if prov.get("dirty") else ""),
+            f"- date: {prov.get('date', '?')}; seed {config.get('seed')}; "
+            f"runtime {_fmt(summary.get('runtime_s'))} s",
+            f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
+            f"{machine.get('backend', '?')}, jax {machine.get('jax', '?')}",
+            "",
+            "| key | value |",
+            "| --- | --- |",
+        ]
+        study_lines += [f"| `{k}` | {_fmt(v)} |" for k, v in sorted(summary.items())]
+        study_lines.append("")
+        img_dir = OUT / "_img" / study
+        for png in sorted((RESULTS / study).glob("*.png")):
+            img_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(png, img_dir / png.name)
+            study_lines += [f"![{png.stem}](_img/{study}/{png.name})", ""]
+    lines += [
+        "## Verdicts",
+        "",
+        "| claim | verdict | rule | measured |",
+        "| --- | --- | --- | --- |",
+    ]
+    for claim in paper.claims:
+        try:
+            verdict, reason = claim.rule(summaries)
+        except KeyError as e:
+            verdict, reason = "not measured", f"no committed figure `{e.args[0]}` yet"
+        lines.append(f"| {claim.text} | **{verdict}** | {claim.rule_text} | {reason} |")
+    lines.append("")
+    return "\n".join(lines + study_lines)
+
+
+def main() -> None:
+    if OUT.exists():
+        shutil.rmtree(OUT)
+    OUT.mkdir(parents=True)
+    for paper in PAPERS:
+        (OUT / f"{paper.slug}.md").write_text(render(paper), encoding="utf-8")
+    print(f"rendered {len(PAPERS)} reproduction pages into {OUT.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
