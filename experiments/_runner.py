@@ -324,7 +324,7 @@ def provenance(study: str, *, quick: bool = False, seed: int = 0) -> dict[str, A
     return {
         "commit": commit,
         "dirty": None if status is None else bool(status),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": command,
         "machine": {
             "cpu": _cpu_model(),
