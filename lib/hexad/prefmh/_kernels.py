@@ -115,6 +115,34 @@ def _check_outcomes(outcomes: jax.Array, num: int) -> jax.Array:
     return outcomes.astype(jnp.int32)
 
 
+def _step_randomness(key: jax.Array, ftype) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Returns ``(proposal key, judge key, acceptance uniform)`` from one draw of random bits.
+
+    ``jax.random.split(key, 3)`` and a uniform from the third key cost four draws (three keys'
+    words and the uniform's); one ``random_bits`` of ``2 m + n`` words (``m`` per key, ``n``
+    for the uniform: 1 in float32, 2 in float64) gives the same independent streams in one
+    draw, which is most of a small-target step's cost (the random-walk MH step it is measured
+    against makes three draws).
+    """
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    if not typed:
+        key = jax.random.wrap_key_data(key)
+    impl = jax.random.key_impl(key)
+    m = jax.random.key_data(key).shape[-1]
+    wide = jnp.dtype(ftype).itemsize == 8
+    words = jax.random.bits(key, (2 * m + (2 if wide else 1),), jnp.uint32)
+    k_prop = jax.random.wrap_key_data(words[:m], impl=impl)
+    k_judge = jax.random.wrap_key_data(words[m : 2 * m], impl=impl)
+    if wide:
+        w = (words[2 * m].astype(jnp.uint64) << 32) | words[2 * m + 1].astype(jnp.uint64)
+        one = jnp.uint64(0x3FF0000000000000)
+        u = jax.lax.bitcast_convert_type((w >> 12) | one, jnp.float64) - 1.0
+    else:
+        one = jnp.uint32(0x3F800000)
+        u = jax.lax.bitcast_convert_type((words[2 * m] >> 9) | one, jnp.float32) - 1.0
+    return k_prop, k_judge, u.astype(ftype)
+
+
 def _validate(judge, proposal, rule, num_comparisons, max_rounds):
     if not isinstance(judge, Judge):
         raise TypeError(f"judge: expected a hexad.prefmh.Judge, got {type(judge).__name__}")
@@ -155,7 +183,8 @@ def build_kernel(
     num_comparisons, max_rounds = _validate(judge, proposal, rule, num_comparisons, max_rounds)
 
     def kernel(key, state):
-        k_prop, k_judge, k_acc = jax.random.split(key, 3)
+        ftype = jnp.result_type(float)
+        k_prop, k_judge, u_acc = _step_randomness(key, ftype)
         x = state.position
         y, log_rho = proposal(k_prop, x)
         y = jnp.asarray(y)
@@ -168,7 +197,6 @@ def build_kernel(
         if log_rho.shape != ():
             raise ValueError(f"proposal: expected a scalar log_rho, got shape {log_rho.shape}")
         valid = ~jnp.isnan(log_rho) & (log_rho < jnp.inf)
-        ftype = jnp.result_type(float)
         truncated = jnp.zeros((), jnp.bool_)
         if rule in ("mh", "barker_oracle"):
             log_ratio = jnp.asarray(judge.log_odds_features(fx, fy)) + log_rho
@@ -177,7 +205,7 @@ def build_kernel(
             a = fn(log_ratio).astype(ftype)
             wins = jnp.zeros((), jnp.int32)
             calls = jnp.zeros((), jnp.int32)
-            accept = jax.random.uniform(k_acc, (), ftype) < a
+            accept = u_acc < a
         elif rule in ("kbudget", "majority"):
             outcomes = _check_outcomes(
                 judge.compare_features(k_judge, fx, fy, num_comparisons), num_comparisons
@@ -189,7 +217,7 @@ def build_kernel(
             else:
                 a = majority_acceptance(wins, num_comparisons).astype(ftype)
             calls = jnp.asarray(num_comparisons, jnp.int32)
-            accept = jax.random.uniform(k_acc, (), ftype) < a
+            accept = u_acc < a
         else:  # two_coin
             # Coin 1 ("y wins", weight rho) vs coin 2 ("x wins", weight 1): pick coin 1 with
             # probability rho / (1 + rho), make one comparison; y wins on coin 1 -> accept,
