@@ -300,6 +300,19 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _portable(arg: str) -> str:
+    """An argument as another machine would write it: an absolute path becomes relative to the
+    repository (or the working folder), or its last two parts; no machine's folders are kept."""
+    prefix, sep, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+    if not value.startswith("/"):
+        return arg
+    p = Path(value)
+    for base in (REPO_ROOT, Path.cwd()):
+        with contextlib.suppress(ValueError):
+            return prefix + sep + str(p.resolve().relative_to(base.resolve()))
+    return prefix + sep + str(Path("...", *p.parts[-2:]))
+
+
 def provenance(study: str, *, quick: bool = False, seed: int = 0) -> dict[str, Any]:
     """Where a run's figures came from: the commit (and whether the tree had local changes),
     the date, the command, and the machine (CPU model and cores, jax's backend and devices).
@@ -318,7 +331,7 @@ def provenance(study: str, *, quick: bool = False, seed: int = 0) -> dict[str, A
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
     if sys.argv and Path(sys.argv[0]).stem == study:
-        command = " ".join([f"python -m experiments.{study}", *sys.argv[1:]])
+        command = " ".join([f"python -m experiments.{study}", *map(_portable, sys.argv[1:])])
     else:  # called from Python (the demo, a test, a notebook): the equivalent command
         command = f"python -m experiments.{study}{' --quick' if quick else ''} --seed {seed}"
     return {

@@ -376,3 +376,13 @@ def test_train_chunks_rejects_bad_counts(tmp_path):
 def test_mean_se_is_the_mean_of_per_group_standard_errors():
     assert _runner.mean_se([1.0, 3.0, 2.0, 2.0], 2) == 0.5
     assert _runner.mean_se([1.0, 2.0], 2) is None
+
+
+def test_provenance_keeps_no_machine_paths(monkeypatch):
+    root = str(_runner.REPO_ROOT)
+    argv = ["experiments/toy.py", "--out", f"{root}/results/toy", "--ckpt=/scratch/u/ck", "--quick"]
+    monkeypatch.setattr(sys, "argv", argv)
+    prov = _runner.provenance("toy")
+    assert prov["command"] == (
+        "python -m experiments.toy --out results/toy --ckpt=.../u/ck --quick"
+    )
