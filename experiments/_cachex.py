@@ -14,6 +14,8 @@
 - :func:`paced_saves`: the benchmark's training loop, saving at a fixed interval and timing
   each blocking save call and its step's durable point.
 - :class:`CommitWatcher`: records when each orbax step directory appears (its finalize).
+- :func:`fast_root`, :func:`pctl`, :func:`completion_stats`, :class:`HealthWatch`: the
+  benchmark's storage placement, statistics and ``health()`` sampling.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class PFSConfig:
     pfs_latency_s: float = 0.01
     pfs_sigma: float = 0.5
     contention: float = 0.5
-    token: str = "cachex"
+    token: str = "cachex-study-token"
 
     def __post_init__(self):
         _runner.at_least(self, 0, "pfs_latency_s", "pfs_sigma", "contention")
@@ -196,13 +198,14 @@ def _train_step(w, x):
     return w + 1e-3 * jnp.tanh(jnp.einsum("nrh,hk->nrk", w, x))
 
 
-def paced_saves(cfg: Any, ctx: Any, w, x, save, path_of, managers, desc: str):
+def paced_saves(cfg: Any, ctx: Any, w, x, save, path_of, managers, desc: str, on_round=None):
     """The benchmark's training loop: jitted steps on every rank's state ``w`` ``[n, rows,
     hidden]`` between saves ``cfg.save_interval_s`` apart, ``cfg.n_saves`` times.
 
     Each save calls ``save(s, r, state)`` for each rank ``r`` of ``cfg.n_ranks`` (the call's
     wall time is its stall); its step ``s`` is durable once ``path_of(s, r)`` exists (seen by
-    a :class:`CommitWatcher`). Then waits for ``managers`` to finish.
+    a :class:`CommitWatcher`). ``on_round(s)``, if given, runs after each round of saves
+    (outside the timed calls). Then waits for ``managers`` to finish.
 
     Returns ``(stalls, starts, done)``: each blocking save call's seconds, and per
     ``(save, rank)`` the ``time.time()`` just before the call and when it became durable.
@@ -222,6 +225,8 @@ def paced_saves(cfg: Any, ctx: Any, w, x, save, path_of, managers, desc: str):
             t0 = time.perf_counter()
             save(s, r, state)
             stalls.append(time.perf_counter() - t0)
+        if on_round is not None:
+            on_round(s)
     for m in managers:
         m.wait_until_finished()
     watcher.stop()
@@ -264,3 +269,122 @@ class CommitWatcher:
             time.sleep(0.01)
         self._stop = True
         self._t.join()
+
+
+def fast_root(cfg_fast_dir: str, fallback: Path) -> Path:
+    """Where the emulation puts the node-local tiers and the replicas: ``cfg_fast_dir`` if set
+    (``"shm"``: the tmpfs shared-memory mount when there is one), else ``fallback``."""
+    shm = Path("/dev/shm")
+    if cfg_fast_dir == "shm":
+        base = shm if shm.is_dir() and os.access(shm, os.W_OK) else None
+    else:
+        base = Path(cfg_fast_dir) if cfg_fast_dir else None
+    if base is None:
+        return fallback
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix="hexad-cachex-", dir=base))
+
+
+def pctl(x, q) -> float:
+    """The ``q``-th percentile of ``x`` (nan if empty)."""
+    return float(np.percentile(np.asarray(x, np.float64), q)) if len(x) else float("nan")
+
+
+def completion_stats(name: str, stalls, done: dict, starts: dict, n_saves: int, n_ranks: int):
+    """The stall and completion-time figures of one system, and its completion times per
+    ``(save, rank)`` and per whole save (slowest rank's durable point - first rank's call).
+
+    The figures: mean, median and p99 stall (ms), p99/p50 and the interquartile spread (s) of
+    the per-(save, rank) completion times, and p99/p50 of the whole-save ones."""
+    write = [done[k] - starts[k] for k in starts if k in done]
+    per_save = []
+    for s in range(n_saves):
+        ends = [done.get((s, r)) for r in range(n_ranks)]
+        if all(e is not None for e in ends):
+            per_save.append(max(ends) - min(starts[(s, r)] for r in range(n_ranks)))
+    out = {
+        f"stall_ms_{name}": 1e3 * float(np.mean(stalls)),
+        f"stall_ms_median_{name}": 1e3 * pctl(stalls, 50),
+        f"stall_ms_p99_{name}": 1e3 * pctl(stalls, 99),
+        f"variability_{name}": pctl(write, 99) / pctl(write, 50),
+        f"spread_iqr_s_{name}": pctl(write, 75) - pctl(write, 25),
+        f"variability_save_{name}": pctl(per_save, 99) / pctl(per_save, 50),
+    }
+    return out, write, per_save
+
+
+class HealthWatch:
+    """Samples :meth:`hexad.cachex.CacheXManager.health` of every manager after each save
+    round (no neighbour ping: the save itself exercises it) and keeps the worst figures."""
+
+    def __init__(self, managers):
+        self.managers = managers
+        self.lag_steps = 0
+        self.lag_s = 0.0
+        self.drainers_down = 0
+
+    def __call__(self, _step=None) -> None:
+        for m in self.managers:
+            h = m.health(ping_neighbour=False)
+            self.lag_steps = max(self.lag_steps, h["durability_lag_steps"] or 0)
+            self.lag_s = max(self.lag_s, h["durability_lag_s"] or 0.0)
+            self.drainers_down += h["drainer_alive"] is False
+
+    def summary(self) -> dict:
+        restarts = sum(m.health(ping_neighbour=False)["drainer_restarts"] for m in self.managers)
+        return {
+            "health_max_durability_lag_steps": self.lag_steps,
+            "health_max_durability_lag_s": self.lag_s,
+            "health_drainer_down_samples": self.drainers_down,
+            "health_drainer_restarts": restarts,
+        }
+
+
+def pfs_commit_times(managers, starts: dict, n_saves: int, n_ranks: int) -> list[float]:
+    """Per save whose ``pfs`` record every rank holds: the time from the first rank's
+    ``save`` call to the commit (the earliest record: the committing rank writes first)."""
+    out = []
+    for s in range(n_saves):
+        recs = [managers[r].durability(s).get("pfs") for r in range(n_ranks)]
+        if all(recs):
+            t0 = min(starts[(s, r)] for r in range(n_ranks))
+            out.append(min(x["time"] for x in recs) - t0)
+    return out
+
+
+def plot_bench(curves: dict, sigmas, ratios, ctx) -> None:
+    """``write_time_cdf.png``: the completion-time CDFs per sigma, and the variability ratio
+    over the PFS spread with the published range shaded."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for sigma, (wc, wo) in curves.items():
+        for data, name, ls in ((wc, "CacheX (replica-durable)", "-"), (wo, "orbax to PFS", "--")):
+            xs = np.sort(np.asarray(data))
+            axes[0].plot(xs, np.linspace(0, 1, len(xs)), ls, label=f"{name}, sigma {sigma}")
+    axes[0].set(xscale="log", xlabel="save call to durable step (s)", ylabel="CDF")
+    axes[0].legend(fontsize=7)
+    axes[1].plot(sigmas, ratios, "o-")
+    axes[1].axvspan(0.35, 0.8, alpha=0.15, label="published spreads")
+    axes[1].set(xlabel="PFS sigma", ylabel="p99/p50 ratio, orbax / CacheX")
+    axes[1].legend()
+    ctx.save_plot(fig, "write_time_cdf")
+
+
+def plot_c_star(fit, contention: float, t_stage_p99: float, ctx) -> None:
+    """``c_star.png``: the fitted model's C*_p(n) over writer counts for p = 0.5, 0.9, 0.99."""
+    import matplotlib.pyplot as plt
+
+    ns = np.unique(np.logspace(np.log10(2), np.log10(4096), 40).astype(int))
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    for p in (0.5, 0.9, 0.99):
+        c_star = cachex.critical_contention(fit.mu, fit.sigma, ns, p, t_stage_p99)
+        ax.plot(ns, c_star, label=f"p = {p}")
+    ax.axhline(contention, color="k", ls=":", label=f"contention {contention}")
+    ax.set(xscale="log", xlabel="writers n", ylabel="C*_p(n)")
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.set_ylim(bottom=0.0)
+    ax.set_title(f"stage beats PFS above the curve (t_stage = {t_stage_p99:.3f} s)")
+    ax.legend()
+    ctx.save_plot(fig, "c_star")

@@ -25,8 +25,12 @@ body) for ``model_saves`` saves of ``model_writers`` writers under ``contention`
 compared with the truth, and ``C*_p(n)`` is computed against the stage-and-replicate time
 ``t_stage`` (p99 of the replica-durable times measured in the clean saves of this run).
 
-Runtime: ``--quick`` about 1 min on 2 CPU cores (1 run per fault); full about 4 min (5 runs;
-measured 3.5 min on 2 cores shared at load ~15).
+Before each restore the study reads the manager's ``health()`` (drainer and neighbour
+liveness, and the durability lag: committed local steps not yet PFS-committed, i.e. the steps
+a loss of the node and its neighbour would roll back) and logs it with the run.
+
+Runtime: ``--quick`` about 1-2 min on 2 CPU cores (1 run per fault); full about 4-5 min
+(5 runs).
 
 ``--set faults=bit_flip,node_wiped`` restricts the faults. The faults that make a save fail on
 purpose (``neighbour_dead``, ``disk_full``) silence the ``absl`` logger while they strike, so
@@ -35,7 +39,8 @@ orbax's ``Save Finalize thread failed`` error lines, expected there, are not pri
 summary.json keys: ``fault_runs``, ``fault_exact_restores``, ``fault_corrupt_restores``,
 ``fault_steps_lost_vs_orbax`` (sum over runs of orbax's newest minus ours, floored at 0) and
 ``fault_steps_gained_vs_orbax`` (sum of ours minus orbax's, floored at 0); per fault ``F``:
-``F_runs``, ``F_exact``, ``F_corrupt``, ``F_lost_vs_orbax``; the model: ``model_mu_true``,
+``F_runs``, ``F_exact``, ``F_corrupt``, ``F_lost_vs_orbax``, ``F_max_lag_steps`` (the largest
+``health()`` durability lag in steps seen before a restore); the model: ``model_mu_true``,
 ``model_mu_fit``, ``model_sigma_true``, ``model_sigma_fit``, ``model_gumbel_loc``,
 ``model_gumbel_scale``, ``t_stage_p99_s``, ``c_star_p50_n64``, ``c_star_p99_n64``,
 ``stage_path_chosen`` (1 if stage-and-replicate is the faster durable path at ``contention``
@@ -54,7 +59,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments import _runner
-from experiments._cachex import KILL_POINTS, PFSConfig, save_steps, state
+from experiments._cachex import KILL_POINTS, PFSConfig, plot_c_star, save_steps, state
 from experiments._cachex_faultworker import run_killed
 from hexad import cachex
 
@@ -145,11 +150,13 @@ def _one_run(fault: str, run_dir: Path, seed: int, cfg: Config, t_stage: list) -
             elif fault == "neighbour_dead":
                 orbax_newest = n  # a local-only orbax does not need the neighbour to commit n
             expected = max(audit["local"] + audit["replica"] + audit["pfs"], default=-1)
+            health = m.health(ping_neighbour=server.running)
             ref = functools.partial(state, seed)  # ref(s): the state saved at step s
             check = cachex.check_restore(m, ref(0), expected, ref, range(n + 1))
     finally:
         server.stop()
-    return {**check._asdict(), "orbax_newest": orbax_newest}
+    lag = health["durability_lag_steps"]
+    return {**check._asdict(), "orbax_newest": orbax_newest, "lag_steps": lag, "health": health}
 
 
 def _model_part(cfg: Config, seed: int, t_stage_p99: float, ctx) -> dict:
@@ -166,20 +173,7 @@ def _model_part(cfg: Config, seed: int, t_stage_p99: float, ctx) -> dict:
         out[f"c_star_p{int(p * 100)}_n64"] = float(c)
     path = cachex.choose_path(fit.mu, fit.sigma, n, 0.99, t_stage_p99, cfg.contention)
     out["stage_path_chosen"] = int(bool(path))
-    import matplotlib.pyplot as plt
-
-    ns = np.unique(np.logspace(np.log10(2), np.log10(4096), 40).astype(int))
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    for p in (0.5, 0.9, 0.99):
-        c_star = cachex.critical_contention(fit.mu, fit.sigma, ns, p, t_stage_p99)
-        ax.plot(ns, c_star, label=f"p = {p}")
-    ax.axhline(cfg.contention, color="k", ls=":", label=f"contention {cfg.contention}")
-    ax.set(xscale="log", xlabel="writers n", ylabel="C*_p(n)")
-    ax.set_yscale("symlog", linthresh=1e-3)
-    ax.set_ylim(bottom=0.0)
-    ax.set_title(f"stage beats PFS above the curve (t_stage = {t_stage_p99:.3f} s)")
-    ax.legend()
-    ctx.save_plot(fig, "c_star")
+    plot_c_star(fit, cfg.contention, t_stage_p99, ctx)
     return out
 
 
@@ -197,8 +191,9 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         per[fault].update(
             runs=1, exact=res["exact"], corrupt=res["corrupt"], lost_vs_orbax=diffs[-1]
         )
+        per[fault]["max_lag_steps"] = max(per[fault]["max_lag_steps"], res["lag_steps"])
         ctx.log(fault=fault, run=i, **res)
-    kinds = ("runs", "exact", "corrupt", "lost_vs_orbax")
+    kinds = ("runs", "exact", "corrupt", "lost_vs_orbax", "max_lag_steps")
     summary = {f"{f}_{k}": int(c[k]) for f, c in per.items() for k in kinds}
     summary.update(
         fault_runs=len(diffs),

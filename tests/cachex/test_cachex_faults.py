@@ -15,7 +15,7 @@ import pytest
 
 from hexad import cachex
 
-TOKEN = "fault-token"
+TOKEN = "fault-test-token-01234"
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pytest
 from hexad import cachex
 from hexad.cachex import _pfs
 
-TOKEN = "gc-token"
+TOKEN = "gc-test-token-0123456"
 
 
 def _pfs_committed(pfs):
@@ -69,7 +69,9 @@ def test_pfs_gc_never_deletes_newest_durable_step_nor_a_draining_one(tmp_path):
     assert _pfs.drain_once(cfgs[1]) == [2]  # the last writer commits 2 and then collects 1
     assert _pfs_committed(pfs) == [2] and not (pfs / ".tmp-2").exists()
     assert mgrs[1].durability(2)["pfs"]["pfs_gc"] == [1]
-    assert mgrs[0].durability(2)["pfs"]["pfs_gc"] == []  # rank 0 did not commit, so no GC
+    assert mgrs[0].durability(2)["pfs_part"]["pfs_gc"] == []  # rank 0 did not commit: no GC
+    assert "pfs" not in mgrs[0].durability(2)  # rank 0 has not yet seen the commit ...
+    assert _pfs.drain_once(cfgs[0]) == [] and "pfs" in mgrs[0].durability(2)  # ... now it has
     with pytest.raises(ValueError, match="keep"):
         _pfs.gc_pfs(pfs, 0)
     (pfs / ".gc-7").mkdir()  # leftover of a GC that died between rename and delete

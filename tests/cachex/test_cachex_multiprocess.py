@@ -32,7 +32,7 @@ def test_multi_process_round_trip_replica_pfs_and_agreement(tmp_path, n):
     procs = []
     for i in range(n):
         cmd = [sys.executable, str(script), str(coord), str(i), str(n), str(tmp_path / "nodes"),
-               "tok", ",".join(map(str, ports))]  # fmt: skip
+               "multiprocess-test-token", ",".join(map(str, ports))]  # fmt: skip
         with open(logs[i][0], "w") as out, open(logs[i][1], "w") as err:
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=err, env=env))
     deadline = time.monotonic() + 150 * n

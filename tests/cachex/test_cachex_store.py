@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 from hexad import cachex
 from hexad.cachex import _format, _pfs, _replica
 
-TOKEN = "test-token"
+TOKEN = "store-test-token-0123"
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +193,7 @@ def test_corrupt_local_step_is_never_loaded(tmp_path, fault):
 
 
 def test_replica_rejects_wrong_token_oversize_and_traversal(server, tmp_path):
-    bad = cachex.ReplicaClient(server.address, "wrong", timeout_s=5)
+    bad = cachex.ReplicaClient(server.address, "wrong-token-wrong-token", timeout_s=5)
     with pytest.raises(cachex.ReplicaError, match="authentication"):
         bad.list_steps(0)
     assert server.rejected == 1
@@ -202,7 +202,7 @@ def test_replica_rejects_wrong_token_oversize_and_traversal(server, tmp_path):
         s.sendall(struct.pack(">I", 1 << 30))
         assert s.recv(16) == b""
     good = cachex.ReplicaClient(server.address, TOKEN, timeout_s=5)
-    sock = good._connect()
+    conn = good._connect()
     try:
         for hdr in (
             {"op": "put", "owner": 0, "step": "0", "file": "../evil", "offset": 0, "last": True},
@@ -210,9 +210,9 @@ def test_replica_rejects_wrong_token_oversize_and_traversal(server, tmp_path):
             {"op": "put", "owner": "../0", "step": "0", "file": "a", "offset": 0},
         ):
             with pytest.raises(cachex.ReplicaError):
-                good._call(sock, hdr, b"x")
+                good._call(conn, hdr, b"x")
     finally:
-        sock.close()
+        conn[0].close()
     assert not any(p.name == "evil" for p in tmp_path.rglob("*"))
 
 
@@ -258,6 +258,11 @@ def test_restore_falls_back_local_then_replica_then_pfs(tmp_path, server):
         p.unlink()
     r = m.restore(x0)
     assert (r.step, r.tier) == (1, "replica") and np.array_equal(r.state["x"], x1["x"])
+    # The step read from the replica was written locally again (replication and drain resume).
+    r = m.restore(x0)
+    assert (r.step, r.tier) == (1, "local") and np.array_equal(r.state["x"], x1["x"])
+    for p in (m.steps_dir / "1" / "state").iterdir():
+        p.unlink()
     # Neighbour dead too -> the PFS, which holds step 0 only.
     server.stop()
     r = m.restore(x0)

@@ -12,17 +12,25 @@ def test_cachex_bench_smoke(tmp_path):
     s = cachex_bench.STUDY.execute(cfg, out_dir=tmp_path, show_progress=False)
     for k in (
         "stall_ratio_vs_orbax",
+        "stage_ms_cachex",
         "replica_vs_pfs_durable_ratio",
+        "replica_vs_pfs_durable_ratio_save",
+        "replica_durable_gib_s_per_node",
         "variability_ratio_vs_orbax",
-        "stall_ms_cachex_uncontended",
+        "spread_iqr_s_orbax",
         "pfs_drained_fraction",
         "variability_save_cachex",
         "variability_save_orbax",
         "variability_t1t2_cachex",
         "variability_model_pfs",
+        "health_max_durability_lag_steps",
     ):
         assert k in s and math.isfinite(s[k]), k
+    assert s["curve_sigma"] == [0.5, 0.8]  # pfs_sigma and the quick curve
+    assert len(s["curve_variability_ratio_vs_orbax"]) == 2
     assert s["pfs_drained_fraction"] > 0  # the last save always reaches the PFS
+    assert s["health_drainer_restarts"] == 0 and s["health_drainer_down_samples"] == 0
+    assert s["stage_ms_cachex"] <= s["stall_ms_cachex"]  # the copy is part of the blocked time
     assert (tmp_path / "write_time_cdf.png").exists()
     assert not (tmp_path / "storage").exists() or not any((tmp_path / "storage").iterdir())
 
@@ -50,6 +58,7 @@ def test_cachex_durability_smoke(tmp_path):
     assert s["fault_exact_restores"] == 5
     assert s["pfs_down_lost_vs_orbax"] == 0  # undrained steps stay pinned locally
     assert s["node_wiped_lost_vs_orbax"] < 0  # orbax alone loses the wiped node's steps
+    assert s["pfs_down_max_lag_steps"] >= 1  # health(): the undrained steps are the exposure
     for k in ("c_star_p99_n64", "model_mu_fit", "t_stage_p99_s", "stage_path_chosen"):
         assert k in s
     # The fit recovers the PFS model's lognormal body (200 x 64 draws: SE(mu) = 0.004).

@@ -1,17 +1,22 @@
 """CacheX: checkpoint staging through orbax, with neighbour replication and a durability model.
 
-Tiers (CacheX, NeurIPS 2026): T0 host-DRAM staging (the only part that blocks training), T1
-node-local write with file and directory ``fsync``, T2 a neighbour's replica server (TCP on
-loopback, shared token, bounded messages, ``fsync`` + rename + ack), T3 an eventual PFS drain
-by a separate drainer process. :class:`CacheXManager` runs them under
-``orbax.checkpoint.CheckpointManager``; :func:`resume` gives studies ``--resume`` semantics
-(:class:`ItemCheckpoint` for studies that loop over independent items); :func:`verified_steps`
-audits the tiers and :func:`check_restore` judges a restore after a fault;
-:func:`fail_at`, :func:`kill_at` and :func:`quiet_failed_saves` are fault injectors for the
-manager's ``fault_hooks``, :func:`wipe_local`, :func:`corrupt_file`, :func:`refuse_drains`
-(with :func:`exhaust_drain_retries`) and :func:`kill_drainer_mid_drain` faults of the
-tiers; :mod:`hexad.cachex._model` fits the lognormal body / Gumbel tail of writer completion
-times and computes the contention threshold C*_p(n) (a curve over writer counts at once).
+Tiers (CacheX, NeurIPS 2026): T0 host-DRAM staging, T1 node-local write with file and
+directory ``fsync``, T2 a neighbour's replica server (TCP, shared token, bounded messages,
+``fsync`` + rename + ack), T3 an eventual PFS drain by a separate drainer process.
+:class:`CacheXManager` runs them under ``orbax.checkpoint.CheckpointManager``, which keeps one
+save in flight, so a ``save`` blocks for ``max(T0, T1 + T2 - interval)`` (measured by
+``stall_seconds``). ``CacheXManager.health()`` reports the drainer's and the neighbour's
+liveness and the durability lag (steps and seconds not yet PFS-committed: the rollback
+exposure); a dead drainer is restarted at the next save, and ``max_pinned_steps`` /
+``max_pinned_bytes`` stop saving loudly (:class:`PinnedLimitError`) before undrained steps
+fill a disk. :func:`resume` gives studies ``--resume`` semantics (:class:`ItemCheckpoint` for
+studies that loop over independent items); :func:`verified_steps` audits the tiers and
+:func:`check_restore` judges a restore after a fault; :func:`fail_at`, :func:`kill_at` and
+:func:`quiet_failed_saves` are fault injectors for the manager's ``fault_hooks``,
+:func:`wipe_local`, :func:`corrupt_file`, :func:`refuse_drains` (with
+:func:`exhaust_drain_retries`) and :func:`kill_drainer_mid_drain` faults of the tiers;
+:mod:`hexad.cachex._model` fits the lognormal body / Gumbel tail of writer completion times
+and computes the contention threshold C*_p(n) (a curve over writer counts at once).
 """
 
 import importlib
@@ -42,6 +47,7 @@ _EXPORTS = {
         "CacheXManager",
         "CacheXRestore",
         "CacheXSave",
+        "PinnedLimitError",
         "RestoreCheck",
         "Restored",
         "check_restore",
@@ -58,8 +64,14 @@ _EXPORTS = {
         "gumbel_of_max_lognormal",
         "pfs_time_quantile",
     ),
-    "_pfs": ("DrainerConfig", "PFSModel", "drain_once", "spawn_drainer"),
-    "_replica": ("ReplicaClient", "ReplicaError", "ReplicaServer", "spawn_replica_server"),
+    "_pfs": ("DrainerConfig", "PFSModel", "drain_once", "spawn_drainer", "sweep_pfs"),
+    "_replica": (
+        "ReplicaClient",
+        "ReplicaError",
+        "ReplicaServer",
+        "choose_partner",
+        "spawn_replica_server",
+    ),
 }
 _WHERE = {name: mod for mod, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

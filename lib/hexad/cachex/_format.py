@@ -129,8 +129,11 @@ class StagingPool:
     slot (an explicit ``np.copyto``: on CPU, ``np.asarray`` of a device buffer is zero-copy, and
     a snapshot that aliased device memory would change under a donating training step). Buffers
     are kept per slot and reused when the next save has the same shapes, so steady-state saves
-    allocate nothing. When every slot is still being written out, :meth:`stage` blocks: that
-    back-pressure is the only way the lower tiers can stall the training loop.
+    allocate nothing. When every slot is still being written out, :meth:`stage` blocks. Under
+    :class:`hexad.cachex.CacheXManager` the lower tiers stall the training loop earlier than
+    that: orbax keeps one save in flight, so ``save`` first waits for the previous commit
+    (``stall ~ max(T0, T1 + T2 - interval)``), and a second slot is used only while a failed
+    save's push is being cancelled.
 
     Args:
       n_slots: number of staging slots (static), at least 1.

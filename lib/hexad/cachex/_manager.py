@@ -1,11 +1,19 @@
 """The CacheX orbax handler and manager: T0 staging, T1 local, T2 replica, T3 PFS drain.
 
 ``CacheXHandler`` is an orbax ``AsyncCheckpointHandler``. Its ``async_save`` runs in the
-training loop and does only T0 (copy into the staging pool); the returned commit future does
+training loop and does T0 (copy into the staging pool); the returned commit future does
 T1 (write + fsync files + fsync directory) and T2 (push to the neighbour's replica server and
 wait for its fsync + rename ack). orbax finalizes (atomically renames) the step only after the
-commit future returns, so an orbax-committed CacheX step is replica-durable. T3 (PFS) runs
-outside orbax's commit, in the drainer process (:mod:`hexad.cachex._pfs`).
+commit future returns, so an orbax-committed CacheX step is replica-durable; the manager then
+``fsync``s orbax's renames (the step folder and ``steps/``), so the local copy is durable too.
+T3 (PFS) runs outside orbax's commit, in the drainer process (:mod:`hexad.cachex._pfs`).
+
+What blocks training. orbax keeps at most one save in flight: ``CheckpointManager.save``
+first waits for the previous save's commit (T1 + T2 + finalize). So a ``save`` call blocks for
+``stall ~ max(T0, T1 + T2 - interval)`` (``interval``: the time since the previous ``save``
+returned), and :meth:`CacheXManager.stall_seconds` reports exactly that measured blocking
+time; the T0 copy alone is :meth:`CacheXManager.stage_seconds`. A second staging slot is
+therefore only used while a save fails over.
 
 ``CacheXManager`` wraps ``orbax.checkpoint.CheckpointManager`` with that handler, a
 preservation policy that never deletes the newest PFS-durable step nor any newer step still
@@ -41,6 +49,7 @@ __all__ = [
     "CacheXManager",
     "CacheXRestore",
     "CacheXSave",
+    "PinnedLimitError",
     "RestoreCheck",
     "Restored",
     "check_restore",
@@ -51,6 +60,10 @@ __all__ = [
 ITEM = "state"
 TIERS = ("local", "replica", "pfs")
 FAULT_POINTS = ("staging", "local_write", "local_written", "replica_acked", "commit")
+
+
+class PinnedLimitError(RuntimeError):
+    """A save would pin more undrained steps or bytes than the manager's cap allows."""
 
 
 def _check_fault_hooks(hooks: Mapping[str, Callable[[int], None]] | None) -> dict:
@@ -81,8 +94,22 @@ class _Node:
         self.neighbour = neighbour
         self.require_replica = require_replica
         self.stalls: dict[int, float] = {}
+        self.stages: dict[int, float] = {}
         self.errors: dict[int, str] = {}
         self.hooks: dict[str, Callable[[int], None]] = hooks or {}
+        self.events: list[dict] = []
+        self.replica_retries = 0
+        self.replica_backoff_s = 0.0
+
+    def event(self, kind: str, step: int | None = None, **info: Any) -> None:
+        """Appends an event (a drainer restart, degraded durability, ...) to the node's log."""
+        ev = {"time": time.time(), "event": kind, "step": step, **info}
+        self.events.append(ev)
+        try:
+            with open(self.records_dir / "events.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(ev, sort_keys=True) + "\n")
+        except OSError:
+            pass
 
     def fault(self, point: str, step: int) -> None:
         """Calls the fault hook registered at ``point`` (a test seam; see CacheXManager)."""
@@ -152,37 +179,45 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
         t0 = time.perf_counter()
         node.fault("staging", args.step)
         slot, snap = node.pool.stage(args.state)
-        node.stalls[args.step] = time.perf_counter() - t0
+        node.stages[args.step] = time.perf_counter() - t0
         return [_ThreadFuture(self._commit(directory, slot, snap, args.step, t0), "cachex_commit")]
 
     async def _commit(self, directory, slot, snap, step, t0):
         # T1 (local write + fsyncs) and T2 (push of the same staged bytes to the neighbour)
         # run concurrently; the step is committed when both are done.
         node = self._node
+        cancel = threading.Event()
+        pusher = None
+        t_replica: list[float] = []
         try:
             d = Path(directory)
             _await_dir(d)  # orbax creates the item directory; never race it with our own mkdir
             views, manifest = _format.encode_rank(snap, {"step": int(step), "rank": node.rank})
             replica_err: list[BaseException] = []
-            t_replica: list[float] = []
 
             def push():
                 try:
                     crc = json.loads(manifest)["files"][0]["crc32"]
-                    node.neighbour.push_files(
-                        node.rank,
-                        step,
-                        [
-                            (_format.DATA_FILE, views, crc),
-                            (_format.MANIFEST_FILE, [manifest], _fsio.crc32_bytes(manifest)),
-                        ],
-                    )
+                    files = [
+                        (_format.DATA_FILE, views, crc),
+                        (_format.MANIFEST_FILE, [manifest], _fsio.crc32_bytes(manifest)),
+                    ]
+                    for attempt in range(node.replica_retries + 1):
+                        try:
+                            node.neighbour.push_files(node.rank, step, files, cancel=cancel)
+                            break
+                        except _replica.ReplicaError as e:
+                            if attempt == node.replica_retries or cancel.is_set():
+                                raise
+                            node.event("replica_retry", step, attempt=attempt + 1, error=str(e))
+                            if cancel.wait(node.replica_backoff_s * 2.0**attempt):
+                                raise
+
                     t_replica.append(time.perf_counter() - t0)
                     node.fault("replica_acked", step)
                 except BaseException as e:  # noqa: BLE001 - re-raised below, on this thread
                     replica_err.append(e)
 
-            pusher = None
             if node.neighbour is not None:
                 pusher = threading.Thread(target=push, name="cachex-replica-push", daemon=True)
                 pusher.start()
@@ -190,7 +225,7 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
             nbytes = _format.write_encoded(d, views, manifest)
             node.fault("local_written", step)
             t_local = time.perf_counter() - t0
-            _pfs.record_tier(node.records_dir, step, "staged", seconds=node.stalls.get(step))
+            _pfs.record_tier(node.records_dir, step, "staged", seconds=node.stages.get(step))
             _pfs.record_tier(node.records_dir, step, "local", seconds=t_local, nbytes=nbytes)
             if pusher is not None:
                 pusher.join()
@@ -200,6 +235,7 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
                     _pfs.record_tier(node.records_dir, step, "replica_error", error=str(e))
                     if node.require_replica or not isinstance(e, _replica.ReplicaError):
                         raise e
+                    node.event("degraded_durability", step, error=str(e))
                 else:
                     _pfs.record_tier(node.records_dir, step, "replica", seconds=t_replica[0])
                     # Replica GC follows local GC (off the training loop's path).
@@ -209,7 +245,20 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
                     except _replica.ReplicaError:
                         pass
             node.fault("commit", step)
+        except BaseException:
+            cancel.set()  # the save failed: the neighbour must not commit it
+            if pusher is not None:
+                pusher.join()
+                if t_replica:  # the push had already committed: drop that replica again
+                    keep = [int(p.name) for p in node.steps_dir.iterdir() if p.name.isdigit()]
+                    try:
+                        node.neighbour.retain(node.rank, [s for s in keep if s != int(step)])
+                    except _replica.ReplicaError:
+                        pass
+            raise
         finally:
+            if pusher is not None:
+                pusher.join()  # never free the slot while the push still reads its buffers
             node.pool.release(slot)
 
     def save(self, directory, args: CacheXSave | None = None, **kwargs):
@@ -256,9 +305,11 @@ class CacheXRestore(checkpoint_args.CheckpointArgs):
 class _Preserve:
     """orbax preservation policy: latest ``n`` + newest PFS-durable + every newer step.
 
-    A step newer than the newest PFS-durable one is pinned until the drainer persists it (the
-    drainer reads it from the node-local tier). That includes a step whose drain failed, while
-    it waits for a retry and after its retries are exhausted: it stays pinned (locally, and on
+    PFS-durable means committed on the PFS (``<pfs>/<s>`` exists), not only this rank's part
+    written. A step newer than the newest PFS-durable one is pinned until the drainer persists
+    it (the drainer reads it from the node-local tier). That includes a step whose drain
+    failed, while it waits for a retry and after its retries are exhausted: it stays pinned
+    (locally, and on
     the neighbour's replica, whose GC follows the local one) until it or a newer step is
     PFS-durable. Without a PFS, the latest ``n`` are kept: the newest orbax-committed step is
     then the newest durable one and is always among them.
@@ -271,8 +322,7 @@ class _Preserve:
         steps = [c.step for c in checkpoints]
         keep = [i >= len(steps) - self.n for i in range(len(steps))]
         if self.manager.pfs_dir is not None:
-            pfs = [s for s in steps if self.manager.tier_done(s, "pfs")]
-            newest = max(pfs, default=-1)
+            newest = self.manager.newest_pfs_step()
             keep = [k or s >= newest for k, s in zip(keep, steps, strict=True)]
         return keep
 
@@ -297,7 +347,13 @@ class CacheXManager:
       max_to_keep: local steps kept besides the pinned ones (static), >= 1.
       staging_slots: depth of the staging pool (2 = double buffering).
       require_replica: if True a failed replica push fails the save (orbax then never commits
-        it); if False the step commits local-only and records ``replica_error``.
+        it); if False the step commits local-only and records ``replica_error`` and a
+        ``degraded_durability`` event.
+      replica_retries: further attempts of a failed push (>= 0), each after a backoff of
+        ``replica_backoff_s * 2**attempt`` seconds and recorded as a ``replica_retry`` event,
+        before the push counts as failed.
+      neighbour_rank: the rank whose server ``neighbour`` talks to, if known: it must not be
+        this rank (:func:`hexad.cachex.choose_partner` picks one on another host).
       rank, n_ranks: this process and the number of processes (default: ``jax``'s).
       seed: seeds the PFS model's latency draws.
       drainer: start the drainer process (when ``pfs_dir`` is set).
@@ -307,6 +363,10 @@ class CacheXManager:
       drain_backoff_s: wait before the first retry of a failed drain; it doubles after each
         further failure, capped at ``drain_backoff_max_s``. Attempts, errors and the next try
         are in the step's ``pfs_retry`` record, a final failure in ``pfs_error``.
+      max_pinned_steps, max_pinned_bytes: a cap (>= 1, or None for none) on the local steps
+        newer than the newest PFS-durable one (pinned until drained) and on their bytes:
+        ``save`` raises :class:`PinnedLimitError` instead of filling the disk when a PFS
+        outage has pinned this many.
       fault_hooks: a seam for fault injection (tests, the durability study), or None:
         ``{point: hook}``, each ``hook(step)`` called at that point of every save, free to
         raise (the save then fails as if that stage had failed) or to kill the process.
@@ -347,9 +407,23 @@ class CacheXManager:
         drain_backoff_s: float = 0.5,
         drain_backoff_max_s: float = 30.0,
         fault_hooks: Mapping[str, Callable[[int], None]] | None = None,
+        max_pinned_steps: int | None = None,
+        max_pinned_bytes: int | None = None,
+        neighbour_rank: int | None = None,
+        replica_retries: int = 2,
+        replica_backoff_s: float = 0.2,
     ):
         if not isinstance(max_to_keep, int) or max_to_keep < 1:
             raise ValueError(f"max_to_keep: expected an int >= 1, got {max_to_keep!r}")
+        for name, v in (("max_pinned_steps", max_pinned_steps),
+                        ("max_pinned_bytes", max_pinned_bytes)):  # fmt: skip
+            if v is not None:
+                check_int(name, v, lo=1)
+        self.max_pinned_steps = max_pinned_steps
+        self.max_pinned_bytes = max_pinned_bytes
+        replica_retries = check_int("replica_retries", replica_retries, lo=0)
+        if not (isinstance(replica_backoff_s, (int, float)) and replica_backoff_s >= 0):
+            raise ValueError(f"replica_backoff_s: expected a float >= 0, got {replica_backoff_s!r}")
         if neighbour is not None and not isinstance(neighbour, _replica.ReplicaClient):
             raise TypeError(f"neighbour: expected a ReplicaClient, got {type(neighbour).__name__}")
         hooks = _check_fault_hooks(fault_hooks)
@@ -378,6 +452,11 @@ class CacheXManager:
         self.n_ranks = jax.process_count() if n_ranks is None else int(n_ranks)
         if not 0 <= self.rank < self.n_ranks:
             raise ValueError(f"rank: expected 0 <= rank < n_ranks={self.n_ranks}, got {self.rank}")
+        if neighbour_rank is not None and int(neighbour_rank) == self.rank:
+            raise ValueError(
+                f"neighbour_rank: the neighbour must be another rank (another node), got this "
+                f"rank {self.rank} (see hexad.cachex.choose_partner)"
+            )
         self.neighbour = neighbour
         self.pool = _format.StagingPool(staging_slots)
         self._node = _Node(
@@ -389,6 +468,8 @@ class CacheXManager:
             require_replica,
             hooks,
         )
+        self._node.replica_retries = replica_retries
+        self._node.replica_backoff_s = float(replica_backoff_s)
         self.handler = CacheXHandler(self._node)
         options = ocp.CheckpointManagerOptions(
             enable_async_checkpointing=True,
@@ -405,6 +486,9 @@ class CacheXManager:
             self.steps_dir, item_handlers={ITEM: self.handler}, options=options
         )
         self._drainer = None
+        self._drainer_restarts = 0
+        self._neighbour_down = False
+        self._fsynced: set[int] = set()
         if self.pfs_dir is not None:
             self.pfs_dir.mkdir(parents=True, exist_ok=True)
             stop = self.records_dir / "drainer.stop"
@@ -428,20 +512,169 @@ class CacheXManager:
     # -- saving ----------------------------------------------------------------------------------
 
     def save(self, step: int, state: Any, force: bool = False) -> bool:
-        """Starts saving ``state`` as ``step``; blocks only for T0 staging. Returns orbax's bool."""
+        """Starts saving ``state`` as ``step``; returns orbax's bool.
+
+        Blocks for the T0 copy and, before it, for the previous save's commit (orbax keeps one
+        save in flight): ``stall ~ max(T0, T1 + T2 - interval)``, measured by
+        :meth:`stall_seconds`. Checks the drainer first (restarts it if it has exited) and
+        the pinned-steps cap (raises :class:`PinnedLimitError`).
+        """
         _fsio.validate_step_name(step)
+        t0 = time.perf_counter()
+        self._check_services()
+        self._check_pinned()
         saved = self._mngr.save(
             int(step), args=ocp.args.Composite(**{ITEM: CacheXSave(state, int(step))}), force=force
         )
+        self._node.stalls[int(step)] = time.perf_counter() - t0
+        self._fsync_committed()
         return saved
 
+    def _check_services(self) -> None:
+        """Restarts an exited drainer (recording a ``drainer_restart`` event); after a save
+        whose push failed, pings the neighbour and records ``neighbour_down`` /
+        ``neighbour_up`` when its state changes."""
+        if self.neighbour is not None and (self._node.errors or self._neighbour_down):
+            alive = self.neighbour.ping()
+            if alive == self._neighbour_down:
+                self._neighbour_down = not alive
+                self._node.event("neighbour_up" if alive else "neighbour_down")
+            self._node.errors.clear()
+        if self._drainer is None or self._drainer.poll() is None:
+            return
+        code = self._drainer.returncode
+        self._drainer = _pfs.spawn_drainer(self.drainer_config)
+        self._drainer_restarts += 1
+        self._node.event("drainer_restart", exit_code=code)
+
+    def _pinned(self) -> list[int]:
+        if self.pfs_dir is None:
+            return []
+        newest = self.newest_pfs_step()
+        return [s for s in self.all_steps() if s > newest]
+
+    def _pinned_bytes(self, steps: Sequence[int]) -> int:
+        total = 0
+        for s in steps:
+            d = self.steps_dir / str(s) / ITEM
+            try:
+                total += sum(p.stat().st_size for p in d.iterdir())
+            except OSError:
+                continue
+        return total
+
+    def _check_pinned(self) -> None:
+        if self.max_pinned_steps is None and self.max_pinned_bytes is None:
+            return
+        pinned = self._pinned()
+        if self.max_pinned_steps is not None and len(pinned) >= self.max_pinned_steps:
+            raise PinnedLimitError(
+                f"max_pinned_steps: {len(pinned)} local steps {pinned[:8]} wait for the PFS "
+                f"drain (newest PFS-durable step {self.newest_pfs_step()}); refusing to pin "
+                f"more than {self.max_pinned_steps} (is the PFS or the drainer down? see health())"
+            )
+        if self.max_pinned_bytes is not None:
+            nbytes = self._pinned_bytes(pinned)
+            if nbytes >= self.max_pinned_bytes:
+                raise PinnedLimitError(
+                    f"max_pinned_bytes: {nbytes} bytes in {len(pinned)} undrained local steps; "
+                    f"refusing to pin more than {self.max_pinned_bytes} (see health())"
+                )
+
+    def _fsync_committed(self) -> None:
+        """``fsync``s orbax's unsynced files and renames of every newly committed step."""
+        steps = [s for s in self.all_steps() if s not in self._fsynced]
+        if not steps:
+            return
+        for s in steps:
+            d = self.steps_dir / str(s)
+            try:
+                for p in d.iterdir():
+                    if p.is_file():
+                        fd = os.open(p, os.O_RDONLY)
+                        try:
+                            os.fsync(fd)
+                        finally:
+                            os.close(fd)
+                _fsio.fsync_dir(d)
+            except FileNotFoundError:  # removed by orbax's GC meanwhile
+                continue
+        _fsio.fsync_dir(self.steps_dir)
+        self._fsynced = set(steps) | (self._fsynced & set(self.all_steps()))
+
     def wait_until_finished(self) -> None:
-        """Blocks until the in-flight save is committed (replica-durable)."""
+        """Blocks until the in-flight save is committed (replica-durable, local copy fsynced)."""
         self._mngr.wait_until_finished()
+        self._fsync_committed()
 
     def stall_seconds(self, step: int) -> float | None:
-        """The T0 staging time of ``step`` (the part that blocked the caller)."""
+        """The seconds the ``save`` call of ``step`` blocked the caller (the wait for the
+        previous save's commit, the service checks and the T0 copy)."""
         return self._node.stalls.get(int(step))
+
+    def stage_seconds(self, step: int) -> float | None:
+        """The T0 staging copy of ``step`` alone (part of :meth:`stall_seconds`)."""
+        return self._node.stages.get(int(step))
+
+    @property
+    def events(self) -> list[dict]:
+        """Events of this manager: ``drainer_restart``, ``replica_retry``,
+        ``degraded_durability``, ``neighbour_down``, ``neighbour_up``,
+        ``restore_rewrite_failed`` (each ``{"time", "event", "step", ...}``)."""
+        return list(self._node.events)
+
+    def newest_pfs_step(self) -> int:
+        """The newest PFS-committed step (``<pfs>/<s>`` exists or was recorded), -1 if none."""
+        if self.pfs_dir is None:
+            return -1
+        recs = self.records_dir.iterdir() if self.records_dir.is_dir() else ()
+        recorded = [int(p.name) for p in recs if p.name.isdigit() and (p / "pfs.json").exists()]
+        return max([*recorded, *_pfs.committed_pfs_steps(self.pfs_dir)], default=-1)
+
+    def health(self, ping_neighbour: bool = True) -> dict[str, Any]:
+        """Liveness of the helpers and the rollback exposure, for a training loop to log.
+
+        Returns a dict: ``drainer_alive`` (None without a drainer), ``drainer_restarts``,
+        ``neighbour_alive`` (a ping of the replica server; None without a neighbour or with
+        ``ping_neighbour=False``), ``newest_step`` (newest committed local step, -1 if none),
+        ``newest_pfs_step`` (newest PFS-committed step, -1 if none), ``durability_lag_steps``
+        (committed local steps newer than it: what a loss of this node and its neighbour
+        would roll back; None without a PFS), ``durability_lag_s`` (seconds since the newest
+        PFS-committed step was saved, or since the oldest pinned one if none is on the PFS;
+        0 when nothing is pinned; None without a PFS), ``pinned_steps``, ``pinned_bytes``,
+        ``events`` (the number of :attr:`events`) and ``degraded`` (saves committed without
+        their replica).
+        """
+        steps = self.all_steps()
+        out: dict[str, Any] = {
+            "drainer_alive": None if self._drainer is None else self._drainer.poll() is None,
+            "drainer_restarts": self._drainer_restarts,
+            "neighbour_alive": None,
+            "newest_step": max(steps, default=-1),
+            "newest_pfs_step": self.newest_pfs_step(),
+            "durability_lag_steps": None,
+            "durability_lag_s": None,
+            "pinned_steps": 0,
+            "pinned_bytes": 0,
+            "events": len(self._node.events),
+            "degraded": sum(e["event"] == "degraded_durability" for e in self._node.events),
+        }
+        if self.neighbour is not None and ping_neighbour:
+            out["neighbour_alive"] = self.neighbour.ping()
+        if self.pfs_dir is not None:
+            pinned = self._pinned()
+            out["pinned_steps"] = len(pinned)
+            out["pinned_bytes"] = self._pinned_bytes(pinned)
+            out["durability_lag_steps"] = len(pinned)
+            lag = 0.0
+            if pinned:
+                newest = out["newest_pfs_step"]
+                ref = self.durability(newest).get("local") if newest >= 0 else None
+                if ref is None:
+                    ref = self.durability(pinned[0]).get("local")
+                lag = time.time() - ref["time"] if ref else float("nan")
+            out["durability_lag_s"] = lag
+        return out
 
     def durability(self, step: int) -> dict[str, dict]:
         """Returns the durability records of ``step``: ``{tier: {"time": ..., ...}}``."""
@@ -456,14 +689,19 @@ class CacheXManager:
         return out
 
     def tier_done(self, step: int, tier: str) -> bool:
-        """Whether ``step`` has reached ``tier`` (``staged``/``local``/``replica``/``pfs``)."""
-        return (self.records_dir / str(int(step)) / f"{tier}.json").exists()
+        """Whether ``step`` has reached ``tier`` (``staged``/``local``/``replica``/
+        ``pfs_part``/``pfs``). ``pfs`` means committed on the PFS (every rank's part there),
+        ``pfs_part`` only this rank's part written."""
+        if (self.records_dir / str(int(step)) / f"{tier}.json").exists():
+            return True
+        return tier == "pfs" and self.pfs_dir is not None and (self.pfs_dir / str(step)).is_dir()
 
     def wait_for_pfs(self, step: int, timeout_s: float = 60.0) -> bool:
-        """Polls until ``step`` is PFS-durable (or its drain failed for good); returns which."""
+        """Polls until ``step`` is PFS-committed (or its drain failed for good); returns which."""
         t_end = time.monotonic() + timeout_s
+        rec = self.records_dir / _fsio.validate_step_name(step) / "pfs.json"
         while time.monotonic() < t_end:
-            if self.tier_done(step, "pfs"):
+            if rec.exists():  # written by the drainer once it sees the step committed
                 return True
             if self.tier_done(step, "pfs_error"):
                 return False
@@ -529,7 +767,9 @@ class CacheXManager:
         Each rank lists the steps it can read (local, the neighbour's replica, the PFS); the
         ranks agree on the newest common one (``jax.distributed`` process all-gather when
         multi-process); each rank reads it from its first tier whose files all verify. If any
-        rank fails, the step is dropped everywhere and the next newest is tried.
+        rank fails on a missing or corrupt copy, the step is dropped everywhere and the next
+        newest is tried; any other error on one rank stops every rank. A step read from the
+        replica or the PFS is saved locally again (replication and drain resume).
 
         Args:
           target: pytree of ``jax.Array`` / ``jax.ShapeDtypeStruct`` / numpy leaves.
@@ -540,11 +780,17 @@ class CacheXManager:
           ValueError: ``target``'s structure, a shape or a dtype differs from the checkpoint.
         """
         self.wait_until_finished()
-        tiers = self.readable_steps()
+        try:
+            tiers = self.readable_steps()
+        except Exception as e:  # noqa: BLE001 - every rank must reach the agreement below
+            tiers = {t: [] for t in TIERS}
+            skipped_listing = f"listing: {type(e).__name__}: {e}"
+        else:
+            skipped_listing = None
         mine = sorted(set().union(*tiers.values()))
         if step is not None:
             mine = [s for s in mine if s == int(step)]
-        skipped: list[str] = []
+        skipped: list[str] = [skipped_listing] if skipped_listing else []
         while True:
             common = _agree_newest(mine)
             if common is None:
@@ -553,7 +799,7 @@ class CacheXManager:
                     f"restore: no checkpoint step readable by all ranks under {self.directory}"
                     + why
                 )
-            result, errors = None, []
+            result, errors, fatal = None, [], None
             for tier in TIERS:
                 if common not in tiers[tier]:
                     continue
@@ -562,10 +808,42 @@ class CacheXManager:
                     break
                 except (_format.CorruptCheckpointError, _replica.ReplicaError, OSError) as e:
                     errors.append(f"{tier}: {e}")
+                except Exception as e:  # noqa: BLE001 - caught so no rank skips the agreement
+                    errors.append(f"{tier}: {type(e).__name__}: {e}")
+                    fatal = fatal or e
             if _all_ok(result is not None):
+                if result.tier != "local":
+                    self._rewrite_local(result)
                 return result
+            # A rank hit something other than a missing or corrupt copy (e.g. a target that
+            # does not match the checkpoint): every rank stops here instead of trying older
+            # steps, the ranks that did not hit it with a RuntimeError naming the step.
+            if not _all_ok(fatal is None):
+                if fatal is not None:
+                    raise fatal
+                raise RuntimeError(f"restore: step {common} failed on another rank")
+            skipped.append(f"step {common}: " + (" | ".join(errors) or "failed on another rank"))
             skipped.append(f"step {common}: " + (" | ".join(errors) or "failed on another rank"))
             mine = [s for s in mine if s != common]
+
+    def _rewrite_local(self, result: Restored) -> None:
+        """Saves a step restored from the replica or the PFS into the local tier again, so
+        replication and the drain resume from it (a failure is an event, not an error)."""
+        try:
+            bad = self.steps_dir / str(result.step)
+            if bad.exists():  # a local copy that failed to verify: replace it
+                trash = self.directory / f".bad-{result.step}-{time.monotonic_ns()}"
+                os.rename(bad, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+                self._mngr.reload()
+            self._mngr.save(
+                result.step,
+                args=ocp.args.Composite(**{ITEM: CacheXSave(result.state, result.step)}),
+                force=True,
+            )
+            self.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - the restore itself succeeded
+            self._node.event("restore_rewrite_failed", result.step, error=f"{e}")
 
     def __enter__(self) -> CacheXManager:
         return self

@@ -1,6 +1,6 @@
 """T3: the PFS model and the drainer process that persists local steps to the PFS.
 
-The drainer runs as its own process in its own session (``start_new_session=True``), so it
+The drainer runs as its own process, detached from the trainer's process group, so it
 survives the training process: a SIGKILLed trainer leaves its node-local steps behind, and the
 drainer still carries them to the PFS, then exits once its parent is gone and nothing is left.
 
@@ -12,7 +12,19 @@ PFS commit protocol for step ``s`` with ``n`` ranks (one drainer per rank):
 2. write the per-rank done marker ``<pfs>/.tmp-<s>/done_<r>`` and ``fsync`` the tmp dir;
 3. the rank that sees all ``n`` markers renames ``.tmp-<s>`` to ``<s>`` (atomic; a losing
    racer finds ``<s>`` already there) and ``fsync``s ``<pfs>``;
-4. write the ``pfs`` durability record of ``s`` on the node.
+4. the node records ``pfs_part`` (this rank's part is on the PFS) at step 2 and ``pfs`` (the
+   step is committed: ``<pfs>/<s>`` exists) once it sees the rename, whichever rank did it.
+   Only ``pfs`` counts as PFS-durable: the manager's GC pins, ``wait_for_pfs``, ``tier_done``
+   and this drainer's scheduler all use it.
+
+A sweep (:func:`sweep_pfs`, run by every drainer when idle) renames a ``.tmp-<s>`` that holds
+all ``n`` markers but was never renamed (its committer died between the last marker and the
+rename) and removes a ``.tmp-<s>`` older than ``stale_tmp_s`` once a newer step is committed.
+
+One drainer per rank: a drainer holds an exclusive ``flock`` on
+``<records>/drainer_rank<r>.lock`` while it runs, so a drainer started while an older one is
+still draining waits for it instead of wiping its half-written files. It runs until the
+trainer is gone and nothing is left (no lifetime limit unless ``max_lifetime_s`` is set).
 
 PFS garbage collection (``pfs_max_to_keep``): after committing a step, the committing drainer
 keeps the newest ``pfs_max_to_keep`` committed steps and deletes the older ones, each first
@@ -35,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import json
 import math
 import os
@@ -51,7 +64,16 @@ import numpy as np
 
 from hexad.cachex import _format, _fsio
 
-__all__ = ["DrainerConfig", "PFSModel", "drain_once", "gc_pfs", "spawn_drainer"]
+__all__ = [
+    "DrainerConfig",
+    "PFSModel",
+    "committed_pfs_steps",
+    "drain_once",
+    "drainer_lock_path",
+    "gc_pfs",
+    "spawn_drainer",
+    "sweep_pfs",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +92,9 @@ class PFSModel:
       contention: slowdown per extra concurrent writer (0 = none).
       latency_s: fixed per-write latency (metadata, open/close) in seconds.
       sigma: lognormal shape of the per-rank time.
+      shared_sigma: lognormal shape of a load factor shared by every writer of one save
+        (:meth:`draw`: ``T = m * exp(shared_sigma * z_save + sigma * z_rank)``), the
+        time-correlated PFS load that makes the slowest writer of a save matter; 0 = none.
 
     >>> PFSModel(bandwidth=1e9, n_writers=4, contention=0.5).median_time(1e9)
     2.505
@@ -80,13 +105,14 @@ class PFSModel:
     contention: float = 0.0
     latency_s: float = 0.002
     sigma: float = 0.3
+    shared_sigma: float = 0.0
 
     def __post_init__(self):
         if not (self.bandwidth > 0 and math.isfinite(self.bandwidth)):
             raise ValueError(f"bandwidth: expected a finite float > 0, got {self.bandwidth}")
         if not isinstance(self.n_writers, int) or self.n_writers < 1:
             raise ValueError(f"n_writers: expected an int >= 1, got {self.n_writers!r}")
-        for name in ("contention", "latency_s", "sigma"):
+        for name in ("contention", "latency_s", "sigma", "shared_sigma"):
             v = getattr(self, name)
             if not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name}: expected a finite float >= 0, got {v}")
@@ -108,15 +134,31 @@ class PFSModel:
         return float(np.log(self.latency_s + float(nbytes) / self.bandwidth)), self.sigma
 
     def quantile_ratio(self, p: float = 0.99) -> float:
-        """The ``p``-quantile of a write's time over its median, ``exp(sigma Phi^-1(p))``:
-        the model's own spread (p99/p50 by default), whatever the size and contention.
+        """The ``p``-quantile of a write's time over its median, ``exp(s Phi^-1(p))`` with
+        ``s = sqrt(sigma^2 + shared_sigma^2)``: the model's own spread of one (save, rank)
+        write (p99/p50 by default), whatever the size and contention.
 
         >>> round(PFSModel(sigma=0.5).quantile_ratio(0.99), 3)
         3.2
         """
         if not 0.0 < p < 1.0:
             raise ValueError(f"p: expected a probability in (0, 1), got {p!r}")
-        return math.exp(self.sigma * statistics.NormalDist().inv_cdf(p))
+        s = math.hypot(self.sigma, self.shared_sigma)
+        return math.exp(s * statistics.NormalDist().inv_cdf(p))
+
+    def draw(self, seed: int, step: int, rank: int, nbytes: float) -> float:
+        """The write time of ``rank``'s part of save ``step``: the save's shared load factor
+        (seeded by ``(seed, step)``) times the rank's own lognormal draw (``(seed, step,
+        rank)``), so the drainer and a baseline writing the same step see the same time.
+
+        >>> m = PFSModel(sigma=0.5, shared_sigma=0.5)
+        >>> m.draw(0, 3, 1, 1e6) == m.draw(0, 3, 1, 1e6) != m.draw(0, 3, 2, 1e6)
+        True
+        """
+        z_save = np.random.default_rng([seed, step, 1 << 30]).standard_normal()
+        z_rank = np.random.default_rng([seed, step, rank]).standard_normal()
+        t = self.median_time(nbytes) * math.exp(self.shared_sigma * z_save + self.sigma * z_rank)
+        return float(t)
 
     def sample(self, rng: np.random.Generator, nbytes: float, size: Any = None) -> np.ndarray:
         """Samples per-rank write seconds (``size`` draws) for ``nbytes`` each."""
@@ -138,7 +180,10 @@ class DrainerConfig:
       seed: seeds the PFS model's per-(step, rank) latency draws.
       parent_pid: the trainer; the drainer exits once it is gone and no work is left.
       poll_s: polling interval; idle_exit_s: idle time before exiting once the trainer is gone.
-      max_lifetime_s: hard bound on the drainer's lifetime.
+      max_lifetime_s: hard bound on the drainer's lifetime in seconds, or None (no bound:
+        the default; a bound is for tests only).
+      stale_tmp_s: age after which :func:`sweep_pfs` removes an incomplete ``.tmp-<s>``
+        older than the newest committed step.
       pfs_max_to_keep: committed PFS steps kept by the GC (>= 1), or None to keep all.
       retry_max_attempts: drain attempts of one step before its failure is final (>= 1).
       retry_backoff_s: wait after the first failed attempt; doubles after each further one.
@@ -156,7 +201,8 @@ class DrainerConfig:
     parent_pid: int = 0
     poll_s: float = 0.02
     idle_exit_s: float = 1.0
-    max_lifetime_s: float = 3600.0
+    max_lifetime_s: float | None = None
+    stale_tmp_s: float = 600.0
     pfs_max_to_keep: int | None = None
     retry_max_attempts: int = 5
     retry_backoff_s: float = 0.5
@@ -169,7 +215,10 @@ class DrainerConfig:
         n = self.retry_max_attempts
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"retry_max_attempts: expected an int >= 1, got {n!r}")
-        for name in ("retry_backoff_s", "retry_backoff_max_s"):
+        life = self.max_lifetime_s
+        if life is not None and not (isinstance(life, (int, float)) and life > 0):
+            raise ValueError(f"max_lifetime_s: expected None or a float > 0, got {life!r}")
+        for name in ("retry_backoff_s", "retry_backoff_max_s", "stale_tmp_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
                 raise ValueError(f"{name}: expected a finite float >= 0, got {v!r}")
@@ -196,7 +245,9 @@ def _alive(pid: int) -> bool:
 def record_tier(records_dir: Path, step: int, tier: str, **info: Any) -> None:
     """Writes the durability record ``<records_dir>/<step>/<tier>.json`` atomically."""
     d = Path(records_dir) / _fsio.validate_step_name(step)
-    d.mkdir(parents=True, exist_ok=True)
+    if not d.is_dir():
+        d.mkdir(parents=True, exist_ok=True)
+        _fsio.fsync_dir(d.parent)  # the new record folder's entry is durable too
     _fsio.write_json_atomic(d / f"{tier}.json", {"time": time.time(), **info})
 
 
@@ -216,11 +267,11 @@ def _pfs_steps(pfs_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in pfs_dir.iterdir() if p.name.isdigit() and p.is_dir())
 
 
-def _drain_step(cfg: DrainerConfig, step: int) -> tuple[float, list[int]]:
+def _drain_step(cfg: DrainerConfig, step: int) -> tuple[float, list[int], bool]:
     """Copies this rank's files of ``step`` to the PFS.
 
-    Returns the seconds to PFS-durable and the PFS steps the GC removed (only the drainer
-    that commits the step runs the GC).
+    Returns the seconds this rank's part took, the PFS steps the GC removed (only the drainer
+    that commits the step runs the GC) and whether the step is committed (``<pfs>/<s>``).
     """
     t0 = time.perf_counter()
     name = _fsio.validate_step_name(step)
@@ -246,9 +297,7 @@ def _drain_step(cfg: DrainerConfig, step: int) -> tuple[float, list[int]]:
     )
     _fsio.fsync_dir(rank_dir)
     if cfg.pfs:
-        model = PFSModel(**cfg.pfs)
-        rng = np.random.default_rng([cfg.seed, step, cfg.rank])
-        target = float(model.sample(rng, nbytes))
+        target = PFSModel(**cfg.pfs).draw(cfg.seed, step, cfg.rank, nbytes)
         left = target - (time.perf_counter() - t0)
         if left > 0:
             time.sleep(left)
@@ -269,7 +318,7 @@ def _drain_step(cfg: DrainerConfig, step: int) -> tuple[float, list[int]]:
     removed = []
     if committed and cfg.pfs_max_to_keep is not None:
         removed = gc_pfs(pfs, cfg.pfs_max_to_keep)
-    return seconds, removed
+    return seconds, removed, (pfs / name).is_dir()
 
 
 def gc_pfs(pfs_dir: str | Path, keep: int) -> list[int]:
@@ -322,20 +371,46 @@ def _read_record(records: Path, step: int, tier: str) -> dict | None:
         return None
 
 
+def committed_pfs_steps(pfs_dir: str | Path) -> list[int]:
+    """The committed steps on the PFS (``<pfs>/<s>``: every rank's part present), oldest first."""
+    return _pfs_steps(Path(pfs_dir))
+
+
+def drainer_lock_path(cfg: DrainerConfig) -> Path:
+    """The per-rank lock file a running drainer holds (``flock``, exclusive)."""
+    return Path(cfg.records_dir) / f"drainer_rank{cfg.rank}.lock"
+
+
+def _sync_committed(cfg: DrainerConfig) -> None:
+    """Records ``pfs`` for every local step whose part is written and that is now committed
+    (another rank's drainer may have done the rename)."""
+    records, pfs = Path(cfg.records_dir), Path(cfg.pfs_dir)
+    for s in _committed_local_steps(Path(cfg.steps_dir), cfg.item):
+        part = _read_record(records, s, "pfs_part")
+        if part is None or (records / str(s) / "pfs.json").exists():
+            continue
+        if (pfs / str(s)).is_dir():
+            record_tier(records, s, "pfs", seconds=part.get("seconds"), committed=True,
+                        part_time=part.get("time"), committer=False)  # fmt: skip
+
+
 def _candidates(cfg: DrainerConfig) -> tuple[list[int], list[int], list[int]]:
     """``(pending, todo, both)``: steps to finish, steps to drain, and their sorted union.
 
     ``pending``: steps another rank has started on the PFS that this rank has not marked done;
-    ``todo``: committed local steps newer than the newest PFS-durable one. A step whose
-    failure is final (``pfs_error``) is in neither. Retry schedules are not checked here.
+    ``todo``: committed local steps newer than the newest PFS-committed one whose part this
+    rank has not yet written. A step whose failure is final (``pfs_error``) is in neither.
+    Retry schedules are not checked here.
     """
     steps = _committed_local_steps(Path(cfg.steps_dir), cfg.item)
     records = Path(cfg.records_dir)
-    done = [s for s in steps if (records / str(s) / "pfs.json").exists()]
-    newest_done = max(done, default=-1)
-    live = [s for s in steps if not (records / str(s) / "pfs_error.json").exists()]
-    todo = [s for s in live if s > newest_done]
     pfs = Path(cfg.pfs_dir)
+    done = [s for s in steps if (records / str(s) / "pfs.json").exists()]
+    newest_done = max([*done, *_pfs_steps(pfs)], default=-1)
+    live = [s for s in steps if not (records / str(s) / "pfs_error.json").exists()]
+    todo = [
+        s for s in live if s > newest_done and not (records / str(s) / "pfs_part.json").exists()
+    ]
     mine = f"done_{cfg.rank}"
     pending = [
         s for s in live if (pfs / f".tmp-{s}").is_dir() and not (pfs / f".tmp-{s}" / mine).exists()
@@ -356,12 +431,14 @@ def retry_waiting(cfg: DrainerConfig, now: float | None = None) -> list[int]:
 
 
 def drain_once(cfg: DrainerConfig, now: float | None = None) -> list[int]:
-    """Drains one step of this rank; returns ``[step]`` if it became PFS-durable, else ``[]``.
+    """Drains one step of this rank; returns ``[step]`` if this rank's part of it was written.
 
     The step: first any step another rank has started on the PFS (so ranks that skip ahead
     independently cannot strand a step with only some done markers), else the newest local
-    step newer than the newest PFS-durable one; in both cases the newest one whose retry (if
+    step newer than the newest PFS-committed one; in both cases the newest one whose retry (if
     it failed before) is due. A failure is recorded and retried with backoff (module doc).
+    The part is recorded as ``pfs_part``; ``pfs`` (PFS-durable) only once the step is
+    committed, by this rank's rename or, seen at a later call, by another rank's.
 
     Args:
       cfg: this rank's drainer configuration.
@@ -383,6 +460,7 @@ def drain_once(cfg: DrainerConfig, now: float | None = None) -> list[int]:
     """
     now = time.time() if now is None else now
     records = Path(cfg.records_dir)
+    _sync_committed(cfg)
     pending, todo, _ = _candidates(cfg)
     pending = [s for s in pending if _due(records, s, now)]
     todo = [s for s in todo if _due(records, s, now)]
@@ -394,7 +472,7 @@ def drain_once(cfg: DrainerConfig, now: float | None = None) -> list[int]:
         return []
     prev = _read_record(records, step, "pfs_retry") or {"attempts": 0, "errors": []}
     try:
-        seconds, removed = _drain_step(cfg, step)
+        seconds, removed, committed = _drain_step(cfg, step)
     except (OSError, _format.CorruptCheckpointError) as e:
         attempts = int(prev["attempts"]) + 1
         errors = [*prev["errors"], f"{type(e).__name__}: {e}"][-cfg.retry_max_attempts :]
@@ -414,24 +492,73 @@ def drain_once(cfg: DrainerConfig, now: float | None = None) -> list[int]:
                 next_try=now + backoff,
             )
         return []
-    final = Path(cfg.pfs_dir) / str(step)
-    record_tier(
-        records,
-        step,
-        "pfs",
-        seconds=seconds,
-        committed=final.exists(),
-        attempts=int(prev["attempts"]) + 1,
-        pfs_gc=removed,
-    )
+    info = dict(seconds=seconds, attempts=int(prev["attempts"]) + 1, pfs_gc=removed)
+    record_tier(records, step, "pfs_part", **info)
+    if committed:
+        record_tier(records, step, "pfs", committed=True, committer=True, **info)
     return [step]
+
+
+def sweep_pfs(pfs_dir: str | Path, n_ranks: int, stale_tmp_s: float = 600.0) -> dict:
+    """Finishes or removes ``.tmp-<s>`` folders that no drainer will finish.
+
+    A ``.tmp-<s>`` holding all ``n_ranks`` done markers is renamed to ``<s>`` (its committer
+    died between the last marker and the rename; the markers are written only after the
+    rank's files and folder are fsynced, so the step is complete). An incomplete one whose
+    modification time is older than ``stale_tmp_s`` seconds and older than the newest
+    committed step is removed (renamed to ``.gc-tmp-<s>`` first). Returns
+    ``{"renamed": [...], "removed": [...]}``.
+
+    >>> import tempfile, pathlib
+    >>> root = pathlib.Path(tempfile.mkdtemp())
+    >>> (root / ".tmp-3" / "rank_0").mkdir(parents=True)
+    >>> _ = (root / ".tmp-3" / "done_0").write_bytes(b"1")
+    >>> sweep_pfs(root, 1), sorted(p.name for p in root.iterdir())
+    ({'renamed': [3], 'removed': []}, ['3'])
+    """
+    pfs = Path(pfs_dir)
+    out: dict[str, list[int]] = {"renamed": [], "removed": []}
+    if not pfs.exists():
+        return out
+    tmps = []
+    for p in pfs.iterdir():
+        if p.name.startswith(".tmp-") and p.name[5:].isdigit() and p.is_dir():
+            tmps.append((int(p.name[5:]), p))
+    for s, p in sorted(tmps):
+        if all((p / f"done_{r}").exists() for r in range(n_ranks)):
+            try:
+                os.rename(p, pfs / str(s))
+                out["renamed"].append(s)
+            except OSError:
+                continue  # another drainer renamed it, or <s> exists already
+    if out["renamed"]:
+        _fsio.fsync_dir(pfs)
+    newest = max(_pfs_steps(pfs), default=-1)
+    now = time.time()
+    for s, p in sorted(tmps):
+        if s in out["renamed"] or s >= newest or not p.exists():
+            continue
+        try:
+            age = now - p.stat().st_mtime
+        except FileNotFoundError:
+            continue
+        if age > stale_tmp_s:
+            trash = pfs / f".gc-tmp-{s}-{time.monotonic_ns()}"
+            try:
+                os.rename(p, trash)
+            except OSError:
+                continue
+            shutil.rmtree(trash, ignore_errors=True)
+            out["removed"].append(s)
+    return out
 
 
 def _loop(cfg: DrainerConfig) -> int:
     t_start = time.monotonic()
     idle_since = time.monotonic()
+    last_sweep = -math.inf
     stop_file = Path(cfg.records_dir) / "drainer.stop"
-    while time.monotonic() - t_start < cfg.max_lifetime_s:
+    while cfg.max_lifetime_s is None or time.monotonic() - t_start < cfg.max_lifetime_s:
         if not Path(cfg.records_dir).exists():  # the node's directory was removed: nothing left
             return 0
         try:
@@ -441,6 +568,13 @@ def _loop(cfg: DrainerConfig) -> int:
         if drained:
             idle_since = time.monotonic()
             continue
+        if time.monotonic() - last_sweep > min(5.0, cfg.stale_tmp_s):
+            last_sweep = time.monotonic()
+            try:
+                sweep_pfs(cfg.pfs_dir, cfg.n_ranks, cfg.stale_tmp_s)
+                _sync_committed(cfg)
+            except OSError:
+                pass
         trainer_gone = not _alive(cfg.parent_pid)
         try:
             waiting = retry_waiting(cfg)
@@ -460,7 +594,7 @@ _ENTRY = "import sys; from hexad.cachex._pfs import main; sys.exit(main(sys.argv
 
 
 def spawn_drainer(cfg: DrainerConfig, log_path: Path | None = None) -> subprocess.Popen:
-    """Starts the drainer for ``cfg`` as a separate process in its own session.
+    """Starts the drainer for ``cfg`` as a separate, detached process.
 
     The drainer outlives its caller: it exits once the trainer (``cfg.parent_pid``) is gone
     and nothing is left to drain, or on ``SIGTERM``. Here one local step (written directly in
@@ -511,6 +645,9 @@ def main(argv: list[str] | None = None) -> int:
     raw = json.loads(args.config.read_text())
     cfg = DrainerConfig(**raw)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # One drainer per rank: wait for an older one (still draining after a restart) to exit.
+    lock = open(drainer_lock_path(cfg), "ab")  # noqa: SIM115 - held for the process's life
+    fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
     # T3 is background work: it yields the CPU to the trainer and the T1/T2 critical path.
     os.nice(10)
     return _loop(cfg)
