@@ -1,208 +1,201 @@
-"""Phase diagram of exact recovery: graph-only, node-information-only and joint programs.
+"""Phase diagram of exact recovery: graph alone, node information alone, and two joint programs.
 
-Two balanced communities of ``n`` nodes; the graph is an SBM with ``p = 1/2 + dpq/2`` and
-``q = 1/2 - dpq/2`` (graph strength ``dpq = p - q``); node features are
-``x_v = +-(sep/2) e_1 + N(0, I_d)`` (feature separation ``sep``); ``n_labeled`` nodes (half per
-community) carry labels, each flipped with probability ``label_noise``. One feature dimension
-(``d = 1``) by default: the entrywise signal-to-noise of ``K_x`` falls like ``1/sqrt(d)``.
-For every grid cell and each of ``trials`` draws, three programs of ``hexad.cvxclust``
-(arXiv:2508.20231) are solved with the same ``mu = mu_scale * sqrt(n)``:
+A contextual SBM with ``K`` balanced classes of ``n / K`` nodes (``cvxclust.contextual_sbm``):
+the graph has ``p = (1 + dpq) / 2`` and ``q = (1 - dpq) / 2`` (so unit graph costs are
+proportional to the log-likelihood ratio); features ``x_v = (sep / 2) m_{y_v} + N(0, I_d)``
+with unit class means (simplex directions for ``K = 3``, ``d >= 2``); ``labels_per_class``
+labelled nodes per class, each label flipped with probability ``label_noise``. Panels
+``K in ks`` x ``d in dims``; in each, a ``dpq`` x ``sep`` grid with ``trials`` draws per cell.
+The four programs of ``hexad.cvxclust`` on every draw:
 
-- graph-only: ``min_{L in B} ||L - A||_1 + mu ||L||_*``;
-- node-information-only: ``min_{L in B} -<alpha K_x + beta S_y, L> + mu ||L||_*``;
-- joint: both terms together (``cvxclust.joint_problem``).
+- ``graph``: the paper's graph program, PSD-hard (``graph_problem``; ``L in B``, ``L >= 0``);
+- ``node``: node information alone as convex clustering: ``FusionProblem`` with the features,
+  the partial labels under the softmax cross-entropy, Gaussian weights on the complete graph,
+  and the partition read from the clusterpath at its first ``gamma`` with ``<= K`` clusters;
+- ``joint``: the shared-model joint program (``shared_atom_problem``, our formulation of the
+  paper's shared atomic representation), ``mu0 = 1``, ``mu1 = node_weight * n``;
+- ``linear``: the linear-reward surrogate ``joint_problem`` (PSD-hard), ``alpha =
+  feature_scale / std(K_x)``, ``beta``.
 
-``alpha = feature_scale / std(K_x off-diagonal)`` puts the feature term's entrywise noise on
-the scale of a graph entry (our choice, fixed before looking at the grid). A program
-*recovers* a draw when ``max_uv |L_uv - 1[y_u = y_v]| <= recovery_tol`` (exact recovery up to
-the solver tolerance). The trials of a cell are solved together with ``jax.vmap``, the batch
-sharded over a ``hexad.sharding.data_mesh`` of ``gcd(trials, devices)`` devices (one device
-on a plain CPU host, where this is a no-op). The grid's cells are not batched together: a
-vmapped ``while_loop`` runs every member until the slowest has converged, and cells near the
-phase boundary need several times the iterations of easy ones.
+Hyper-parameters: each program has one weight scaled by a factor from ``grid`` (graph: the
+non-edge weight; node: the Gaussian bandwidth ``phi``; joint: ``mu1``; linear: ``alpha``
+and ``beta``). The *fixed* regime is factor 1 (the rule above, declared in advance); the
+*tuned* regime takes each program's best rate over the same grid, so single sources get the
+tuning budget of the joint. A draw is recovered when the program's partition equals the
+truth (matrix programs: the components of ``L > 1/2``; node: the fused clusters); the
+stricter exact recovery ``max |L - 1[y_u = y_v]| <= recovery_tol`` is reported as well (the
+shared-model program's ``L`` keeps small entries across clusters, so it is rarely exact).
+A solve is certified when it converged and (graph, joint, linear) its relative duality gap
+is ``<= cert_tol`` (node: every path solve converged). The graph draw of a trial does not
+depend on ``sep`` or ``d`` (same generator), so ``graph`` is solved once per ``(K, dpq)``.
+A synergy cell: the joint rate ``>= 0.5``, both single sources ``<= 0.3``, and the joint's
+Wilson 95% interval above both of theirs.
 
 Command:  python -m experiments.cvxclust_phase [--quick] [--out DIR] [--seed N] [--set k=v]
-          [--resume [--ckpt DIR]] (per grid row, through ``hexad.cachex.ItemCheckpoint``)
-Runtime:  --quick (n=40, 4x4 grid, 3 trials) 61 s measured on 2 busy CPU cores; full (n=80,
-          7x7 grid, 10 trials) 19 min (1131 s) measured on 2 cores shared with other jobs
-          (session 2); re-run in session 4 at load ~3: 141 s of CPU, 2.5 min wall.
+Runtime:  --quick (n = 24, one panel, 2 x 2 grid, 3 trials) about 1-2 min on 2 CPU cores; the
+          full study (n = 60, 4 panels, 5 x 5 grids, 20 trials, 3 factors) is sized from one
+          timed cell (see the issue's closing note); it is several hours on 2 CPU cores.
 
-Measured (full, seed 0, session 4; session 2 gave the same two figures): ``synergy_cells`` = 2,
-at (dpq, sep) = (0.3, 4.0) and (0.4, 4.0), where the joint program recovers 0.5 and 0.6 of the
-draws and neither source alone more than 0.2; ``joint_ge_both_frac`` 0.653; no solve failed to
-converge. The graph alone recovers at least half the draws only at dpq >= 0.5 (0.7-1.0);
-features alone only at sep >= 5 (0.5-1.0). The joint program is not uniformly better: at dpq <=
-0.2 with sep 5-6 it recovers 0-0.7 where features alone recover 0.7-1.0, and at dpq = 0.5, sep =
-0 it recovers none where the graph alone recovers 0.7 (presumably the feature term, pure noise
-at sep = 0, outweighs the graph there at this ``alpha``; not investigated).
-
-summary.json keys:
-  ``dpq_grid``, ``sep_grid``: the grid axes (rows: dpq, columns: sep).
-  ``graph_recovery``, ``features_recovery``, ``joint_recovery``: [len(dpq), len(sep)] exact
-    recovery rates (fractions of trials).
-  ``synergy_cells``: number of cells where the joint rate is >= 0.5 while both single-source
-    rates are < 0.5; ``synergy_cell_list``: those cells as ``[dpq, sep]`` pairs.
-  ``joint_ge_both_frac``: fraction of cells where the joint rate is >= both others.
-  ``not_converged``: number of solves that hit ``max_iters``.
-  ``n``, ``trials``, ``mu``: the settings used; ``devices``: the data-mesh size.
+summary.json keys: ``dpq_grid``, ``sep_grid``, ``panels`` (``"K{k}_d{d}"``); for regime in
+``fixed``, ``tuned`` and program in ``graph``, ``node``, ``joint``, ``linear``:
+``{regime}_{program}_recovery``, ``..._lo``, ``..._hi`` ([panel][dpq][sep] rates and Wilson
+95% bounds) and ``{regime}_{program}_exact`` (exact-recovery rates);
+``synergy_cells_fixed``, ``synergy_cells_tuned`` (counts) and
+``synergy_cell_list_fixed``, ``synergy_cell_list_tuned`` (``[panel, dpq, sep]``);
+``max_min_eig_violation`` (most negative eigenvalue over all PSD-hard solves);
+``uncertified_solves`` (count) and ``uncertified_list`` (up to 20 ``[program, panel, dpq,
+sep, factor]``); ``n``, ``trials``, ``grid``; ``graph_threshold`` and ``feature_threshold``
+(the overlays: exact-recovery ``dpq`` per ``K``, and ``s`` with ``Phi(s/2)^n = 1/2``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from experiments import _runner
-from hexad import cachex, sharding
-from hexad import cvxclust as cc
+from experiments import _cvxclust, _runner
+
+P = _cvxclust.PROGRAMS
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    n: int = 80
-    d: int = 1
-    dpq: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
-    sep: tuple[float, ...] = (0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
-    trials: int = 10
-    n_labeled: int = 6
+    n: int = 60
+    ks: tuple[int, ...] = (2, 3)
+    dims: tuple[int, ...] = (1, 5)
+    dpq: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5)
+    sep: tuple[float, ...] = (0.0, 2.0, 3.0, 4.0, 5.0)
+    trials: int = 20
+    labels_per_class: int = 3
     label_noise: float = 0.1
-    mu_scale: float = 1.0
+    grid: tuple[float, ...] = (0.5, 1.0, 2.0)
     feature_scale: float = 0.5
     beta: float = 0.5
+    node_weight: float = 0.1
+    label_weight: float = 1.0
+    gamma_range: tuple[float, ...] = (1e-3, 1.0)
+    n_gammas: int = 12
     recovery_tol: float = 0.05
     tol: float = 1e-4
-    max_iters: int = 1500
+    cert_tol: float = 1e-3
+    max_iters: int = 3000
 
     def __post_init__(self):
-        _runner.at_least(self, 4, "n")
-        _runner.require(self.n % 2 == 0, "n", f"n must be even (two communities), got {self.n}")
-        _runner.at_least(self, 1, "d", "trials", "max_iters")
-        _runner.in_range(self, 2, self.n, "n_labeled")  # both classes keep a label
-        _runner.in_range(self, -1, 1, "dpq")  # p - q with p, q in [0, 1]
-        _runner.at_least(self, 0, "sep", "feature_scale", "beta")
+        _runner.at_least(self, 2, "ks", "labels_per_class")
+        _runner.at_least(self, 1, "dims", "trials", "max_iters", "n_gammas")
+        _runner.require(all(self.n % k == 0 for k in self.ks), "n", "n: a multiple of each K")
+        _runner.require(1.0 in self.grid, "grid", "grid: must hold the fixed factor 1")
+        _runner.in_range(self, 0, 1, "dpq")
+        _runner.at_least(self, 0, "sep")
         _runner.in_unit(self, "label_noise")
-        _runner.positive(self, "mu_scale", "recovery_tol", "tol")
-
-
-def _problems(cfg: Config, mu: float, a, x, noisy, labeled):
-    k = cc.feature_similarity(x)
-    alpha = cfg.feature_scale / np.std(k[~np.eye(cfg.n, dtype=bool)])
-    node = dict(
-        features=x, labels=noisy, labeled=labeled, num_classes=2, alpha=alpha, beta=cfg.beta
-    )
-    return (
-        cc.graph_problem(a, mu),
-        cc.joint_problem(mu, **node),
-        cc.joint_problem(mu, adjacency=a, **node),
-    )
+        _runner.positive(self, "grid", "feature_scale", "beta", "node_weight", "label_weight")
+        _runner.positive(self, "gamma_range", "recovery_tol", "tol", "cert_tol")
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
-    mu = cfg.mu_scale * float(np.sqrt(cfg.n))
-    solver = cc.NuclearSolver(tol=cfg.tol, max_iters=cfg.max_iters)
-    y = jnp.asarray(np.repeat([0, 1], cfg.n // 2))
-    mesh = sharding.data_mesh(jax.devices()[: math.gcd(cfg.trials, jax.device_count())])
-    spec = sharding.batch_sharding(mesh)
-
-    @jax.jit
-    def solve_batch(problems):
-        out = jax.vmap(solver)(problems)
-        err = jax.vmap(cc.recovery_error, in_axes=(0, None))(out.l, y)
-        return err, out.converged
-
-    shape = (len(cfg.dpq), len(cfg.sep))
-    rates = {k: np.zeros(shape) for k in ("graph", "features", "joint")}
-    not_conv = 0
-    rows = [f"dpq={v:g}" for v in cfg.dpq]
-    # Each finished grid row is checkpointed through hexad.cachex (its rates and non-converged
-    # count); --resume skips finished rows. Row i draws from its own generator (seed, i), so a
-    # resumed run sees exactly the draws of an uninterrupted one.
-    with cachex.CacheXManager(ctx.checkpoint_dir) as mngr:
-        done = cachex.ItemCheckpoint(
-            mngr, rows, config={"seed": ctx.seed, **dataclasses.asdict(cfg)}, enabled=ctx.resume
-        )
-        with threadpool_limits(1):  # one BLAS thread: LAPACK's eigh thrashes on busy cores
-            for i in ctx.progress(range(shape[0]), desc="grid rows"):
-                if done.done(rows[i]):
-                    rec = done.record(rows[i])
-                    for k in rates:
-                        rates[k][i] = rec[k]
-                    not_conv += rec["not_converged"]
-                    ctx.log(dpq=cfg.dpq[i], resumed=True)
-                    continue
-                rng = np.random.default_rng([ctx.seed, i])
-                row_nc = 0
-                for j in range(shape[1]):
-                    p, q, sep = 0.5 + cfg.dpq[i] / 2, 0.5 - cfg.dpq[i] / 2, cfg.sep[j]
-                    args = (cfg.n, p, q, sep, cfg.d, cfg.n_labeled, cfg.label_noise)
-                    draws = [
-                        _problems(cfg, mu, *cc.contextual_sbm(rng, *args)[:4])
-                        for _ in range(cfg.trials)
-                    ]
-                    for name, col in zip(
-                        ("graph", "features", "joint"), zip(*draws, strict=True), strict=True
-                    ):
-                        stacked = jax.tree.map(lambda *v: jnp.stack(v), *col)
-                        err, conv = solve_batch(jax.device_put(stacked, spec))
-                        rates[name][i, j] = float(jnp.mean(err <= cfg.recovery_tol))
-                        row_nc += int(jnp.sum(~conv))
+    panels = [(k, d) for k in cfg.ks for d in cfg.dims]
+    shape = (len(panels), len(cfg.dpq), len(cfg.sep), len(cfg.grid))
+    hits = {p: np.zeros(shape) for p in P}
+    exact = {p: np.zeros(shape) for p in P}
+    worst, bad, graph_cache = 0.0, [], {}
+    with threadpool_limits(1):  # one BLAS thread: LAPACK's eigh thrashes on busy cores
+        for a, (k, d) in enumerate(ctx.progress(panels, desc="panels")):
+            for i, dpq in enumerate(cfg.dpq):
+                for j, sep in enumerate(cfg.sep):
+                    draws = _cvxclust.draw_cell(cfg, ctx.seed, k, d, i, dpq, sep)
+                    todo = P if (k, i) not in graph_cache else P[1:]
+                    res = _cvxclust.solve_cell(cfg, draws, k, todo)
+                    res["graph"] = graph_cache.setdefault((k, i), res.get("graph"))
+                    for p in P:
+                        hits[p][a, i, j] = res[p]["recovered"].sum(1)
+                        exact[p][a, i, j] = res[p]["exact"].sum(1)
+                        if p not in todo:
+                            continue  # a cached graph solve, counted once
+                        if p != "node":
+                            worst = min(worst, float(res[p]["min_eig"].min()))
+                        for f in np.flatnonzero(~res[p]["certified"].all(1)):
+                            bad.append([p, f"K{k}_d{d}", dpq, sep, cfg.grid[f]])
                     ctx.log(
-                        dpq=cfg.dpq[i], sep=cfg.sep[j], **{k: v[i, j] for k, v in rates.items()}
+                        K=k,
+                        d=d,
+                        dpq=dpq,
+                        sep=sep,
+                        **{p: res[p]["recovered"].mean(1).tolist() for p in P},
                     )
-                not_conv += row_nc
-                done.complete(
-                    rows[i],
-                    {**{k: v[i].tolist() for k, v in rates.items()}, "not_converged": row_nc},
-                )
-    g, f, jt = rates["graph"], rates["features"], rates["joint"]
-    syn = (jt >= 0.5) & (g < 0.5) & (f < 0.5)
-    syn_list = [[cfg.dpq[i], cfg.sep[j]] for i, j in zip(*np.nonzero(syn), strict=True)]
-    _plot(ctx, cfg, rates, syn)
-    return {
+    fixed = cfg.grid.index(1.0)
+    out = {
         "dpq_grid": list(cfg.dpq),
         "sep_grid": list(cfg.sep),
-        "graph_recovery": g.tolist(),
-        "features_recovery": f.tolist(),
-        "joint_recovery": jt.tolist(),
-        "synergy_cells": int(syn.sum()),
-        "synergy_cell_list": syn_list,
-        "joint_ge_both_frac": float(np.mean((jt >= g) & (jt >= f))),
-        "not_converged": not_conv,
+        "panels": [f"K{k}_d{d}" for k, d in panels],
+    }
+    for regime in ("fixed", "tuned"):
+        rate = {p: (h[..., fixed] if regime == "fixed" else h.max(-1)) for p, h in hits.items()}
+        lo_hi = {p: _cvxclust.wilson(r, cfg.trials) for p, r in rate.items()}
+        for p in P:
+            ex = exact[p][..., fixed] if regime == "fixed" else exact[p].max(-1)
+            out[f"{regime}_{p}_exact"] = (ex / cfg.trials).tolist()
+            out[f"{regime}_{p}_recovery"] = (rate[p] / cfg.trials).tolist()
+            out[f"{regime}_{p}_lo"], out[f"{regime}_{p}_hi"] = (v.tolist() for v in lo_hi[p])
+        j, g, nd = (rate[p] / cfg.trials for p in ("joint", "graph", "node"))
+        top = np.maximum(lo_hi["graph"][1], lo_hi["node"][1])
+        syn = (j >= 0.5) & (g <= 0.3) & (nd <= 0.3) & (lo_hi["joint"][0] > top)
+        out[f"synergy_cells_{regime}"] = int(syn.sum())
+        out[f"synergy_cell_list_{regime}"] = [
+            [out["panels"][a], cfg.dpq[i], cfg.sep[s]]
+            for a, i, s in zip(*np.nonzero(syn), strict=True)
+        ]
+        _plot(ctx, cfg, panels, j - np.maximum(g, nd), syn, regime)
+    out |= {
+        "max_min_eig_violation": worst,
+        "uncertified_solves": len(bad),
+        "uncertified_list": bad[:20],
         "n": cfg.n,
         "trials": cfg.trials,
-        "mu": mu,
-        "devices": int(mesh.size),
+        "grid": list(cfg.grid),
+        "graph_threshold": {f"K{k}": _cvxclust.graph_threshold(cfg.n, k) for k in cfg.ks},
+        "feature_threshold": _cvxclust.feature_threshold(cfg.n),
     }
+    return out
 
 
-def _plot(ctx, cfg: Config, rates, syn) -> None:
+def _plot(ctx, cfg: Config, panels, diff, syn, regime: str) -> None:
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8), sharey=True)
-    for ax, name in zip(axes, ("graph", "features", "joint"), strict=True):
-        im = ax.imshow(rates[name], origin="lower", vmin=0, vmax=1, cmap="viridis", aspect="auto")
-        ax.set_xticks(range(len(cfg.sep)), [f"{s:g}" for s in cfg.sep])
-        ax.set_yticks(range(len(cfg.dpq)), [f"{s:g}" for s in cfg.dpq])
-        ax.set_xlabel("feature separation")
-        ax.set_title(f"{name}: exact recovery rate")
-        if name == "joint":
-            for i, j in zip(*np.nonzero(syn), strict=True):
-                ax.text(j, i, "S", ha="center", va="center", color="red", fontweight="bold")
-    axes[0].set_ylabel("graph strength p - q")
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4), squeeze=False)
+    sep, dpq = np.asarray(cfg.sep), np.asarray(cfg.dpq)
+    for ax, (k, d), m, s in zip(axes[0], panels, diff, syn, strict=True):
+        im = ax.imshow(m, origin="lower", vmin=-1, vmax=1, cmap="RdBu", aspect="auto")
+        ax.set_xticks(range(len(sep)), [f"{v:g}" for v in sep])
+        ax.set_yticks(range(len(dpq)), [f"{v:g}" for v in dpq])
+        y = np.interp(_cvxclust.graph_threshold(cfg.n, k), dpq, np.arange(len(dpq)))
+        ax.axhline(y, color="k", ls="--", lw=1, label="graph threshold")
+        if d == 1 and k == 2:
+            x = np.interp(_cvxclust.feature_threshold(cfg.n), sep, np.arange(len(sep)))
+            ax.axvline(x, color="k", ls=":", lw=1, label="features: Phi(s/2)^n = 1/2")
+        for i, j in zip(*np.nonzero(s), strict=True):
+            ax.text(j, i, "S", ha="center", va="center", color="k", fontweight="bold")
+        ax.set(title=f"K={k}, d={d}: joint - max(single)", xlabel="sep", ylabel="p - q")
+    axes[0][0].legend(fontsize=6, loc="upper right")
     fig.colorbar(im, ax=axes, shrink=0.8)
-    ctx.save_plot(fig, "phase")
+    ctx.save_plot(fig, f"phase_{regime}")
 
 
 STUDY = _runner.Study(
     "cvxclust_phase",
     Config,
     run,
-    quick={"n": 40, "dpq": (0.0, 0.2, 0.4, 0.6), "sep": (0.0, 1.5, 3.0, 4.5), "trials": 3},
+    quick={
+        "n": 24,
+        "ks": (2,),
+        "dims": (1,),
+        "dpq": (0.2, 0.6),
+        "sep": (0.0, 4.0),
+        "trials": 3,
+        "grid": (1.0,),
+        "max_iters": 1500,
+    },
     doc=__doc__,
 )
 

@@ -1,107 +1,46 @@
-"""Transductive node classification on Cora and Citeseer with the joint convex program.
+"""Transductive node classification on Cora and Citeseer with the four convex programs.
 
-On the standard Planetoid split (20 labels per class for training, 1000 test nodes), four
-methods are measured in the same run:
+On the standard Planetoid split (20 labels per class for training, 500 validation and 1000
+test nodes), the programs of ``hexad.cvxclust`` (arXiv:2508.20231), each with one weight
+chosen on the validation split from a grid:
 
-- joint: ``cvxclust.joint_problem`` (graph + features + training labels), solved by
-  ``NuclearSolver`` with the rank-``k`` eigen step and checked by a duality-gap certificate;
-  test labels from ``assign_labels`` (``argmax_c sum_{train u with label c} L_vu``);
-- graph-only: the same program without the feature term (graph + training labels), solved
-  exactly block by block by ``SplitNuclearSolver`` (``split = True``): the blocks are the
-  graph's connected components joined through training nodes of equal labels (Cora: 67 blocks,
-  the largest 2550 nodes; Citeseer: 401 blocks, the largest 2275), every pair across blocks is
-  zero at an optimum (the pinching argument in ``hexad.cvxclust._split``), the largest block
-  takes the rank-``k`` step and the small ones a batched exact ``eigh``;
-- features-only: a linear model (scikit-learn multinomial logistic regression on row-normalised
-  features, ``C`` picked on the validation split from ``lr_cs``);
-- label propagation (Zhou et al. 2004, ``alpha = 0.99``, 200 sweeps of
-  ``F <- alpha D^-1/2 A D^-1/2 F + (1 - alpha) Y``).
+- ``graph``: graph + training labels, PSD-hard (``joint_problem`` without features, solved
+  block by block by ``SplitNuclearSolver``); grid: the label weight ``beta``;
+- ``node``: node information alone as convex clustering (``FusionProblem``: reduced features,
+  training labels under the softmax cross-entropy, ``knn``-NN Gaussian weights); grid:
+  ``gamma``;
+- ``joint``: the shared-model joint program (``shared_atom_problem``, reduced features and
+  training labels, ``mu0 = 1``); labels from each node's model scores; grid: ``mu1``;
+- ``linear``: the linear-reward surrogate (``joint_problem`` with ``K_x`` of the reduced
+  features, PSD-hard); grid: ``alpha``;
 
-Settings (our choices, fixed before this run, never tuned on test labels): graph weights
-``c_A = 1 - t``, ``c_Ac = t`` with ``t`` the edge density (Chen, Sanghavi & Xu's balancing);
-``alpha = feature_scale / std(K_x)``; ``beta = 1``; ``mu = mu_scale * sqrt(n) / 2`` with
-``mu_scale`` chosen by accuracy on the standard validation split (500 nodes) from
-``mu_scales = (1, 4)`` for the graph-only program and ``joint_mu_scales = (4,)`` for the joint
-one, solving the ``mu`` path in increasing order with warm starts; rank-256 eigen step for the
-graph-only program and rank 128 for the joint one (``rank = 0``: full ``eigh``, ~5 s per
-iteration at n = 2708 on one busy CPU core), over-relaxation 1.6, ``tol = 1e-4``, at most 1500
-iterations. Test accuracy is read only at the chosen ``mu``. A test node with no positive score
-is counted as an error (``*_unassigned`` reports how many). Zachary's karate club (networkx;
-the two factions, one labelled node each: 0 and 33) is the smoke case: graph-only program
-(first ``mu_scales`` entry, full ``eigh``) and label propagation.
-
-Why these ``mu`` grids: on ``B`` the nuclear norm is ``n + 2 ||L_-||_*``, so ``mu`` only
-penalises negative eigenvalues (``hexad.cvxclust._nuclear``) and cannot push the rank below
-that of the PSD-constrained optimum. At ``mu_scale = 0.25`` the Cora joint solve kept all 256
-subspace directions and ended, after 600 iterations, at residuals 0.13 / 0.26 and a relative
-duality gap of 0.75; at ``mu_scale = 1`` it still saturated rank 256 (gap 0.95 after 400
-iterations): the joint optimum there has a rank the rank-``k`` step cannot reach on this CPU,
-so ``mu_scale = 1`` is left out of the joint grid (the previous full run chose 4 on both data
-sets). At 4 the joint solve keeps 71-81 eigenvalues, hence rank 128 (measured: 197 iterations
-in 75 s to tol 1e-3 at rank 128, against 151 s at rank 256, same rank 72, not saturated).
-
-Certificate: the chosen solve of every program is checked by ``cvxclust.nuclear_certificate``
-(a duality gap: the objective at the iterate minus the dual function at the ADMM multiplier
-projected onto the spectral ball of radius ``mu``; valid whatever the solver did), with the
-better of two primal candidates, ``Z`` and the eigen-thresholded ``L`` (each projected onto
-``B``; on the Cora joint solve at tol 1e-3 they gave relative gaps 4.7e-2 and 3.7e-2).
-``*_certified`` means ``rel_gap <= cert_tol`` (1e-3).
-
-Measured (full run, seed 0, these defaults): every solve met ``tol = 1e-4`` on both residuals,
-no rank-``k`` step saturated.
-
-| program | mu_scale | iterations | rank | rel gap | certified | test acc |
-| --- | --- | --- | --- | --- | --- | --- |
-| Cora joint | 4 | 895 | 81 | 2.8e-3 | no | 0.676 |
-| Cora graph (split) | 4 | 876 (warm, after 1051 at 1) | 237 | 4.9e-4 | yes | 0.721 |
-| Citeseer joint | 4 | 959 | 89 | 3.1e-3 | no | 0.691 |
-| Citeseer graph (split) | 1 | 1278 | 791 | 3.0e-4 | yes | 0.478 |
-
-Baselines: linear 0.599 / 0.625, label propagation 0.689 / 0.511 (Cora / Citeseer). Both
-graph-only programs are certified optima; the joint ones are within 0.3% of their optimum in
-objective, not certified at 1e-3 (their gap falls about in proportion to ``tol``: 4.7e-2 at tol
-1e-3 on Cora). A tighter ``tol`` certifies them: in a separate run of the Cora joint program
-(same settings, ``max_iters = 800`` per stage, warm-started in turn) 800 iterations (350 s)
-reached residuals 1.2e-4 / 1.5e-5 and gap 3.4e-3; continuing to ``tol = 3e-5`` took 792 more
-(362 s, 1592 in all) to gap 7.2e-4 (certified) at rank 87, with the same validation and test
-accuracy (0.636, 0.676). A full run with ``--set tol=3e-5`` (session 4; 29 min wall, 36 min CPU
-at load ~3) stopped every non-karate solve at ``max_iters = 1500`` with residuals 1e-5 to 8e-5
-(so ``*_converged`` is false) and certified three of the four programs: rel gaps Cora joint
-9.0e-4, Cora graph 1.8e-4, Citeseer graph 2.3e-4, and Citeseer joint 1.5e-3 (not certified);
-test accuracies 0.676, 0.725 (``mu_scale`` 1 this time, a validation tie), 0.478 and 0.692. The
-default stays ``tol = 1e-4``, whose solves converge within ``max_iters``. Test nodes left
-without a label (``*_unassigned``, counted as errors): Cora graph 59, Citeseer graph 310 of
-1000, joint 0. The previous full run (tol 1e-3, no split, rank 256 for both programs) had
-Citeseer graph at 0.505 with the rank-256 step saturated; the certified solution keeps 791
-eigenvalues. Karate: 0.969 against 0.906 for label propagation, certified (gap 5.8e-6).
+and, as baselines, a multinomial logistic regression (``C`` from ``lr_cs`` on validation) and
+label propagation (Zhou et al. 2004). Features are row-normalised and reduced to ``feature_dim``
+principal directions (the joint program's PSD block is ``n + feature_dim + K``). Graph weights:
+``c_A = 1 - t``, ``c_Ac = t`` (``t`` the edge density). A test node with no label (no labelled
+node reaches its cluster, or its scores tie) counts as an error in ``_acc`` and is left out of
+``_covered_acc``. Zachary's karate club (the two factions, members 0 and 33 labelled; features:
+standardised degree and clustering coefficient) is the smoke case with the same code.
 
 Command:  python -m experiments.cvxclust_planetoid [--quick] [--out DIR] [--seed N] [--set k=v]
-Runtime:  --quick runs the karate club only (7-15 s); the full run (karate, Cora, Citeseer:
-          seven n x n solves with n = 2708 and 3327 and four certificates) took 35.6 min wall,
-          23.1 min CPU, on 2 CPU cores shared with other jobs (load average 5-8).
+Runtime:  --quick runs the karate club only (under a minute); the full run solves each program
+          at every grid value with a dense ``n x n`` eigendecomposition per iteration
+          (n = 2708 and 3327), hours on 2 CPU cores.
 
-summary.json keys: ``karate_acc``, ``karate_lp_acc`` (accuracy on the 32 unlabelled members),
-``karate_converged``, ``karate_rel_gap``, ``karate_certified``; for ``d`` in ``cora``,
-``citeseer`` (full run only) and ``p`` in ``""`` (joint) and ``"_graph"`` (graph + labels, no
-features): ``{d}{p}_acc`` (test accuracy at the chosen mu), ``{d}{p}_val_acc``,
-``{d}{p}_mu_scale`` (the choice), ``{d}{p}_unassigned`` (test nodes without a label), and of
-the chosen solve ``{d}{p}_iters``, ``{d}{p}_converged`` (both residuals <= ``tol``),
-``{d}{p}_primal_res``, ``{d}{p}_dual_res`` (last residuals), ``{d}{p}_rank`` (eigenvalues kept
-by the last eigen step), ``{d}{p}_rank_saturated`` (True: the rank-``k`` step was not shown to
-be the exact prox), ``{d}{p}_rel_gap`` (relative duality gap), ``{d}{p}_certified``,
-``{d}{p}_solve_s`` (seconds); with ``split``, ``{d}_graph_blocks`` and
-``{d}_graph_largest_block`` (block count and the largest block's size); and
-``{d}_linear_acc``, ``{d}_lp_acc`` (baselines). ``metrics.jsonl`` has the same record, without
-the certificate, for every solve of the mu path.
+summary.json keys: for ``d`` in ``karate`` (and ``cora``, ``citeseer`` in the full run) and
+``p`` in ``graph``, ``node``, ``joint``, ``linear``: ``{d}_{p}_acc``, ``{d}_{p}_coverage``,
+``{d}_{p}_covered_acc`` (test nodes; karate: validation and test are the even and odd
+halves of the 32 unlabelled members), ``{d}_{p}_val_acc``,
+``{d}_{p}_choice`` (the chosen grid value), and of the chosen solve ``{d}_{p}_iters``,
+``{d}_{p}_converged``, ``{d}_{p}_certified`` (and ``_rel_gap``, ``_min_eig`` where defined);
+``{d}_linear_lr_acc`` and ``{d}_lp_acc`` (baselines).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from threadpoolctl import threadpool_limits
 
@@ -113,149 +52,105 @@ from hexad.data import load_planetoid
 @dataclasses.dataclass(frozen=True)
 class Config:
     datasets: tuple[str, ...] = ("cora", "citeseer")
-    mu_scales: tuple[float, ...] = (1.0, 4.0)
-    joint_mu_scales: tuple[float, ...] = (4.0,)
-    feature_scale: float = 0.5
+    feature_dim: int = 16
+    knn: int = 10
     beta: float = 1.0
-    rank: int = 256
-    joint_rank: int = 128
-    split: bool = True
+    label_weight: float = 1.0
+    graph_grid: tuple[float, ...] = (0.5, 1.0, 2.0)
+    node_grid: tuple[float, ...] = (0.01, 0.1, 1.0)
+    joint_grid: tuple[float, ...] = (0.1, 1.0, 10.0)
+    linear_grid: tuple[float, ...] = (0.5, 1.0, 2.0)
     tol: float = 1e-4
     cert_tol: float = 1e-3
     max_iters: int = 1500
-    relaxation: float = 1.6
     lp_alpha: float = 0.99
     lr_cs: tuple[float, ...] = (0.1, 1.0, 10.0)
 
     def __post_init__(self):
         _runner.one_of(self, ("cora", "citeseer"), "datasets")
-        _runner.positive(self, "mu_scales", "joint_mu_scales", "tol", "cert_tol", "lr_cs")
-        _runner.at_least(self, 0, "feature_scale", "beta")
-        _runner.at_least(self, 1, "rank", "joint_rank", "max_iters")
-        _runner.in_range(self, 0, 2, "relaxation", lo_open=True, hi_open=True)
+        _runner.at_least(self, 1, "feature_dim", "knn", "max_iters")
+        grids = ("graph_grid", "node_grid", "joint_grid", "linear_grid", "lr_cs")
+        _runner.positive(self, "beta", "label_weight", "tol", "cert_tol", *grids)
         _runner.in_unit(self, "lp_alpha", hi_open=True)
 
 
-def _solver(cfg: Config, n: int, rank: int, split: bool):
-    solver = cc.NuclearSolver(
-        tol=cfg.tol,
-        max_iters=cfg.max_iters,
-        rank=min(rank, n) if rank > 0 else None,
-        compute_objective=False,
-        relaxation=cfg.relaxation,
-    )
-    return cc.SplitNuclearSolver(solver) if split else jax.jit(solver)
+def _solvers(cfg: Config) -> dict:
+    nuc = cc.NuclearSolver(tol=cfg.tol, max_iters=cfg.max_iters, compute_objective=False)
+    return {
+        "graph": cc.SplitNuclearSolver(nuc),
+        "linear": jax.jit(nuc),
+        "joint": jax.jit(cc.SharedAtomSolver(tol=cfg.tol, max_iters=cfg.max_iters)),
+        "node": jax.jit(cc.FusionSolver(tol=cfg.tol, max_iters=10 * cfg.max_iters)),
+    }
 
 
-def _inputs(cfg: Config, edges, labels, labeled_idx, num_classes: int) -> dict:
-    """The graph-and-labels arguments of ``cc.joint_problem`` (balanced graph weights)."""
-    n = len(labels)
+def _evaluate(cfg, name, ctx, edges, x, y, train, val, test, k) -> dict:
+    from sklearn.linear_model import LogisticRegression
+
+    n = len(y)
     a = cc.adjacency_from_edges(edges, n)
     c_a, c_ac = cc.balanced_weights(a)
     labeled = np.zeros(n, bool)
-    labeled[labeled_idx] = True
-    return dict(
+    labeled[train] = True
+    z = _cvxclust.reduce_features(x, min(cfg.feature_dim, x.shape[1]))
+    alpha0 = 0.5 / np.std(cc.feature_similarity(z))
+    inputs = dict(
         adjacency=a,
-        labels=labels,
+        features=z,
+        labels=y,
         labeled=labeled,
-        num_classes=num_classes,
-        beta=cfg.beta,
+        num_classes=k,
         edge_weight=c_a,
         nonedge_weight=c_ac,
+        knn=cc.knn_gaussian_weights(z, cfg.knn),
     )
+    solvers, res = _solvers(cfg), {}
+    for prog in _cvxclust.PROGRAMS:
+        grid = getattr(cfg, f"{prog}_grid")
+        best = None
+        for v in grid:
+            value = v * alpha0 if prog == "linear" else v
+            pred, rep = _cvxclust.predict(cfg, prog, value, inputs, solvers)
+            vacc = float((pred[val] == y[val]).mean())
+            ctx.log(dataset=name, program=prog, value=v, val_acc=vacc, **rep)
+            if best is None or vacc > best[0]:  # the first best value
+                best = (vacc, v, pred, rep)
+        vacc, v, pred, rep = best
+        res |= _cvxclust.accuracy_record(name, prog, pred, y, test)
+        res |= {f"{name}_{prog}_val_acc": vacc, f"{name}_{prog}_choice": v}
+        res |= {f"{name}_{prog}_{key}": val for key, val in rep.items()}
+    xn = x / np.maximum(np.abs(x).sum(1, keepdims=True), 1e-12)
+    fits = [LogisticRegression(C=c, max_iter=1000).fit(xn[train], y[train]) for c in cfg.lr_cs]
+    m = max(fits, key=lambda f: f.score(xn[val], y[val]))
+    res[f"{name}_linear_lr_acc"] = float(m.score(xn[test], y[test]))
+    lp = np.asarray(cc.label_propagation(edges, y, labeled, k, alpha=cfg.lp_alpha))
+    res[f"{name}_lp_acc"] = float((lp[test] == y[test]).mean())
+    return res
 
 
-def _karate(cfg: Config) -> dict:
+def _karate(cfg: Config, ctx) -> dict:
     import networkx as nx
 
     g = nx.karate_club_graph()
     n = g.number_of_nodes()
     y = np.array([0 if g.nodes[v]["club"] == "Mr. Hi" else 1 for v in range(n)])
+    clus = nx.clustering(g)
+    x = np.array([[g.degree(v), clus[v]] for v in range(n)], np.float64)
+    x = (x - x.mean(0)) / x.std(0)
+    rest = np.setdiff1d(np.arange(n), [0, 33])
     edges = np.array(g.edges())
-    common = _inputs(cfg, edges, y, [0, 33], 2)
-    labeled = common["labeled"]
-    p = cc.joint_problem(cfg.mu_scales[0] * np.sqrt(n) / 2, **common)
-    out = jax.jit(cc.NuclearSolver(tol=1e-5, max_iters=3000))(p)
-    pred, _ = cc.assign_labels(out.l, jnp.asarray(y), jnp.asarray(labeled), 2)
-    lp = np.asarray(cc.label_propagation(edges, y, labeled, 2, alpha=cfg.lp_alpha))
-    rest = ~labeled
-    rep = _cvxclust.solve_report(out) | _cvxclust.certify(p, out, cfg.cert_tol)
-    return {
-        "karate_acc": float((np.asarray(pred)[rest] == y[rest]).mean()),
-        "karate_lp_acc": float((lp[rest] == y[rest]).mean()),
-        "karate_converged": rep["converged"],
-        "karate_rel_gap": rep["rel_gap"],
-        "karate_certified": rep["certified"],
-    }
-
-
-def _planetoid(cfg: Config, name: str, ctx) -> dict:
-    from sklearn.linear_model import LogisticRegression
-
-    g = load_planetoid(name)
-    n, k = g.features.shape[0], g.num_classes
-    edges = g.edges[g.edges[:, 0] != g.edges[:, 1]]
-    common = _inputs(cfg, edges, g.labels, g.train_idx, k)
-    labeled, test, ky = common["labeled"], g.test_idx, g.labels
-    alpha = cfg.feature_scale / np.std(cc.feature_similarity(g.features))
-    res = {}
-    programs = (
-        ("", {"features": g.features, "alpha": alpha}, cfg.joint_mu_scales, cfg.joint_rank, False),
-        ("_graph", {}, cfg.mu_scales, cfg.rank, cfg.split),
-    )
-    for tag, extra, scales, rank, split in programs:
-        solve = _solver(cfg, n, rank, split)
-        if split:
-            ids, nb = cc.nuclear_blocks(cc.joint_problem(1.0, **common))
-            res[f"{name}{tag}_blocks"] = nb
-            res[f"{name}{tag}_largest_block"] = int(np.bincount(ids).max())
-        # mu path in increasing order, each solve warm-started from the previous one; mu is
-        # chosen by validation accuracy (test labels are read only for the chosen mu).
-        best, init = None, None
-        for scale in scales:
-            p = cc.joint_problem(scale * np.sqrt(n) / 2, **common, **extra)
-            t0 = time.perf_counter()
-            out = jax.block_until_ready(solve(p, init))
-            secs = time.perf_counter() - t0
-            init = (out.l, out.dual, out.rho)
-            pred = np.asarray(cc.assign_labels(out.l, jnp.asarray(ky), jnp.asarray(labeled), k)[0])
-            val = float((pred[g.val_idx] == ky[g.val_idx]).mean())
-            rep = _cvxclust.solve_report(out)
-            ctx.log(
-                dataset=name,
-                program=tag or "_joint",
-                mu_scale=scale,
-                val_acc=val,
-                solve_s=round(secs, 1),
-                **rep,
-            )
-            if best is None or val > best[0]:
-                best = (val, scale, pred, rep, secs, p, out)
-        val, scale, pred, rep, secs, p, out = best
-        rep = rep | _cvxclust.certify(p, out, cfg.cert_tol)  # the chosen solve only
-        del p, out
-        res[f"{name}{tag}_acc"] = float((pred[test] == ky[test]).mean())
-        res[f"{name}{tag}_val_acc"] = val
-        res[f"{name}{tag}_mu_scale"] = scale
-        res[f"{name}{tag}_unassigned"] = int((pred[test] < 0).sum())
-        res.update({f"{name}{tag}_{k}": v for k, v in (rep | {"solve_s": round(secs, 1)}).items()})
-    x = g.features / np.maximum(g.features.sum(1, keepdims=True), 1.0)
-    fits = [
-        LogisticRegression(C=c, max_iter=1000).fit(x[g.train_idx], ky[g.train_idx])
-        for c in cfg.lr_cs
-    ]
-    m = max(fits, key=lambda f: f.score(x[g.val_idx], ky[g.val_idx]))  # the first best C
-    res[f"{name}_linear_acc"] = float(m.score(x[test], ky[test]))
-    lp = np.asarray(cc.label_propagation(edges, ky, labeled, k, alpha=cfg.lp_alpha))
-    res[f"{name}_lp_acc"] = float((lp[test] == ky[test]).mean())
-    return res
+    args = (np.array([0, 33]), rest[::2], rest[1::2], 2)
+    return _evaluate(cfg, "karate", ctx, edges, x, y, *args)
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
     with threadpool_limits(1):  # one BLAS thread: LAPACK thrashes on busy cores
-        summary = _karate(cfg)
+        summary = _karate(cfg, ctx)
         for name in ctx.progress(cfg.datasets, desc="datasets"):
-            summary.update(_planetoid(cfg, name, ctx))
+            g = load_planetoid(name)
+            edges = g.edges[g.edges[:, 0] != g.edges[:, 1]]
+            args = (g.features, g.labels, g.train_idx, g.val_idx, g.test_idx, g.num_classes)
+            summary.update(_evaluate(cfg, name, ctx, edges, *args))
     return summary
 
 

@@ -8,17 +8,13 @@ Run: ``python -m kernels cvxclust [--quick]``.
   peers run at n <= 10000 (one Clarabel solve took 3.7 s there, SCS 15 s); at n = 100000, where
   the harness's >= 6 calls per row would take many minutes, Clarabel and SCS are each timed
   once (one ``prob.solve`` with canonicalisation, under a 300 s solver time limit) and the row
-  name carries the wall and solver seconds and the status. Measured (full run, load 2-5): at
-  n = 100000 Clarabel took 138 s and SCS 187 s (both optimal; Clarabel alone peaked at 2.6 GB),
-  ours 6.6 s, so CVXPY does solve it here, in minutes; at n = 10000 ours is within 3.1e-4
-  relative objective of both peers at ``tol = 1e-4``. The row name carries the relative
+  name carries the wall and solver seconds and the status. The row name carries the relative
   objective gap ``(ours - peer) / peer`` measured once before timing (negative: ours is lower).
-- Nuclear-norm graph clustering (SBM, 4 equal blocks, p = 0.8, q = 0.1,
-  ``mu = sqrt(n)``, ``tol = 1e-5``, over-relaxation 1.3) at n = 100, 500, 2000: the rank-16
-  subspace eigen step at n <= 500 and rank 12 at 2000 (a full ``eigh`` costs ~1.2 ms per
-  iteration at n = 100 and was ~90% of an iteration; the rank-16 step ~0.2 ms, and it is
-  certified exact at the end, see ``sat``; over-relaxation 1.3 cut the n = 100 solve from 27
-  to 21 iterations at the same objective); CVXPY + SCS (default accuracy) as the harness peer at
+- Soft-PSD nuclear-norm graph clustering (``graph_problem(..., psd=False)``; SBM, 4 equal
+  blocks, p = 0.8, q = 0.1, ``mu = sqrt(n)``, ``tol = 1e-5``, over-relaxation 1.3) at
+  n = 100, 500, 2000: the rank-16 subspace eigen step at n <= 500 and rank 12 at 2000 (a full
+  ``eigh`` is most of an iteration at n = 100; the rank-16 step is certified exact at the end,
+  see ``sat``); CVXPY + SCS (default accuracy) as the harness peer at
   n = 100, timed once at n = 500 (300 s solver limit; the row name gives its wall seconds and
   status), skipped at n = 2000 (an SDP with a 4000 x 4000 PSD cone).
   The row name gives the relative objective gap vs SCS (negative: ours is lower), the gap of
@@ -27,8 +23,8 @@ Run: ``python -m kernels cvxclust [--quick]``.
   (``sat=False``) and the compile seconds (these rows are timed as pre-compiled calls under a
   one-thread BLAS limit, see ``fn``).
 
-Goals (issue 5): at least as fast as Clarabel at n = 1000; n = 100000 in minutes; the
-nuclear-norm program at least 50x faster than SCS at n = 100 at equal accuracy.
+Goals: at least as fast as Clarabel at n = 1000; n = 100000 in minutes; the nuclear-norm
+program at least 50x faster than SCS at n = 100 at equal accuracy.
 """
 
 from __future__ import annotations
@@ -160,7 +156,7 @@ def _nuclear_cvx(problem) -> cp.Problem:
 
 def _nuclear_cases(n: int, peer: bool, once: bool = False) -> list[Case]:
     a, y = _sbm(n)
-    problem = cc.graph_problem(a, float(np.sqrt(n)))
+    problem = cc.graph_problem(a, float(np.sqrt(n)), psd=False)  # the soft nuclear program
     rank = 16 if n <= 500 else 12
     solver = cc.NuclearSolver(
         tol=1e-5, max_iters=2000, rank=rank, compute_objective=False, relaxation=1.3
@@ -170,9 +166,9 @@ def _nuclear_cases(n: int, peer: bool, once: bool = False) -> list[Case]:
     compile_s = time.perf_counter() - t0
 
     # One BLAS thread: with several busy processes on few cores, OpenBLAS's thread pool makes
-    # LAPACK's eigh 100x slower (measured here); the peer runs under the same limit. One
-    # controller for all calls: threadpool_limits(1) rescans the loaded libraries on every
-    # entry (3.5 ms measured, a quarter of our n=100 solve).
+    # LAPACK's eigh many times slower; the peer runs under the same limit. One controller for
+    # all calls: threadpool_limits(1) rescans the loaded libraries on every entry (a
+    # noticeable part of a small solve).
     limit = ThreadpoolController().limit
 
     def fn(p):

@@ -73,6 +73,33 @@ def test_partial_labels_match_clarabel(solve, blobs):
     assert (pred == labels).all()
 
 
+def test_softmax_label_loss_matches_clarabel(solve, blobs):
+    x, edges, w = blobs
+    labels = np.repeat([0, 1], 8)
+    labeled = np.zeros(16, bool)
+    labeled[[0, 3, 9, 12]] = True
+    xa, mask = cc.with_labels(x, labels, labeled, 2, label_weight=2.0)
+    p = cc.FusionProblem.create(xa, edges, w, 0.7, mask=mask, label_classes=2, label_ridge=0.1)
+    out = solve(p)
+    e = len(edges)
+    d = np.zeros((e, 16))
+    d[np.arange(e), edges[:, 0]] = 1.0
+    d[np.arange(e), edges[:, 1]] = -1.0
+    u = cp.Variable((16, 4))
+    s, y, m = u[:, 2:], xa[:, 2:], mask[:, 2]
+    fit = 0.5 * cp.sum_squares(x - u[:, :2]) + 0.05 * cp.sum_squares(s)
+    fit = fit + cp.sum(cp.multiply(m, cp.log_sum_exp(s, axis=1) - cp.sum(cp.multiply(y, s), 1)))
+    prob = cp.Problem(cp.Minimize(fit + 0.7 * cp.sum(cp.multiply(w, cp.norm(d @ u, 2, axis=1)))))
+    prob.solve(solver="CLARABEL")
+    assert bool(out.converged)
+    assert abs(float(out.objective) - prob.value) <= 1e-4 * abs(prob.value)
+    assert (np.argmax(np.asarray(out.u[:, 2:]), axis=1) == labels).all()
+    with pytest.raises(ValueError, match="label_classes"):
+        cc.FusionProblem.create(x, edges, w, 0.7, label_classes=1)
+    with pytest.raises(ValueError, match="one-hot"):
+        cc.FusionProblem.create(np.c_[x, x[:, :1]], edges, w, 0.7, label_classes=2)
+
+
 def test_kkt_and_duality_gap_vanish(solve, blobs):
     x, edges, w = blobs
     p = cc.FusionProblem.create(x, edges, w, 0.7)

@@ -4,17 +4,24 @@ Two convex programs and their combination, each a pytree problem with a solver i
 shape (``solver(problem, init=None) -> Output``, a ``lax.while_loop`` with a tolerance):
 
 - :class:`FusionProblem` / :class:`FusionSolver`: convex clustering (sum-of-norms fusion) over
-  a sparse edge list with squared, Huber or logistic losses and partial labels;
+  a sparse edge list with squared, Huber or logistic losses and partial labels (squared or
+  softmax cross-entropy label loss); the "node information alone" program;
   :func:`clusterpath`, :func:`fused_clusters`.
-- :class:`NuclearProblem` / :class:`NuclearSolver`: nuclear-norm graph clustering (full,
-  weighted, partially observed; :func:`graph_problem`) and the joint program of graph, features
-  and labels (:func:`joint_problem`); :func:`matrix_clusters`, :func:`assign_labels`, and a
-  duality-gap certificate of any candidate (:func:`nuclear_certificate`);
-  :class:`SplitNuclearSolver` solves it exactly block by block (:func:`nuclear_blocks`: the
-  connected components of the pairs whose entrywise optimum is not zero).
+- :class:`NuclearProblem` / :class:`NuclearSolver`: graph clustering (full, weighted,
+  partially observed; :func:`graph_problem`), PSD-hard as in the paper (``psd=True``, the
+  default) or as the soft-PSD nuclear-norm program (``psd=False``), and the linear-reward
+  surrogate joint program of graph, features and labels (:func:`joint_problem`);
+  :func:`matrix_clusters`, :func:`assign_labels`, and a duality-gap certificate of any
+  candidate (:func:`nuclear_certificate`, with :func:`psd_repair` and :func:`min_eigenvalue`);
+- :class:`SharedAtomProblem` / :class:`SharedAtomSolver`: the joint program with one shared
+  model per cluster (our convex shared-atomic-norm formulation; :func:`shared_atom_problem`,
+  :func:`shared_atom_certificate`);
+- :class:`SplitNuclearSolver` solves a :class:`NuclearProblem` exactly block by block
+  (:func:`nuclear_blocks`: the connected components of the pairs whose entrywise optimum is
+  not zero).
 - :func:`label_propagation`: the label-spreading baseline (Zhou et al. 2004) on an edge list;
   :func:`balanced_weights` (Chen, Sanghavi & Xu's graph weights) and :func:`contextual_sbm`
-  (graph, features and noisy labels of two planted communities).
+  (graph, features and noisy labels of ``K`` planted communities).
 """
 
 from hexad.cvxclust._baselines import label_propagation
@@ -50,9 +57,20 @@ from hexad.cvxclust._nuclear import (
     joint_problem,
     label_similarity,
     matrix_clusters,
+    min_eigenvalue,
     nuclear_certificate,
     nuclear_objective,
+    psd_repair,
     recovery_error,
+)
+from hexad.cvxclust._shared import (
+    SharedAtomCertificate,
+    SharedAtomOutput,
+    SharedAtomProblem,
+    SharedAtomSolver,
+    shared_atom_certificate,
+    shared_atom_objective,
+    shared_atom_problem,
 )
 from hexad.cvxclust._split import SplitNuclearSolver, nuclear_blocks
 
@@ -66,6 +84,10 @@ __all__ = [
     "NuclearOutput",
     "NuclearProblem",
     "NuclearSolver",
+    "SharedAtomCertificate",
+    "SharedAtomOutput",
+    "SharedAtomProblem",
+    "SharedAtomSolver",
     "SplitNuclearSolver",
     "adjacency_from_edges",
     "assign_labels",
@@ -85,9 +107,14 @@ __all__ = [
     "label_propagation",
     "label_similarity",
     "matrix_clusters",
+    "min_eigenvalue",
     "nuclear_blocks",
     "nuclear_certificate",
     "nuclear_objective",
+    "psd_repair",
     "recovery_error",
+    "shared_atom_certificate",
+    "shared_atom_objective",
+    "shared_atom_problem",
     "with_labels",
 ]

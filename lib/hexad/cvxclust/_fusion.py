@@ -10,6 +10,16 @@ or ``logistic`` (``softplus(u) - x u`` for ``x`` in ``[0, 1]``, the Bernoulli de
 generalised convex clustering). ``M = 0`` marks an unobserved entry: a partial label is a
 one-hot block of columns observed only on labelled nodes (:func:`with_labels`).
 
+Softmax label loss. With ``label_classes = K > 0`` the last ``K`` columns are a label block
+``s_v in R^K`` scored by the multinomial (softmax cross-entropy) loss instead of ``loss``::
+
+    m_v * (logsumexp(s_v) - <y_v, s_v>)  +  (label_ridge / 2) ||s_v||^2
+
+with ``y_v`` the one-hot label row of ``X`` (zero on unlabelled nodes) and ``m_v`` the
+row's mask. The ridge keeps the minimum attained (without it a cluster holding labels of one
+class only drives its scores to infinity); it applies to every node. The label block enters
+the solver as a smooth term (gradient steps, Condat-Vu), the feature block through its prox.
+
 Solver: a primal-dual method (Chambolle & Pock 2011; Condat 2013 / Vu 2013 for the smooth
 logistic part) on ``min_U F(U) + G(DU)`` with ``D`` the ``[E, n]`` edge incidence. The dual
 variable ``Lambda`` ``[E, d]`` lives in the product of balls ``||Lambda_l|| <= gamma w_l``, so
@@ -28,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hexad._base import check_positive, is_traced
+from hexad._base import check_int, check_positive, is_traced
 from hexad.cvxclust._graphs import check_edges
 
 __all__ = [
@@ -59,8 +69,11 @@ class FusionProblem:
       edges: ``[E, 2]`` int32 undirected edges ``(i, j)``, ``i != j``.
       weights: ``[E]`` non-negative fusion weights ``w``.
       gamma: scalar fusion strength.
-      loss: ``"squared"``, ``"huber"`` or ``"logistic"`` (static).
+      loss: ``"squared"``, ``"huber"`` or ``"logistic"`` (static), on the feature columns.
       huber_delta: the Huber threshold (static).
+      label_classes: ``K``, the number of trailing columns scored by the softmax label loss
+        (static; 0: none).
+      label_ridge: the ridge on the label block (static).
     """
 
     x: jax.Array
@@ -70,6 +83,8 @@ class FusionProblem:
     gamma: jax.Array
     loss: str = flax.struct.field(pytree_node=False, default="squared")
     huber_delta: float = flax.struct.field(pytree_node=False, default=1.0)
+    label_classes: int = flax.struct.field(pytree_node=False, default=0)
+    label_ridge: float = flax.struct.field(pytree_node=False, default=0.0)
 
     @classmethod
     def create(
@@ -82,6 +97,8 @@ class FusionProblem:
         mask=None,
         loss: str = "squared",
         huber_delta: float = 1.0,
+        label_classes: int = 0,
+        label_ridge: float = 0.1,
     ) -> FusionProblem:
         """Validates the inputs and returns the problem.
 
@@ -93,6 +110,10 @@ class FusionProblem:
           mask: ``[n, d]`` loss weights ``>= 0`` (default all ones).
           loss: one of ``"squared"``, ``"huber"``, ``"logistic"`` (static).
           huber_delta: Huber threshold ``> 0`` (static).
+          label_classes: ``K >= 0``: the last ``K`` columns of ``x`` are one-hot label rows
+            (or zero rows) scored by the softmax cross-entropy (module docstring); ``K >= 2``
+            when used, and ``x`` keeps at least one feature column.
+          label_ridge: ridge ``> 0`` on the label block (used only with ``label_classes``).
 
         A node without edges keeps its own fit; nodes in different connected components never
         fuse (documented behaviour, not an error).
@@ -110,12 +131,25 @@ class FusionProblem:
             raise ValueError("x: expected finite values, got NaN or inf")
         if loss not in LOSSES:
             raise ValueError(f"loss: expected one of {LOSSES}, got {loss!r}")
-        if loss == "logistic" and ((xa < 0).any() or (xa > 1).any()):
-            raise ValueError(
-                f"x: the logistic loss expects entries in [0, 1], got [{xa.min()}, {xa.max()}]"
-            )
         huber_delta = check_positive("huber_delta", huber_delta)
         n = xa.shape[0]
+        label_classes = check_int("label_classes", label_classes, 0, max(0, xa.shape[1] - 1))
+        if label_classes == 1:
+            raise ValueError("label_classes: expected 0 or an int >= 2, got 1")
+        if label_classes:
+            label_ridge = check_positive("label_ridge", label_ridge)
+            yb = xa[:, -label_classes:]
+            rows = yb.sum(1)
+            if not (np.isin(yb, (0, 1)).all() and np.isin(rows, (0, 1)).all()):
+                raise ValueError(
+                    f"x: the last label_classes={label_classes} columns must be one-hot or "
+                    "zero rows"
+                )
+        fx = xa[:, : xa.shape[1] - label_classes]
+        if loss == "logistic" and ((fx < 0).any() or (fx > 1).any()):
+            raise ValueError(
+                f"x: the logistic loss expects entries in [0, 1], got [{fx.min()}, {fx.max()}]"
+            )
         e, w = check_edges(edges, n, weights)
         check_positive("gamma", gamma, allow_zero=True)
         if mask is None:
@@ -136,6 +170,8 @@ class FusionProblem:
             gamma=jnp.asarray(gamma, dtype),
             loss=loss,
             huber_delta=float(huber_delta),
+            label_classes=int(label_classes),
+            label_ridge=float(label_ridge) if label_classes else 0.0,
         )
 
     @property
@@ -151,7 +187,9 @@ def with_labels(
     The label block is observed (mask ``label_weight``) on labelled nodes only and unobserved
     (mask 0, value 0) elsewhere, so the fused solution carries labels to unlabelled nodes.
     This is our concrete choice for "convex clustering with partial labels" (the paper leaves
-    the loss open): it keeps the program a single convex fusion problem.
+    the loss open): it keeps the program a single convex fusion problem. The label block is
+    scored by the problem's ``loss``, or by the softmax cross-entropy with
+    ``FusionProblem.create(..., label_classes=num_classes)``.
 
     Args:
       x: ``[n, d]`` features.
@@ -200,39 +238,76 @@ def _check_labels(labels, labeled, num_classes: int) -> None:
 # ------------------------------------------------------------------------------------------
 
 
+def _split_cols(problem: FusionProblem, v):
+    k = problem.label_classes
+    d = v.shape[-1] - k
+    return v[..., :d], v[..., d:]
+
+
+def _label_loss(problem: FusionProblem, s):
+    y = _split_cols(problem, problem.x)[1]
+    m = _split_cols(problem, problem.mask)[1][:, 0]
+    ce = jax.nn.logsumexp(s, axis=1) - jnp.sum(y * s, axis=1)
+    return jnp.sum(m * ce) + 0.5 * problem.label_ridge * jnp.sum(s**2)
+
+
+def _label_grad(problem: FusionProblem, s):
+    y = _split_cols(problem, problem.x)[1]
+    m = _split_cols(problem, problem.mask)[1][:, :1]
+    return m * (jax.nn.softmax(s, axis=1) - y) + problem.label_ridge * s
+
+
 def _loss(problem: FusionProblem, u):
-    r = problem.x - u
+    if problem.label_classes:
+        uf, us = _split_cols(problem, u)
+        return _feature_loss(problem, uf) + _label_loss(problem, us)
+    return _feature_loss(problem, u)
+
+
+def _feature_loss(problem: FusionProblem, u):
+    x = _split_cols(problem, problem.x)[0]
+    mask = _split_cols(problem, problem.mask)[0]
+    r = x - u
     if problem.loss == "squared":
         v = 0.5 * r**2
     elif problem.loss == "huber":
         d = problem.huber_delta
         v = jnp.where(jnp.abs(r) <= d, 0.5 * r**2, d * (jnp.abs(r) - 0.5 * d))
     else:
-        v = jax.nn.softplus(u) - problem.x * u
-    return jnp.sum(problem.mask * v)
+        v = jax.nn.softplus(u) - x * u
+    return jnp.sum(mask * v)
 
 
 def _loss_grad(problem: FusionProblem, u):
-    r = u - problem.x
+    if problem.label_classes:
+        uf, us = _split_cols(problem, u)
+        return jnp.concatenate([_feature_grad(problem, uf), _label_grad(problem, us)], axis=1)
+    return _feature_grad(problem, u)
+
+
+def _feature_grad(problem: FusionProblem, u):
+    x = _split_cols(problem, problem.x)[0]
+    mask = _split_cols(problem, problem.mask)[0]
+    r = u - x
     if problem.loss == "squared":
         g = r
     elif problem.loss == "huber":
         g = jnp.clip(r, -problem.huber_delta, problem.huber_delta)
     else:
-        g = jax.nn.sigmoid(u) - problem.x
-    return problem.mask * g
+        g = jax.nn.sigmoid(u) - x
+    return mask * g
 
 
 def _loss_prox(problem: FusionProblem, v, tau):
-    """prox of ``tau * sum M loss(x, .)`` at ``v`` (squared and Huber; closed forms)."""
-    a = tau * problem.mask
-    r = v - problem.x
+    """prox of ``tau * sum M loss(x, .)`` at the feature block ``v`` (squared and Huber;
+    closed forms)."""
+    x = _split_cols(problem, problem.x)[0]
+    a = tau * _split_cols(problem, problem.mask)[0]
+    r = v - x
     if problem.loss == "squared":
-        return problem.x + r / (1.0 + a)
+        return x + r / (1.0 + a)
     d = problem.huber_delta
-    return problem.x + jnp.where(
-        jnp.abs(r) <= d * (1.0 + a), r / (1.0 + a), r - a * d * jnp.sign(r)
-    )
+    return x + jnp.where(jnp.abs(r) <= d * (1.0 + a), r / (1.0 + a), r - a * d * jnp.sign(r))
 
 
 def _diff(edges, u):
@@ -291,7 +366,7 @@ def fusion_dual_objective(problem: FusionProblem, dual) -> jax.Array:
     >>> float(fusion_dual_objective(p, jnp.array([[-0.5]])))
     0.25
     """
-    if problem.loss != "squared":
+    if problem.loss != "squared" or problem.label_classes:
         raise ValueError(
             f"problem.loss: the dual is implemented for 'squared', got {problem.loss!r}"
         )
@@ -397,9 +472,12 @@ class FusionSolver:
                 )
         lam0 = _project(problem, lam0)
         smooth = problem.loss == "logistic"
-        lip = 0.25 * jnp.max(problem.mask) if smooth else jnp.zeros((), x.dtype)
+        mf, ms = _split_cols(problem, problem.mask)
+        lip = 0.25 * jnp.max(mf) if smooth else jnp.zeros((), x.dtype)
+        if problem.label_classes:  # Hessian of logsumexp <= 1/2, plus the ridge
+            lip = jnp.maximum(lip, 0.5 * jnp.max(ms) + problem.label_ridge)
         # Strong convexity modulus of the squared loss (0 makes the steps constant).
-        strong = problem.loss == "squared" and self.accelerate
+        strong = problem.loss == "squared" and self.accelerate and not problem.label_classes
         mu = jnp.min(problem.mask) if strong else jnp.zeros((), x.dtype)
         dnorm = jnp.sqrt(jnp.maximum(_incidence_norm_sq(problem), 1e-12))
         r = self.step_ratio
@@ -423,7 +501,12 @@ class FusionSolver:
             if smooth:
                 u_new = s.u - s.tau * (_loss_grad(problem, s.u) + g)
             else:
-                u_new = _loss_prox(problem, s.u - s.tau * g, s.tau)
+                v = s.u - s.tau * g
+                u_new = _loss_prox(problem, _split_cols(problem, v)[0], s.tau)
+                if problem.label_classes:
+                    us = _split_cols(problem, s.u)[1]
+                    ls = _split_cols(problem, v)[1] - s.tau * _label_grad(problem, us)
+                    u_new = jnp.concatenate([u_new, ls], axis=1)
             theta = 1.0 / jnp.sqrt(1.0 + 2.0 * mu * s.tau)
             u_bar = u_new + theta * (u_new - s.u)
             lam_new = _project(problem, s.lam + s.sigma * _diff(edges, u_bar))

@@ -160,7 +160,7 @@ class ContextualSBM(NamedTuple):
       features: ``[n, dim]`` node features.
       labels: ``[n]`` int observed labels (noisy; meaningful on ``labeled`` nodes).
       labeled: ``[n]`` bool, which nodes carry a label.
-      truth: ``[n]`` int true communities (the first ``n / 2`` nodes are class 0).
+      truth: ``[n]`` int true communities (in blocks of ``n / K`` nodes: class 0 first).
     """
 
     adjacency: np.ndarray
@@ -179,15 +179,21 @@ def contextual_sbm(
     dim: int,
     n_labeled: int,
     label_noise: float,
+    num_classes: int = 2,
 ) -> ContextualSBM:
-    """Draws two balanced communities with a graph, node features and a few noisy labels.
+    """Draws ``K`` balanced communities with a graph, node features and a few noisy labels.
 
     The graph is an SBM: each pair is an edge with probability ``p`` inside a community and
-    ``q`` across. Features are ``x_v = +-(sep / 2) e_1 + N(0, I_dim)`` (``+`` for class 1).
-    ``n_labeled`` nodes, half (rounded down) drawn in class 0 and the rest in class 1, carry
-    their label, each flipped with probability ``label_noise``; if the flips leave a single
-    class among the labels, the first labelled node is set to 0 and the last to 1, so that both
-    classes stay labelled.
+    ``q`` across. Features are ``x_v = (sep / 2) m_{y_v} + N(0, I_dim)`` with unit class
+    means: for ``K = 2`` ``m = -+e_1`` (``+`` for class 1); for ``K >= 3`` and
+    ``dim >= K - 1`` the vertices of a regular simplex centred at 0 in the first ``K - 1``
+    coordinates, and for ``dim < K - 1`` ``K`` points evenly spaced on ``[-1, 1]`` along
+    ``e_1``. ``n_labeled`` nodes, spread over the classes as evenly as possible (the first
+    classes get the remainder; for ``K = 2`` half, rounded down, in class 0), carry their
+    label, each flipped with probability ``label_noise`` (to the other class; for ``K >= 3`` to
+    a uniformly drawn other class). If the flips leave a class without a label: for ``K = 2``
+    the first labelled node is set to 0 and the last to 1; for ``K >= 3`` the first labelled
+    node of a missing class gets its true label back, until every class has one.
 
     Args:
       rng: a NumPy generator (consumed in a fixed order: pairs, features, labelled nodes,
@@ -198,20 +204,26 @@ def contextual_sbm(
       dim: feature dimension ``>= 1``.
       n_labeled: labelled nodes, in ``[2, n]``.
       label_noise: flip probability in ``[0, 1]``.
+      num_classes: ``K >= 2``, with ``n`` a multiple of ``K`` and ``n_labeled >= K``.
 
     >>> g = contextual_sbm(np.random.default_rng(0), 8, 0.9, 0.1, 4.0, 1, 2, 0.0)
     >>> g.adjacency.shape, g.labels[g.labeled].tolist()
     ((8, 8), [0, 1])
     """
     n = check_int("n", n, lo=4)
-    if n % 2:
-        raise ValueError(f"n: expected an even int (two balanced communities), got {n}")
+    k = check_int("num_classes", num_classes, 2, n // 2)
+    if n % k:
+        if k == 2:
+            raise ValueError(f"n: expected an even int (two balanced communities), got {n}")
+        raise ValueError(f"n: expected a multiple of num_classes={k}, got {n}")
     p = check_unit("p", p, lo_open=False, hi_open=False)
     q = check_unit("q", q, lo_open=False, hi_open=False)
     sep = check_positive("sep", sep, allow_zero=True)
     dim = check_int("dim", dim)
-    n_labeled = check_int("n_labeled", n_labeled, 2, n)
+    n_labeled = check_int("n_labeled", n_labeled, k, n)
     label_noise = check_unit("label_noise", label_noise, lo_open=False, hi_open=False)
+    if k > 2:
+        return _contextual_sbm_k(rng, n, k, p, q, sep, dim, n_labeled, label_noise)
     y = np.repeat([0, 1], n // 2)
     prob = np.where(y[:, None] == y[None, :], p, q)
     a = np.triu(rng.random((n, n)) < prob, 1).astype(np.float64)
@@ -226,4 +238,38 @@ def contextual_sbm(
     if len(set(noisy[labeled])) < 2:
         noisy[np.flatnonzero(labeled)[0]] = 0
         noisy[np.flatnonzero(labeled)[-1]] = 1
+    return ContextualSBM(a + a.T, x, noisy, labeled, y)
+
+
+def _class_means(k: int, dim: int) -> np.ndarray:
+    if dim >= k - 1:
+        c = np.eye(k) - 1.0 / k  # a regular simplex in R^k, centred; then rotate into R^(k-1)
+        basis = np.linalg.svd(c)[2][: k - 1]
+        v = c @ basis.T
+        v = v / np.linalg.norm(v, axis=1, keepdims=True)
+        out = np.zeros((k, dim))
+        out[:, : k - 1] = v
+        return out
+    out = np.zeros((k, dim))
+    out[:, 0] = np.linspace(-1.0, 1.0, k)
+    return out
+
+
+def _contextual_sbm_k(rng, n, k, p, q, sep, dim, n_labeled, label_noise) -> ContextualSBM:
+    size = n // k
+    y = np.repeat(np.arange(k), size)
+    prob = np.where(y[:, None] == y[None, :], p, q)
+    a = np.triu(rng.random((n, n)) < prob, 1).astype(np.float64)
+    x = (sep / 2) * _class_means(k, dim)[y] + rng.normal(size=(n, dim))
+    per = [n_labeled // k + (c < n_labeled % k) for c in range(k)]
+    labeled = np.zeros(n, bool)
+    for c in range(k):
+        labeled[c * size + rng.choice(size, per[c], replace=False)] = True
+    flip = rng.random(n) < label_noise
+    noisy = np.where(flip, (y + rng.integers(1, k, n)) % k, y)
+    missing = sorted(set(range(k)) - set(noisy[labeled].tolist()))
+    while missing:  # restoring a true label can only leave fewer flipped labels
+        c = missing[0]
+        noisy[np.flatnonzero(labeled & (y == c))[0]] = c
+        missing = sorted(set(range(k)) - set(noisy[labeled].tolist()))
     return ContextualSBM(a + a.T, x, noisy, labeled, y)

@@ -11,8 +11,17 @@ are one problem. With a binary ``A`` and ``C = 1`` the data term equals
 ``const - <A_bar, L>`` on ``B`` (``A_bar = 2A - 1``, the polarised adjacency), which is the
 paper's atomic form ``-<A_bar, L> + mu sum_i lambda_i`` with ``L = sum_i lambda_i e_i e_i^T``.
 
-The joint program (our concrete reading of the paper's node-information term): node features
-and partial labels enter as a linear reward ``<S, L>`` with
+The PSD-hard program (``psd=True``, the default of :func:`graph_problem` and
+:func:`joint_problem`) adds ``L >= 0``: the paper's atomic form ``L = sum_i lambda_i e_i
+e_i^T`` with ``lambda_i >= 0``. Its ADMM ``L`` step keeps ``max(lambda - mu / rho, 0)`` of the
+eigenvalues (the prox of ``mu tr L`` plus the PSD cone; ``mu tr L = mu n`` is a constant on
+``B``), and the solver returns the ``Z`` iterate made PSD by :func:`psd_repair`; the
+certificate is extended to it (:func:`nuclear_certificate`). ``psd=False`` is the soft-PSD
+nuclear-norm program described below.
+
+The linear-reward surrogate joint program (a labelled surrogate, not the paper's program; the
+program with one shared model per cluster is :class:`~hexad.cvxclust.SharedAtomProblem`):
+node features and partial labels enter as a linear reward ``<S, L>`` with
 ``S = alpha K_x + beta S_y`` (:func:`joint_problem`)::
 
     min_{L in B}  sum C |L - A|  -  <S, L>  +  mu ||L||_*.
@@ -46,20 +55,13 @@ What ``mu`` does on ``B``. For ``L in B``, ``||L||_* = tr L + 2 ||L_-||_* = n + 
 negative eigenvalues: a larger ``mu`` removes negative directions and drives the solution to
 the PSD cone (the paper's atomic form has ``lambda_i >= 0``, where ``mu sum_i lambda_i =
 mu tr L = mu n`` is constant), but it cannot push the rank below that of the PSD-constrained
-optimum, which the data set. Measured on Cora (planetoid study, ``tol = 1e-3``, rank-256
-eigen step): graph + labels at ``mu = sqrt(n) / 2`` kept 227 of 2708 eigenvalues (the step
-certified exact), while rank-48 and rank-128 steps kept every direction (``rank_saturated``);
-the joint program at ``mu = sqrt(n) / 2`` saturated rank 256, at ``mu = 2 sqrt(n)`` it kept
-71. A subspace smaller than the optimum's rank cannot be the exact prox.
-:func:`nuclear_certificate` bounds the suboptimality of any iterate by a duality gap,
-independently of how it was computed. Disconnected parts of the graph add to that rank (a
-component with no labelled node is its own cluster): Citeseer has 438 connected components, and
-its graph + labels program at ``mu = sqrt(n) / 2`` keeps 557 eigenvalues at ``tol = 1e-3``
-and 791 at ``tol = 1e-4``, where it is certified (measured with the split solver below), more
-than a rank-256 step can hold.
-:class:`~hexad.cvxclust.SplitNuclearSolver` (``hexad.cvxclust._split``) solves such programs
-exactly block by block, the blocks being the components of the pairs whose entrywise optimum
-is not zero.
+optimum, which the data set. A subspace smaller than the optimum's rank cannot be the exact
+prox (the rank-``k`` step reports ``rank_saturated``). :func:`nuclear_certificate` bounds the
+suboptimality of any iterate by a duality gap, independently of how it was computed.
+Disconnected parts of the graph add to that rank (a component with no labelled node is its own
+cluster); :class:`~hexad.cvxclust.SplitNuclearSolver` (``hexad.cvxclust._split``) solves
+such programs exactly block by block, the blocks being the components of the pairs whose
+entrywise optimum is not zero (soft and PSD-hard alike).
 
 Solver: ADMM on ``L = Z`` (Boyd et al. 2011): the ``L`` step thresholds eigenvalues
 (the prox of ``mu ||.||_*`` on symmetric matrices), the ``Z`` step is a soft threshold towards
@@ -94,27 +96,35 @@ __all__ = [
     "NuclearCertificate",
     "label_similarity",
     "matrix_clusters",
+    "min_eigenvalue",
     "nuclear_certificate",
     "nuclear_objective",
+    "psd_repair",
     "recovery_error",
 ]
 
 
 @flax.struct.dataclass
 class NuclearProblem:
-    """``min_{L in B} sum C |L - A| - <S, L> + mu ||L||_*`` as a pytree (all leaves).
+    """``min_{L in B} sum C |L - A| - <S, L> + mu ||L||_*`` as a pytree.
+
+    With ``psd=True`` (static) the constraint ``L >= 0`` (positive semidefinite) is added: the
+    paper's atomic program, where ``mu ||L||_* = mu tr L = mu n`` is a constant on ``B``. With
+    ``psd=False`` it is the soft-PSD nuclear-norm program (module docstring).
 
     Attributes:
       target: ``[n, n]`` symmetric ``A`` with entries in ``[0, 1]``.
       cost: ``[n, n]`` symmetric weights ``C >= 0`` (0 = unobserved; the diagonal is unused).
       linear: ``[n, n]`` symmetric node-information reward ``S``.
       mu: scalar ``> 0``.
+      psd: static; True for the PSD-hard program.
     """
 
     target: jax.Array
     cost: jax.Array
     linear: jax.Array
     mu: jax.Array
+    psd: bool = flax.struct.field(pytree_node=False, default=False)
 
     @property
     def n(self) -> int:
@@ -144,8 +154,9 @@ def graph_problem(
     observed=None,
     edge_weight: float = 1.0,
     nonedge_weight: float = 1.0,
+    psd: bool = True,
 ) -> NuclearProblem:
-    """Returns the nuclear-norm graph clustering problem of a binary graph.
+    """Returns the graph clustering problem of a binary graph (PSD-hard by default).
 
     Args:
       adjacency: ``[n, n]`` binary symmetric adjacency (diagonal ignored). Isolated nodes are
@@ -155,6 +166,8 @@ def graph_problem(
         graph; Chen, Sanghavi & Xu 2014).
       edge_weight: ``c_A``, the weight of disagreeing with an edge.
       nonedge_weight: ``c_Ac``, the weight of disagreeing with a non-edge.
+      psd: True (default) for the paper's program ``L in B, L >= 0``; False for the soft-PSD
+        nuclear-norm program (``mu`` then only penalises negative eigenvalues).
 
     >>> p = graph_problem(np.ones((3, 3)) - np.eye(3), 0.5)
     >>> p.target.shape
@@ -168,8 +181,18 @@ def graph_problem(
     dt = jax.dtypes.canonicalize_dtype(np.float64)
     n = a.shape[0]
     return NuclearProblem(
-        jnp.asarray(a, dt), jnp.asarray(c, dt), jnp.zeros((n, n), dt), jnp.asarray(mu, dt)
+        jnp.asarray(a, dt),
+        jnp.asarray(c, dt),
+        jnp.zeros((n, n), dt),
+        jnp.asarray(mu, dt),
+        psd=_check_bool("psd", psd),
     )
+
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name}: expected a bool, got {value!r}")
+    return bool(value)
 
 
 def feature_similarity(x) -> np.ndarray:
@@ -227,8 +250,9 @@ def joint_problem(
     observed=None,
     edge_weight: float = 1.0,
     nonedge_weight: float = 1.0,
+    psd: bool = True,
 ) -> NuclearProblem:
-    """Returns the joint atomic-norm program of graph, features and partial labels.
+    """Returns the linear-reward surrogate joint program of graph, features and partial labels.
 
     ``min_{L in B} sum C |L - A| - <alpha K_x + beta S_y, L> + mu ||L||_*`` (module docstring).
     Any source may be left out: no ``adjacency`` gives the node-information-only program,
@@ -240,7 +264,12 @@ def joint_problem(
       features: optional ``[n, d]`` node features.
       labels: optional ``[n]`` int labels (with ``labeled`` ``[n]`` bool and ``num_classes``).
       alpha: feature weight ``>= 0``; beta: label weight ``>= 0``.
-      observed, edge_weight, nonedge_weight: as in :func:`graph_problem`.
+      observed, edge_weight, nonedge_weight, psd: as in :func:`graph_problem`.
+
+    This is a labelled surrogate, not the paper's per-cluster program: at planted clusters the
+    reward is an unnormalised k-means objective that can merge clusters whose centred means
+    have a positive inner product. :class:`~hexad.cvxclust.SharedAtomProblem` is the program
+    with one shared model per cluster.
 
     >>> p = joint_problem(1.0, features=np.array([[1.0], [1.2], [-1.0]]))
     >>> float(p.linear[0, 1]) > 0
@@ -275,14 +304,19 @@ def joint_problem(
     np.fill_diagonal(a, 1.0)
     dt = jax.dtypes.canonicalize_dtype(np.float64)
     return NuclearProblem(
-        jnp.asarray(a, dt), jnp.asarray(c, dt), jnp.asarray(s, dt), jnp.asarray(mu, dt)
+        jnp.asarray(a, dt),
+        jnp.asarray(c, dt),
+        jnp.asarray(s, dt),
+        jnp.asarray(mu, dt),
+        psd=_check_bool("psd", psd),
     )
 
 
 def nuclear_objective(problem: NuclearProblem, l) -> jax.Array:
     """Returns ``sum C |L - A| - <S, L> + mu ||L||_*`` at ``l`` ``[n, n]`` (full eigvalsh).
 
-    Independent of the solver. It does not check ``L in B``; see :func:`box_violation`.
+    Independent of the solver. It does not check ``L in B`` (see :func:`box_violation`) nor,
+    for a PSD-hard problem, ``L >= 0`` (see :func:`min_eigenvalue`).
 
     >>> p = graph_problem(np.zeros((2, 2)), 1.0)
     >>> float(nuclear_objective(p, jnp.eye(2)))
@@ -301,12 +335,18 @@ class NuclearCertificate(NamedTuple):
     """A duality-gap certificate of a candidate solution (:func:`nuclear_certificate`).
 
     Attributes:
-      primal: the objective at the candidate projected onto ``B`` (an upper bound on the optimum).
-      dual: the Lagrange dual function at the multiplier projected onto the spectral-norm ball of
-        radius ``mu`` (a lower bound on the optimum, by weak duality).
+      primal: the objective at the candidate made feasible (projected onto ``B``; for a
+        PSD-hard problem then mixed with the identity, :func:`psd_repair`): an upper bound on
+        the optimum.
+      dual: the Lagrange dual function at the multiplier projected onto the dual-feasible set
+        (the spectral-norm ball of radius ``mu``; for a PSD-hard problem ``{Y >= -mu I}``): a
+        lower bound on the optimum, by weak duality.
       gap: ``primal - dual >= 0`` (up to rounding): the candidate is at most this far from optimal.
       rel_gap: ``gap / max(1, |primal|)``.
-      dual_norm: spectral norm of the multiplier before the projection (``<= mu`` at an optimum).
+      dual_norm: spectral norm of the multiplier before the projection (``<= mu`` at an optimum
+        of the soft program); for a PSD-hard problem ``max(0, -lambda_min(Y))`` (``<= mu``).
+      min_eig: smallest eigenvalue of the feasible primal candidate (``>= 0`` up to rounding for
+        a PSD-hard problem).
     """
 
     primal: jax.Array
@@ -314,6 +354,33 @@ class NuclearCertificate(NamedTuple):
     gap: jax.Array
     rel_gap: jax.Array
     dual_norm: jax.Array
+    min_eig: jax.Array
+
+
+def psd_repair(l) -> tuple[jax.Array, jax.Array]:
+    """Returns ``(l', lambda_min(l'))``: ``l`` in ``B`` mixed with ``I`` just enough to be PSD.
+
+    ``l' = (1 - t) l + t I`` with ``t = max(0, -lambda_min) / (1 - lambda_min)``: ``I`` is in
+    ``B`` and PSD and ``B`` is convex, so ``l'`` is in ``B`` with eigenvalues
+    ``(1 - t) lambda + t >= 0``. ``t = 0`` when ``l`` is already PSD. Two ``eigvalsh``.
+
+    >>> l2, m = psd_repair(jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 1.0]]))
+    >>> bool(m >= -1e-6)
+    True
+    """
+    lam = jnp.linalg.eigvalsh(0.5 * (l + l.T))[0]
+    t = jnp.maximum(0.0, -lam) / (1.0 - jnp.minimum(lam, 0.0))
+    out = (1.0 - t) * l + t * jnp.eye(l.shape[0], dtype=l.dtype)
+    return out, jnp.linalg.eigvalsh(0.5 * (out + out.T))[0]
+
+
+def min_eigenvalue(l) -> jax.Array:
+    """Returns the smallest eigenvalue of the symmetric part of ``l``.
+
+    >>> float(min_eigenvalue(jnp.eye(2)))
+    1.0
+    """
+    return jnp.linalg.eigvalsh(0.5 * (l + l.T))[0]
 
 
 def nuclear_certificate(problem: NuclearProblem, l, multiplier) -> NuclearCertificate:
@@ -332,7 +399,13 @@ def nuclear_certificate(problem: NuclearProblem, l, multiplier) -> NuclearCertif
     The multiplier is symmetrised and projected onto ``{||Y||_2 <= mu}`` (eigenvalues clipped to
     ``[-mu, mu]``), so ``dual`` is a valid lower bound for any input, and ``primal`` (the
     objective at ``l`` projected onto ``B``) a valid upper bound: ``gap`` bounds the
-    suboptimality of the projected ``l`` whether or not a solver converged. For
+    suboptimality of the projected ``l`` whether or not a solver converged.
+
+    PSD-hard problems (``problem.psd``): the ``L`` part of the Lagrangian is
+    ``min_{L >= 0} <mu I + Y, L>``, which is 0 iff ``Y >= -mu I`` (else ``-inf``), so the
+    multiplier's eigenvalues are clipped to ``[-mu, inf)`` and ``g`` is the same entrywise
+    minimum; the primal candidate is the projection onto ``B`` followed by
+    :func:`psd_repair`, feasible for ``B`` and the PSD cone. For
     :class:`NuclearSolver` the multiplier is ``output.rho * output.dual``. Costs two dense
     ``n x n`` eigendecompositions.
 
@@ -353,10 +426,15 @@ def nuclear_certificate(problem: NuclearProblem, l, multiplier) -> NuclearCertif
     n = problem.n
     eye = jnp.eye(n, dtype=bool)
     z = jnp.where(eye, 1.0, jnp.clip(0.5 * (l + l.T), 0.0, 1.0))
+    if problem.psd:
+        z, min_eig = psd_repair(z)
+    else:
+        min_eig = min_eigenvalue(z)
     primal = nuclear_objective(problem, z)
     y = 0.5 * (multiplier + multiplier.T)
     lam, vec = jnp.linalg.eigh(y)
-    y = (vec * jnp.clip(lam, -problem.mu, problem.mu)[None, :]) @ vec.T
+    hi = jnp.inf if problem.psd else problem.mu
+    y = (vec * jnp.clip(lam, -problem.mu, hi)[None, :]) @ vec.T
     y = 0.5 * (y + y.T)
     a, c, slope = problem.target, problem.cost, problem.linear + y
     cand = jnp.stack(
@@ -371,7 +449,8 @@ def nuclear_certificate(problem: NuclearProblem, l, multiplier) -> NuclearCertif
         dual=dual,
         gap=gap,
         rel_gap=gap / jnp.maximum(1.0, jnp.abs(primal)),
-        dual_norm=jnp.max(jnp.abs(lam)),
+        dual_norm=jnp.maximum(0.0, -lam[0]) if problem.psd else jnp.max(jnp.abs(lam)),
+        min_eig=min_eig,
     )
 
 
@@ -407,7 +486,10 @@ class NuclearOutput(NamedTuple):
       primal_residuals: ``[max_iters]`` ``||L - Z|| / max(1, ||L||, ||Z||)``, -1 padded.
       dual_residuals: ``[max_iters]`` ``rho ||Z - Z_prev|| / max(1, rho ||W||)``, -1 padded.
       n_iters: iterations run.
-      converged: both residuals ``<= tol``.
+      converged: both residuals ``<= tol`` (False when the solve stopped at ``max_iters``).
+      min_eig: smallest eigenvalue of ``l``. For a PSD-hard problem ``l`` is the ``Z`` iterate
+        made PSD by :func:`psd_repair` (``t = 0`` when it already is), so this is ``>= 0`` up
+        to rounding.
     """
 
     l: jax.Array
@@ -421,6 +503,7 @@ class NuclearOutput(NamedTuple):
     dual_residuals: jax.Array
     n_iters: jax.Array
     converged: jax.Array
+    min_eig: jax.Array
 
 
 class _NState(NamedTuple):
@@ -535,10 +618,12 @@ class NuclearSolver:
                 b = q.T @ m @ q
                 lam_b, e = jnp.linalg.eigh(0.5 * (b + b.T))
                 lam, vec = lam_b, q @ e
-            s = _soft(lam, t)
+            # prox of mu ||.||_* (soft) or of mu tr(.) + indicator of the PSD cone (PSD-hard).
+            s = jnp.maximum(lam - t, 0.0) if problem.psd else _soft(lam, t)
             l = (vec * s[None, :]) @ vec.T
             rank = jnp.sum(s != 0).astype(jnp.int32)
-            sat = jnp.all(jnp.abs(lam) > t) if self.rank is not None else jnp.array(False)
+            kept = lam > t if problem.psd else jnp.abs(lam) > t
+            sat = jnp.all(kept) if self.rank is not None else jnp.array(False)
             return l, vec, rank, sat
 
         def z_step(v, rho):
@@ -602,9 +687,13 @@ class NuclearSolver:
         sat = s.sat
         if self.rank is not None:
             sat = sat | (self._outside_norm(s.z - s.w, s.q) > problem.mu / s.rho)
-        obj = nuclear_objective(problem, s.z) if self.compute_objective else jnp.zeros((), dt)
+        if problem.psd:
+            l_out, min_eig = psd_repair(s.z)
+        else:
+            l_out, min_eig = s.z, min_eigenvalue(s.z)
+        obj = nuclear_objective(problem, l_out) if self.compute_objective else jnp.zeros((), dt)
         return NuclearOutput(
-            l=s.z,
+            l=l_out,
             low_rank=s.l,
             dual=s.w,
             rho=s.rho,
@@ -615,6 +704,7 @@ class NuclearSolver:
             dual_residuals=s.hist_d,
             n_iters=s.it,
             converged=(s.pres <= self.tol) & (s.dres <= self.tol),
+            min_eig=min_eig,
         )
 
 

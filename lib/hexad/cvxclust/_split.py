@@ -18,7 +18,9 @@ Proof. Let ``P`` be the pinching onto the blocks (keep the diagonal blocks, zero
 ``[0, 1]``. (2) ``||P(L)||_* <= ||L||_*``: ``P(L) = 2^-m sum_D D L D`` over the ``2^m`` diagonal
 sign matrices ``D`` that are constant on each of the ``m`` blocks (each off-block entry
 averages to zero, each block entry is kept), ``||D L D||_* = ||L||_*`` (``D`` is orthogonal),
-and the norm is convex. (3) Off-block pairs are not linked, so ``f_uv(0) <= f_uv(L_uv)``.
+and the norm is convex; for the PSD-hard program (``problem.psd``) the same average keeps
+``P(L)`` PSD, since each ``D L D`` is. (3) Off-block pairs are not linked, so
+``f_uv(0) <= f_uv(L_uv)``.
 Hence ``F(P(L)) + mu ||P(L)||_* <= F(L) + mu ||L||_*`` for every ``L in B``: pinching an optimum
 gives an optimum. On block-diagonal matrices the nuclear norm is the sum of the blocks' and
 ``F`` separates, so the problem decomposes. (Bhatia, *Matrix Analysis*, 1997, Problem II.5.5
@@ -158,7 +160,7 @@ class SplitNuclearSolver:
         members = [np.flatnonzero(ids == b) for b in range(k)]
         a, c, s = (np.asarray(v) for v in (problem.target, problem.cost, problem.linear))
         l_full, lr_full, y_full = np.zeros((n, n)), np.zeros((n, n)), np.zeros((n, n))
-        ranks, sats, convs, iters, hp, hd = [], [], [], [], [], []
+        ranks, sats, convs, iters, hp, hd, eigs = [], [], [], [], [], [], []
 
         def sub(m, idx, size, pad=0.0):
             # Padding nodes: diagonal 1 (as in B), zero cost and reward towards every node.
@@ -184,13 +186,16 @@ class SplitNuclearSolver:
                 rank=None if self.solver.rank is None else min(self.solver.rank, m),
                 compute_objective=False,
             )
-            p = NuclearProblem(*(jnp.asarray(sub(v, idx, m), dt) for v in (a, c, s)), problem.mu)
+            p = NuclearProblem(
+                *(jnp.asarray(sub(v, idx, m), dt) for v in (a, c, s)), problem.mu, psd=problem.psd
+            )
             z, w = block_init(idx, m, solver.rho)
             init_b = (jnp.asarray(z, dt), jnp.asarray(w, dt), jnp.asarray(solver.rho, dt))
             out = _jit_single(solver)(p, init_b)
             rho = float(out.rho)
             keep(idx, np.asarray(out.l), np.asarray(out.low_rank), rho * np.asarray(out.dual))
             ranks.append(int(out.rank))
+            eigs.append(float(out.min_eig))
             sats.append(bool(out.rank_saturated))
             convs.append(bool(out.converged))
             iters.append(int(out.n_iters))
@@ -208,6 +213,7 @@ class SplitNuclearSolver:
             p = NuclearProblem(
                 *(jnp.asarray(v, dt) for v in stack),
                 jnp.broadcast_to(problem.mu, (len(group),)),
+                psd=problem.psd,
             )
             inits = [block_init(idx, size, small_solver.rho) for idx in group]
             z = jnp.asarray(np.stack([i[0] for i in inits]), dt)
@@ -218,6 +224,7 @@ class SplitNuclearSolver:
             ys = np.asarray(out.rho)[:, None, None] * np.asarray(out.dual)
             for j, idx in enumerate(group):
                 keep(idx, ls[j], lrs[j], ys[j])
+                eigs.append(float(np.linalg.eigvalsh(ls[j][: len(idx), : len(idx)])[0]))
                 lam = np.linalg.eigvalsh(lrs[j][: len(idx), : len(idx)])
                 ranks.append(int(np.sum(np.abs(lam) > 1e-10 * max(1.0, np.abs(lam).max()))))
             sats.append(bool(np.any(np.asarray(out.rank_saturated))))
@@ -245,4 +252,5 @@ class SplitNuclearSolver:
             dual_residuals=merge(hd),
             n_iters=jnp.asarray(max(iters), jnp.int32),
             converged=jnp.asarray(all(convs)),
+            min_eig=jnp.asarray(min(eigs), dt),
         )

@@ -1,0 +1,489 @@
+"""The joint program with one shared model per cluster: a convex shared-atomic-norm program.
+
+This is our formulation of the "shared atomic norm representation" of graph and node
+information in arXiv:2508.20231 (the paper's exact generalised program could not be read
+offline; this is the convex program proposed in the review of ``hexad.cvxclust``, not a
+reproduction). Atoms are unit vectors ``a = (e; phi)`` of ``R^{n+p}``: a cluster embedding
+``e`` and its model ``phi``. A non-negative combination ``M = sum_i lambda_i a_i a_i^T`` is a
+PSD matrix ``[[L, U], [U^T, T]]``, and the atomic gauge of ``(L, U)`` is ``min_T tr M``,
+which equals ``tr L + tr(U^T L^+ U)`` when ``range U`` lies in ``range L`` (the
+matrix-fractional function; jointly convex). The program::
+
+    min_{M >= 0, L in B}  sum_{u != v} C_uv |L_uv - A_uv|  +  mu0 tr M  +  mu1 sum_v l_v(u_v)
+
+with ``B`` the symmetric matrices with entries in ``[0, 1]`` and a unit diagonal (so
+``tr L = n``), ``u_v`` the ``v``-th row of ``U`` (the model node ``v`` uses), and the per-node
+loss ``l_v(m, s) = ||x_v - m||^2 / 2 + w_v (logsumexp(s) - s_{y_v})``: a Gaussian feature
+model ``m in R^d`` and softmax label scores ``s in R^K`` (``w_v = label_weight`` on labelled
+nodes, 0 elsewhere). At a cluster-indicator ``L`` the range condition forces
+``u_v = phi_i`` on cluster ``i``: one model per cluster, penalised by
+``sum_i ||phi_i||^2`` (against ``sum_v ||u_v||^2`` at ``L = I``), so sharing a model between
+the nodes of a cluster is rewarded. ``mu1 = 0`` gives the PSD-hard graph program;
+``C = 0`` a convex node-only program (a cluster norm, Jacob, Bach & Vert 2008). With
+``C_uv = 1`` the graph term is ``const - <A_bar, L>`` (``A_bar = 2A - 1`` off the diagonal).
+
+Solver: ADMM on ``M = Z`` (Boyd et al. 2011), ``M`` carrying ``PSD + mu0 tr``, whose prox is
+an eigendecomposition of the ``(n + p)``-sized iterate with eigenvalues ``max(lambda -
+mu0 / rho, 0)``, and ``Z`` the rest: the ``L`` block takes the entrywise soft threshold and
+box of the graph program, the ``U`` block the prox of the loss (closed form for the features,
+a few Newton steps per labelled node for the softmax), the ``T`` block is free. Residual
+balancing as in :class:`~hexad.cvxclust.NuclearSolver`. :func:`shared_atom_certificate`
+bounds the suboptimality of any iterate by a duality gap.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hexad._base import check_positive
+from hexad.cvxclust._fusion import _check_labels
+from hexad.cvxclust._graphs import check_adjacency
+from hexad.cvxclust._nuclear import _cost_matrix, psd_repair
+
+__all__ = [
+    "SharedAtomCertificate",
+    "SharedAtomOutput",
+    "SharedAtomProblem",
+    "SharedAtomSolver",
+    "shared_atom_certificate",
+    "shared_atom_problem",
+]
+
+_NEWTON_STEPS = 12
+
+
+@flax.struct.dataclass
+class SharedAtomProblem:
+    """The shared-model joint program (module docstring) as a pytree (all leaves).
+
+    Attributes:
+      target: ``[n, n]`` adjacency with a unit diagonal.
+      cost: ``[n, n]`` graph weights ``C >= 0`` (zero diagonal; all zero without a graph).
+      x: ``[n, d]`` features (``d`` may be 0).
+      y: ``[n, K]`` one-hot labels on labelled nodes, zero rows elsewhere (``K`` may be 0).
+      label_weight: ``[n]`` ``w_v``: the label loss weight, 0 on unlabelled nodes.
+      mu0: atomic-norm weight ``> 0``.
+      mu1: node-loss weight ``>= 0``.
+    """
+
+    target: jax.Array
+    cost: jax.Array
+    x: jax.Array
+    y: jax.Array
+    label_weight: jax.Array
+    mu0: jax.Array
+    mu1: jax.Array
+
+    @property
+    def n(self) -> int:
+        return self.target.shape[0]
+
+    @property
+    def p(self) -> int:
+        return self.x.shape[1] + self.y.shape[1]
+
+
+def shared_atom_problem(
+    mu0: float,
+    mu1: float,
+    *,
+    adjacency=None,
+    features=None,
+    labels=None,
+    labeled=None,
+    num_classes: int | None = None,
+    label_weight: float = 1.0,
+    edge_weight: float = 1.0,
+    nonedge_weight: float = 1.0,
+    n: int | None = None,
+) -> SharedAtomProblem:
+    """Returns the shared-model joint program of a graph, node features and partial labels.
+
+    Args:
+      mu0: atomic-norm weight ``> 0``.
+      mu1: node-loss weight ``>= 0``.
+      adjacency: optional ``[n, n]`` binary symmetric adjacency (none: ``C = 0``).
+      features: optional ``[n, d]`` finite features (used as given; standardise them first if
+        their scales differ).
+      labels: optional ``[n]`` int labels with ``labeled`` ``[n]`` bool and ``num_classes``.
+      label_weight: ``w`` of the softmax label loss on labelled nodes, ``> 0``.
+      edge_weight, nonedge_weight: ``c_A`` and ``c_Ac`` as in :func:`graph_problem`.
+      n: the number of nodes, needed only when no source gives it.
+
+    >>> p = shared_atom_problem(1.0, 1.0, features=np.array([[1.0], [1.2], [-1.0]]))
+    >>> p.n, p.p
+    (3, 1)
+    """
+    check_positive("mu0", mu0)
+    check_positive("mu1", mu1, allow_zero=True)
+    check_positive("label_weight", label_weight)
+    sizes = {
+        name: np.shape(v)[0]
+        for name, v in (("adjacency", adjacency), ("features", features), ("labels", labels))
+        if v is not None
+    }
+    if n is not None:
+        sizes["n"] = n
+    if not sizes:
+        raise ValueError("adjacency, features, labels: expected at least one, got none")
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"adjacency, features, labels: expected the same n, got {sizes}")
+    n = int(next(iter(sizes.values())))
+    if adjacency is not None:
+        a = check_adjacency(adjacency).astype(np.float64)
+        c = _cost_matrix(a, None, edge_weight, nonedge_weight)
+    else:
+        a, c = np.zeros((n, n)), np.zeros((n, n))
+    np.fill_diagonal(a, 1.0)
+    if features is not None:
+        x = np.asarray(features, dtype=np.float64)
+        if x.ndim != 2 or not np.isfinite(x).all():
+            raise ValueError(f"features: expected a finite [n, d] array, got shape {x.shape}")
+    else:
+        x = np.zeros((n, 0))
+    if labels is not None:
+        if labeled is None or num_classes is None:
+            raise ValueError("labeled, num_classes: required with labels")
+        labels = np.asarray(labels)
+        labeled = np.asarray(labeled)
+        if labels.shape != (n,) or labeled.shape != (n,) or labeled.dtype != bool:
+            raise ValueError(
+                f"labels, labeled: expected [{n}] ints and [{n}] bools, got {labels.shape} "
+                f"and {labeled.dtype} {labeled.shape}"
+            )
+        _check_labels(labels, labeled, num_classes)
+        y = np.zeros((n, num_classes))
+        y[np.flatnonzero(labeled), labels[labeled]] = 1.0
+        w = labeled * float(label_weight)
+    else:
+        y, w = np.zeros((n, 0)), np.zeros(n)
+    dt = jax.dtypes.canonicalize_dtype(np.float64)
+    return SharedAtomProblem(
+        *(jnp.asarray(v, dt) for v in (a, c, x, y, w)),
+        jnp.asarray(mu0, dt),
+        jnp.asarray(mu1, dt),
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Pieces
+# ------------------------------------------------------------------------------------------
+
+
+def _node_loss(problem: SharedAtomProblem, u):
+    d = problem.x.shape[1]
+    m, s = u[:, :d], u[:, d:]
+    val = 0.5 * jnp.sum((problem.x - m) ** 2)
+    if problem.y.shape[1]:
+        ce = jax.nn.logsumexp(s, axis=1) - jnp.sum(problem.y * s, axis=1)
+        val = val + jnp.sum(problem.label_weight * ce)
+    return val
+
+
+def _loss_prox(problem: SharedAtomProblem, v, tau):
+    """``argmin_u tau l(u) + ||u - v||^2 / 2`` row by row (features closed form, labels by
+    Newton on a 1-strongly convex function with Hessian ``I + tau w (diag p - p p^T)``)."""
+    d = problem.x.shape[1]
+    m = (v[:, :d] + tau * problem.x) / (1.0 + tau)
+    if not problem.y.shape[1]:
+        return m
+    vs = v[:, d:]
+    a = (tau * problem.label_weight)[:, None]
+    k = vs.shape[1]
+    eye = jnp.eye(k, dtype=v.dtype)
+
+    def newton(_, s):
+        p = jax.nn.softmax(s, axis=1)
+        g = a * (p - problem.y) + (s - vs)
+        h = eye[None] + a[:, :, None] * (jax.vmap(jnp.diag)(p) - p[:, :, None] * p[:, None, :])
+        return s - jnp.linalg.solve(h, g[:, :, None])[:, :, 0]
+
+    s = jax.lax.fori_loop(0, _NEWTON_STEPS, newton, vs)
+    return jnp.concatenate([m, s], axis=1)
+
+
+def _graph_term(problem: SharedAtomProblem, l):
+    return jnp.sum(problem.cost * jnp.abs(l - problem.target))
+
+
+def _project_b(l):
+    eye = jnp.eye(l.shape[0], dtype=bool)
+    return jnp.where(eye, 1.0, jnp.clip(0.5 * (l + l.T), 0.0, 1.0))
+
+
+def _simplex(v):
+    """Euclidean projection of each row of ``v`` onto the probability simplex."""
+    k = v.shape[-1]
+    srt = -jnp.sort(-v, axis=-1)
+    css = jnp.cumsum(srt, axis=-1) - 1.0
+    idx = jnp.arange(1, k + 1, dtype=v.dtype)[None, :]
+    cond = srt - css / idx > 0
+    r = jnp.sum(cond, axis=-1, keepdims=True)
+    theta = jnp.take_along_axis(css, r - 1, axis=-1) / r.astype(v.dtype)
+    return jnp.maximum(v - theta, 0.0)
+
+
+# ------------------------------------------------------------------------------------------
+# Certificate
+# ------------------------------------------------------------------------------------------
+
+
+class SharedAtomCertificate(NamedTuple):
+    """A duality-gap certificate (:func:`shared_atom_certificate`).
+
+    Attributes:
+      primal: the objective at a feasible point built from the candidate (an upper bound).
+      dual: the dual function at the multiplier made dual-feasible (a lower bound).
+      gap: ``primal - dual``; rel_gap: ``gap / max(1, |primal|)``.
+      min_eig: smallest eigenvalue of the feasible point's ``L`` (``>= 0`` up to rounding).
+    """
+
+    primal: jax.Array
+    dual: jax.Array
+    gap: jax.Array
+    rel_gap: jax.Array
+    min_eig: jax.Array
+
+
+_CUTOFFS = (1e-12, 1e-10, 1e-8, 1e-6, 1e-4, 1e-2)
+
+
+def shared_atom_objective(problem: SharedAtomProblem, l, u) -> tuple[jax.Array, jax.Array]:
+    """Returns ``(objective, lambda_min(L'))`` at a feasible point built from ``(l, u)``.
+
+    ``l`` is projected onto ``B`` and made PSD (:func:`psd_repair`); ``u`` is projected onto
+    the span of the eigenvectors of ``L'`` with eigenvalues above a cutoff ``c lambda_max``
+    and ``T = U^T L'^+ U`` on that span, which makes ``[[L', U], [U^T, T]]`` PSD; the smallest
+    objective over the cutoffs ``c`` in ``1e-12 ... 1e-2`` is returned (each is an upper bound
+    on the optimum).
+    """
+    l2, min_eig = psd_repair(_project_b(l))
+    lam, vec = jnp.linalg.eigh(l2)
+    graph = _graph_term(problem, l2) + problem.mu0 * jnp.trace(l2)
+    coef = vec.T @ u
+
+    def value(c):
+        keep = lam > c * jnp.maximum(lam[-1], 1e-300)
+        inv = jnp.where(keep, 1.0 / jnp.where(keep, lam, 1.0), 0.0)
+        up = vec @ (coef * keep[:, None])
+        tr_t = jnp.sum(inv[:, None] * coef**2)
+        return graph + problem.mu0 * tr_t + problem.mu1 * _node_loss(problem, up)
+
+    vals = jnp.stack([value(c) for c in _CUTOFFS])
+    return jnp.min(vals), min_eig
+
+
+def shared_atom_certificate(problem: SharedAtomProblem, l, u, multiplier) -> SharedAtomCertificate:
+    """Returns a duality-gap certificate for the candidate ``(l, u)`` and multiplier ``Y``.
+
+    The splitting ``min f(M) + g(Z)`` s.t. ``M = Z``, ``f = PSD + mu0 tr``, ``g`` the graph
+    term on ``Z_L in B`` plus ``mu1 sum_v l_v`` on ``Z_U`` (``Z_T`` free), has the dual
+    ``d(Y) = min_M f(M) + <Y, M> + min_Z g(Z) - <Y, Z>``. The first term is 0 iff
+    ``Y + mu0 I >= 0``; the second is ``-inf`` unless ``Y_T = 0`` and each row of
+    ``2 Y_U / mu1`` lies in the domain of ``l_v^*`` (label part: ``e_y + g / w`` in the
+    simplex on labelled nodes, 0 on unlabelled ones). ``Y`` is made feasible in that order
+    (``Y_T = 0``; label rows projected; then ``Y_L += c I`` with ``c`` the deficit of the
+    Schur complement ``Y_L + mu0 I - Y_U Y_U^T / mu0``), which changes the ``L`` part by
+    ``-c n`` only (``diag Z_L = 1``). Then ``d(Y)`` is the entrywise minimum of the graph
+    program plus ``-mu1 sum_v l_v^*(2 Y_U[v] / mu1)`` with
+    ``l^*(g) = <g_m, x> + ||g_m||^2 / 2 + w sum_k q_k log q_k``, ``q = e_y + g_s / w``.
+    Valid for any input; with ``mu1 = 0``, ``Y_U`` is set to 0.
+
+    Args:
+      problem: the problem.
+      l: ``[n, n]``; u: ``[n, p]`` candidate.
+      multiplier: ``[n + p, n + p]`` candidate ``Y`` (for :class:`SharedAtomSolver`,
+        ``output.rho * output.dual``).
+    """
+    n, d, k = problem.n, problem.x.shape[1], problem.y.shape[1]
+    primal, min_eig = shared_atom_objective(problem, l, u)
+    y = 0.5 * (multiplier + multiplier.T)
+    yl, yu = y[:n, :n], y[:n, n:]
+    mu0, mu1 = problem.mu0, problem.mu1
+    safe1 = jnp.maximum(mu1, 1e-300)
+    gm = 2.0 * yu[:, :d] / safe1
+    conj = jnp.sum(gm * problem.x) + 0.5 * jnp.sum(gm**2)
+    if k:
+        w = problem.label_weight[:, None]
+        lab = w > 0
+        gs = 2.0 * yu[:, d:] / safe1
+        q = _simplex(problem.y + gs / jnp.where(lab, w, 1.0))
+        gs = jnp.where(lab, (q - problem.y) * w, 0.0)
+        conj = conj + jnp.sum(w * jax.scipy.special.xlogy(q, q) * lab)
+        yu = jnp.concatenate([yu[:, :d], 0.5 * mu1 * gs], axis=1)
+    yu = jnp.where(mu1 > 0, yu, 0.0)
+    node_dual = jnp.where(mu1 > 0, -mu1 * conj, 0.0)
+    schur = yl + mu0 * jnp.eye(n, dtype=y.dtype) - (yu @ yu.T) / mu0
+    c = jnp.maximum(0.0, -jnp.linalg.eigvalsh(0.5 * (schur + schur.T))[0])
+    yl = yl + c * jnp.eye(n, dtype=y.dtype)
+    eye = jnp.eye(n, dtype=bool)
+    a, cost, slope = problem.target, problem.cost, yl
+    cand = jnp.stack([cost * a, cost * jnp.abs(1.0 - a) - slope, -slope * a])
+    off = jnp.where(eye, 0.0, jnp.min(cand, axis=0))
+    diag = jnp.where(eye, -slope, 0.0)
+    dual = jnp.sum(off) + jnp.sum(diag) + node_dual
+    gap = primal - dual
+    return SharedAtomCertificate(
+        primal, dual, gap, gap / jnp.maximum(1.0, jnp.abs(primal)), min_eig
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Solver
+# ------------------------------------------------------------------------------------------
+
+
+class SharedAtomOutput(NamedTuple):
+    """What :class:`SharedAtomSolver` returns.
+
+    Attributes:
+      l: ``[n, n]`` the ``Z_L`` iterate (in ``B``) made PSD by :func:`psd_repair`.
+      u: ``[n, p]`` the ``Z_U`` iterate: node ``v``'s model ``(m_v, s_v)``.
+      m: ``[n + p, n + p]`` the PSD iterate.
+      dual: ``[n + p, n + p]`` scaled ADMM dual; rho: final penalty.
+      objective: :func:`shared_atom_objective` at ``(l, u)``.
+      min_eig: smallest eigenvalue of ``l`` (``>= 0`` up to rounding).
+      primal_residuals, dual_residuals: ``[max_iters]`` histories, -1 padded.
+      n_iters: iterations run.
+      converged: both residuals ``<= tol`` (False when the solve stopped at ``max_iters``).
+    """
+
+    l: jax.Array
+    u: jax.Array
+    m: jax.Array
+    dual: jax.Array
+    rho: jax.Array
+    objective: jax.Array
+    min_eig: jax.Array
+    primal_residuals: jax.Array
+    dual_residuals: jax.Array
+    n_iters: jax.Array
+    converged: jax.Array
+
+
+class _SState(NamedTuple):
+    it: jax.Array
+    m: jax.Array
+    z: jax.Array
+    w: jax.Array
+    rho: jax.Array
+    pres: jax.Array
+    dres: jax.Array
+    hist_p: jax.Array
+    hist_d: jax.Array
+
+
+@flax.struct.dataclass
+class SharedAtomSolver:
+    """ADMM for :class:`SharedAtomProblem` (all settings static; module docstring).
+
+    Gradients: not supported (``lax.while_loop``).
+
+    Attributes:
+      tol: relative tolerance on both residuals.
+      max_iters: iteration cap.
+      rho: initial ADMM penalty.
+      adapt_every: residual balancing every this many iterations (0: fixed ``rho``).
+      relaxation: over-relaxation in ``(0, 2)``.
+
+    >>> a = np.kron(np.eye(2), np.ones((3, 3))) - np.eye(6)
+    >>> out = jax.jit(SharedAtomSolver())(shared_atom_problem(1.0, 0.0, adjacency=a))
+    >>> bool(out.converged), float(jnp.round(out.l[0, 1], 3)), float(jnp.round(out.l[0, 4], 3))
+    (True, 1.0, 0.0)
+    """
+
+    tol: float = flax.struct.field(pytree_node=False, default=1e-5)
+    max_iters: int = flax.struct.field(pytree_node=False, default=3000)
+    rho: float = flax.struct.field(pytree_node=False, default=1.0)
+    adapt_every: int = flax.struct.field(pytree_node=False, default=10)
+    relaxation: float = flax.struct.field(pytree_node=False, default=1.0)
+
+    def __call__(self, problem: SharedAtomProblem, init=None) -> SharedAtomOutput:
+        """Solves ``problem``; ``init`` is ``None`` or ``(z, dual, rho)`` of an earlier output
+        (``z`` the ``[n + p, n + p]`` iterate: ``output.m``)."""
+        n, p = problem.n, problem.p
+        big = n + p
+        dt = problem.target.dtype
+        if not 0.0 < self.relaxation < 2.0:
+            raise ValueError(f"relaxation: expected a float in (0, 2), got {self.relaxation!r}")
+        if init is None:
+            z0 = jnp.eye(big, dtype=dt)
+            w0, rho0 = jnp.zeros((big, big), dt), jnp.asarray(self.rho, dt)
+        else:
+            z0, w0, rho0 = (jnp.asarray(v, dt) for v in init)
+            if z0.shape != (big, big) or w0.shape != (big, big):
+                raise ValueError(
+                    f"init: expected [{big}, {big}] matrices, got {z0.shape}, {w0.shape}"
+                )
+        eye_n = jnp.eye(n, dtype=bool)
+
+        def z_step(v, rho):
+            vl = v[:n, :n]
+            zl = problem.target + jnp.sign(vl - problem.target) * jnp.maximum(
+                jnp.abs(vl - problem.target) - problem.cost / rho, 0.0
+            )
+            zl = jnp.where(eye_n, 1.0, jnp.clip(zl, 0.0, 1.0))
+            vu = 0.5 * (v[:n, n:] + v[n:, :n].T)
+            zu = _loss_prox(problem, vu, problem.mu1 / (2.0 * rho))
+            zt = v[n:, n:]
+            return jnp.block([[zl, zu], [zu.T, zt]])
+
+        def cond(s: _SState):
+            return (s.it < self.max_iters) & ((s.pres > self.tol) | (s.dres > self.tol))
+
+        def body(s: _SState):
+            lam, vec = jnp.linalg.eigh(s.z - s.w)
+            m = (vec * jnp.maximum(lam - problem.mu0 / s.rho, 0.0)[None, :]) @ vec.T
+            mr = m if self.relaxation == 1.0 else self.relaxation * m + (1 - self.relaxation) * s.z
+            z = z_step(mr + s.w, s.rho)
+            w = s.w + mr - z
+            pres = jnp.linalg.norm(m - z) / jnp.maximum(
+                1.0, jnp.maximum(jnp.linalg.norm(m), jnp.linalg.norm(z))
+            )
+            dres = s.rho * jnp.linalg.norm(z - s.z) / jnp.maximum(1.0, s.rho * jnp.linalg.norm(w))
+            rho = s.rho
+            if self.adapt_every:
+                tick = (s.it + 1) % self.adapt_every == 0
+                factor = jnp.where(
+                    tick & (pres > 10 * dres), 2.0, jnp.where(tick & (dres > 10 * pres), 0.5, 1.0)
+                )
+                rho = rho * factor
+                w = w / factor
+            return _SState(
+                s.it + 1,
+                m,
+                z,
+                w,
+                rho,
+                pres,
+                dres,
+                s.hist_p.at[s.it].set(pres),
+                s.hist_d.at[s.it].set(dres),
+            )
+
+        hist = -jnp.ones((self.max_iters,), dt)
+        inf = jnp.asarray(jnp.inf, dt)
+        z0 = z_step(0.5 * (z0 + z0.T), rho0)
+        s = _SState(jnp.zeros((), jnp.int32), z0, z0, 0.5 * (w0 + w0.T), rho0, inf, inf, hist, hist)
+        s = jax.lax.while_loop(cond, body, s)
+        l_out, min_eig = psd_repair(s.z[:n, :n])
+        u_out = s.z[:n, n:]
+        obj, _ = shared_atom_objective(problem, l_out, u_out)
+        return SharedAtomOutput(
+            l=l_out,
+            u=u_out,
+            m=s.z,
+            dual=s.w,
+            rho=s.rho,
+            objective=obj,
+            min_eig=min_eig,
+            primal_residuals=s.hist_p,
+            dual_residuals=s.hist_d,
+            n_iters=s.it,
+            converged=(s.pres <= self.tol) & (s.dres <= self.tol),
+        )
