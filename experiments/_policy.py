@@ -1,17 +1,23 @@
-"""Glue the policy studies share: their common settings, training in chunks, the table of method
-rows, its summary keys and plot, and the maze diagnostic that PointMaze and AntMaze both run.
+"""Glue the policy studies share.
 
-The method itself (PoE and its selectors, steering, SF + GPI over an expert library, one
-per-row dispatcher) is :mod:`hexad.policy`; this module only wires it to data, the runner and the
-evaluators. Used by ``experiments.policy_pointmaze``, ``experiments.policy_antmaze`` and
-``experiments.policy_locomotion``.
+Two designs. The maze diagnostic (:func:`run_maze`, used by ``experiments.policy_antmaze``): a
+table of method rows (PoE and additive sweeps, KL-budget alphas, guided steering, SF + GPI)
+evaluated on one set of episodes. The decisive design (:func:`run_decisive_seed` and
+:func:`decide`, used by ``experiments.policy_pointmaze`` and ``experiments.policy_locomotion``):
+priors by kind, two likelihood spaces, a KL-budget sweep, every chosen quantity selected on
+held-out episodes and reported on separate test episodes with paired bootstrap verdicts pooled
+over seeds.
+
+The method itself (PoE and its selectors, steering, SF + GPI, prior kinds, bootstrap and
+verdict rules) is :mod:`hexad.policy`; this module only wires it to data, the runner and the
+evaluators.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -32,7 +38,7 @@ QUICK = {"hidden": 64, "alphas": (0.0, 0.25, 0.5, 0.75, 1.0), "n_kl_states": 512
 
 @dataclasses.dataclass(frozen=True)
 class CompositionConfig:
-    """The settings of every composition study; the defaults are PointMaze's full study."""
+    """The settings of the maze diagnostic; the defaults are its full study."""
 
     hidden: int = 256
     iql_steps: int = 10_000
@@ -64,7 +70,8 @@ class CompositionConfig:
         _runner.at_least(self, 1, "n_kl_states", "n_episodes", "episode_steps", "n_envs")
         _runner.at_least(self, 1, "guide_cql_steps", "guide_action_samples", "sf_steps")
         _runner.at_least(self, 1, "sf_batch_size")
-        _runner.at_least(self, 0, "kl_budget", "degrade_scale", "temperature", "guide_steps")
+        _runner.positive(self, "kl_budget")
+        _runner.at_least(self, 0, "degrade_scale", "temperature", "guide_steps")
         _runner.at_least(self, 0, "guide_shifts", "sf_ridge")
         _runner.positive(self, "lr", "guide_step_size")
         _runner.in_unit(self, "expectile", lo_open=True, hi_open=True)
@@ -468,7 +475,7 @@ def plot_alpha_curves(ctx, name, alphas, out, panels, metric, ylabel, actors=(("
 
 @dataclasses.dataclass(frozen=True)
 class MazeConfig(CompositionConfig):
-    """PointMaze's settings (its full study), which AntMaze's config extends."""
+    """The maze diagnostic's settings, which AntMaze's config extends."""
 
     n_transitions: int = 100_000
     noise_std: float = 0.3
@@ -489,7 +496,7 @@ class MazeConfig(CompositionConfig):
         )
 
 
-# PointMaze's --quick, which AntMaze's extends.
+# The maze diagnostic's --quick, which AntMaze's extends.
 MAZE_QUICK = {
     **QUICK,
     "n_transitions": 20_000,
@@ -531,7 +538,7 @@ def maze_features(next_obs, anchors):
 
 
 def run_maze(cfg: MazeConfig, ctx: _runner.Context, maze: Maze) -> dict:
-    """The whole diagnostic (``experiments.policy_pointmaze``'s docstring) on ``maze``."""
+    """The whole diagnostic (``experiments.policy_antmaze``'s docstring) on ``maze``."""
     raw = maze.raw
     data = policy.batch_from_dataset(raw)
     goals_data = jnp.asarray(raw["infos/goal"], jnp.float32)
@@ -639,4 +646,525 @@ def run_maze(cfg: MazeConfig, ctx: _runner.Context, maze: Maze) -> dict:
         "return (sum exp(-distance))",
         actors=(("", "-", ", competent"), ("incompetent_", ":", ", incompetent")),
     )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The decisive design (PointMaze, locomotion): priors by kind, two likelihood spaces, a
+# KL-budget sweep, selection and test episodes, paired bootstrap verdicts pooled over seeds
+# --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class DecisiveConfig:
+    """The settings of :func:`run_decisive_seed`; the defaults are PointMaze's full study."""
+
+    hidden: int = 128
+    iql_steps: int = 5000
+    bc_steps: int = 5000
+    train_chunk: int = 500
+    batch_size: int = 256
+    lr: float = 3e-4
+    expectile: float = 0.9
+    temperature: float = 10.0
+    alphas: tuple[float, ...] = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
+    kl_budgets: tuple[float, ...] = (0.03, 0.1, 0.3, 1.0, 3.0)  # nats per action dimension
+    kl_budget_verdict: float = 0.3
+    priors: tuple[str, ...] = policy.PRIOR_KINDS
+    spaces: tuple[str, ...] = policy.SPACES
+    n_seeds: int = 3
+    n_select: int = 10
+    n_test: int = 20
+    n_kl_states: int = 2048
+    degrade_scale: float = 1.0
+    episode_steps: int = 300
+    n_envs: int = 48
+    guides: tuple[str, ...] = ("iql", "cql")
+    guide_iql_steps: int = 5000
+    guide_cql_steps: int = 5000
+    guide_action_samples: int = 10
+    guide_steps: int = 10
+    guide_step_size: float = 1.0
+    guide_shifts: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0)
+    n_boot: int = 2000
+
+    def __post_init__(self):
+        _runner.at_least(self, 1, "hidden", "iql_steps", "bc_steps", "train_chunk", "batch_size")
+        _runner.at_least(self, 1, "n_seeds", "n_select", "n_test", "n_kl_states", "n_envs")
+        _runner.at_least(self, 1, "episode_steps", "guide_iql_steps", "guide_cql_steps")
+        _runner.at_least(self, 1, "guide_action_samples", "n_boot")
+        _runner.at_least(self, 0, "degrade_scale", "temperature", "guide_steps")
+        _runner.positive(self, "lr", "guide_step_size", "kl_budgets", "guide_shifts")
+        _runner.in_unit(self, "expectile", lo_open=True, hi_open=True)
+        _runner.in_unit(self, "alphas")
+        _runner.one_of(self, policy.PRIOR_KINDS, "priors")
+        _runner.one_of(self, policy.SPACES, "spaces")
+        _runner.one_of(self, ("iql", "cql"), "guides")
+        _runner.require(0.0 in self.alphas and 1.0 in self.alphas, "alphas", "needs 0 and 1")
+        _runner.require(
+            self.kl_budget_verdict in self.kl_budgets,
+            "kl_budget_verdict",
+            f"expected one of kl_budgets={self.kl_budgets}, got {self.kl_budget_verdict}",
+        )
+        _runner.require(self.n_select <= 500, "n_select", "at most 500 (seeds 1000 s + 500 + i)")
+
+
+# The --quick sizes of a decisive study.
+DECISIVE_QUICK = {
+    "hidden": 64,
+    "iql_steps": 1000,
+    "bc_steps": 1000,
+    "guide_iql_steps": 500,
+    "guide_cql_steps": 500,
+    "guide_action_samples": 4,
+    "train_chunk": 250,
+    "alphas": (0.0, 0.3, 0.7, 1.0),
+    "n_seeds": 1,
+    "n_select": 2,
+    "n_test": 3,
+    "n_kl_states": 512,
+    "guide_shifts": (0.5,),
+}
+
+
+class Setup(NamedTuple):
+    """What :func:`run_decisive` needs from one study seed.
+
+    ``actor_data``: ``{level: Batch}`` each actor's offline data; ``gdata`` / ``gdata_bad``:
+    the prior's goal-conditioned BC data with true / shuffled goals; ``guide_data``: the guide
+    critics' goal-conditioned data (goal reward); ``kl_obs [n, o]`` / ``kl_obs_goal [n, o + g]``:
+    the KL-selection states, paired with selection goals; ``obs_fn(obs) -> o`` the networks'
+    view of the environment's observation, ``prior_obs(o, goal) -> [B, o + g]``;
+    ``evaluate(policy, specs, episodes, split) -> [M]`` the per-episode metric of episodes
+    ``episodes`` of ``split`` ("select", "test", "own": the actor's own task on the test
+    starts), ``policy(obs, [goal,] specs)``.
+    """
+
+    actor_data: dict
+    gdata: Any
+    gdata_bad: Any
+    guide_data: Any
+    kl_obs: Any
+    kl_obs_goal: Any
+    obs_fn: Callable
+    prior_obs: Callable
+    evaluate: Callable
+
+
+def _nets(cfg, space, d):
+    hid = (cfg.hidden, cfg.hidden)
+    return policy.actor_for_space(space, d, hid), policy.actor_for_space(space, d, hid)
+
+
+def _marginal_std(actions, space):
+    a = np.asarray(actions)
+    if space == "pretanh":
+        a = np.arctanh(np.clip(a, -1 + 1e-6, 1 - 1e-6))
+    return np.maximum(a.std(0), 1e-3).astype(np.float32)
+
+
+def train_decisive(ctx, cfg, setup, key, tag) -> dict:
+    """Trains (or restores, with ``--resume``) per space: an IQL actor per level and the good
+    and data-corrupted BC priors; and the pretanh guide critics. Returns the parameters."""
+    d = setup.gdata.actions.shape[1]
+    obs, og = setup.kl_obs[:1], setup.kl_obs_goal[:1]
+    act = setup.gdata.actions[:1]
+    levels = list(setup.actor_data)
+    keys = jax.random.split(key, 4 + len(levels))
+    init = {}
+    for space in cfg.spaces:
+        an, pn = _nets(cfg, space, d)
+        init[space] = {
+            "actors": {lv: an.init(keys[0], obs) for lv in levels},
+            "good": pn.init(keys[1], og),
+            "bad": pn.init(keys[1], og),
+        }
+    critic = policy.TwinCritic((cfg.hidden, cfg.hidden))
+    init["guides"] = {g: critic.init(keys[2], og, act) for g in cfg.guides}
+    steps = {}
+
+    def fit(algo, data, n, k, name):  # one jitted chunk per algorithm, reused across data sets
+        chunk = min(cfg.train_chunk, n)
+        if (id(algo), chunk) not in steps:
+            steps[id(algo), chunk] = jax.jit(policy.make_train(algo, chunk, cfg.batch_size))
+        step = steps[id(algo), chunk]
+        run = ctx.train_chunks(
+            lambda st, kk: step(kk, st, data), algo.init(k, data), max(n // chunk, 1), k, tag=name
+        )
+        return run[0]
+
+    with ctx.checkpointed(tag, init) as (start, params, save):
+        if start > 0:
+            return params
+        params = {}
+        for space in cfg.spaces:
+            an, pn = _nets(cfg, space, d)
+            algo, bc = iql(cfg, an), policy.bc(pn, optax.adam(cfg.lr))
+            actors = {
+                lv: fit(
+                    algo, data, cfg.iql_steps, keys[4 + i], f"{tag}_{space}_{lv}_iql"
+                ).actor_params
+                for i, (lv, data) in enumerate(setup.actor_data.items())
+            }
+            good = fit(bc, setup.gdata, cfg.bc_steps, keys[1], f"{tag}_{space}_bc").params
+            bad = fit(bc, setup.gdata_bad, cfg.bc_steps, keys[3], f"{tag}_{space}_bad").params
+            params[space] = {"actors": actors, "good": good, "bad": bad}
+        an, pn = _nets(cfg, "pretanh", d)
+        algos = {
+            "iql": (iql(cfg, an), cfg.guide_iql_steps),
+            "cql": (cql(cfg, pn), cfg.guide_cql_steps),
+        }
+        params["guides"] = {}
+        for g in cfg.guides:
+            algo, n = algos[g]
+            st = fit(algo, setup.guide_data, n, keys[2], f"{tag}_guide_{g}")
+            params["guides"][g] = st.critic_params
+        save(0, params)
+    return params
+
+
+def _pick(dists, index):
+    i = jnp.asarray(index)
+    return jax.tree.map(
+        lambda *xs: jnp.take_along_axis(jnp.stack(xs), i[None, :, None], 0)[0], *dists
+    )
+
+
+_GUIDE_METHOD = {"iql": Method.IQL_GUIDED, "cql": Method.CQL_GUIDED}
+
+
+def run_decisive_seed(ctx, cfg, setup, key, tag) -> dict:
+    """One study seed: train, select on the selection episodes, evaluate on the test ones.
+
+    Rows are ``(space, level, prior, method, alpha)`` tuples (indices into ``cfg.spaces``,
+    ``setup.actor_data`` and ``cfg.priors``). Returns ``{"test": {row: [n_test]}, "own":
+    {(space, level): [n_test]}, "chosen": {...}, "stats": {...}}``.
+    """
+    params = train_decisive(ctx, cfg, setup, key, tag)
+    d = setup.gdata.actions.shape[1]
+    levels, nq = list(setup.actor_data), len(cfg.priors)
+    keys = jax.random.split(jax.random.fold_in(key, 7), nq)
+    actor_fns, prior_fns = [], []
+    for space in cfg.spaces:
+        an, pn = _nets(cfg, space, d)
+        p = params[space]
+        actor_fns += [partial_apply(an, p["actors"][lv]) for lv in levels]
+        std = _marginal_std(setup.gdata.actions, space)
+        prior_fns += [
+            policy.make_prior(
+                q,
+                pn,
+                p["good"],
+                keys[i],
+                setup.kl_obs_goal[:1],
+                corrupted_params=p["bad"],
+                marginal_std=std,
+                degrade_scale=cfg.degrade_scale,
+            )
+            for i, q in enumerate(cfg.priors)
+        ]
+    critic = policy.TwinCritic((cfg.hidden, cfg.hidden))
+    q_fns = {g: min_q(critic, params["guides"][g]) for g in cfg.guides}
+    n_lv = len(levels)
+    squashed = jnp.asarray([sp == "pretanh" for sp in cfg.spaces])
+
+    @jax.jit
+    def act(obs, goal, rows):
+        o = setup.obs_fn(obs)
+        og = setup.prior_obs(o, goal)
+        sp, lv, pr, method, alpha = rows
+        a = _pick([f(o) for f in actor_fns], sp * n_lv + lv)
+        p = _pick([f(og) for f in prior_fns], sp * nq + pr)
+        mix = jnp.where(method <= Method.ADDITIVE, alpha, 0.0)
+        add = (method == Method.ADDITIVE)[:, None]
+        mean = jnp.where(add, policy.additive(a, p, mix).mean, policy.poe(a, p, mix).mean)
+        out = policy.deterministic_action(mean, squashed[sp])
+        shift = jnp.where(method >= Method.IQL_GUIDED, alpha, 1.0)
+        for g, fn in q_fns.items():
+            steered = policy.q_steer(fn, og, a.mean, cfg.guide_step_size, cfg.guide_steps, shift)
+            out = jnp.where((method == _GUIDE_METHOD[g])[:, None], steered, out)
+        return jnp.where((method == Method.ZERO)[:, None], 0.0, out)
+
+    def evaluate(rows, split, n):
+        rows = list(dict.fromkeys(canon(r) for r in rows))
+        stacked = [np.asarray([r[i] for r in rows], np.int32) for i in range(4)]
+        stacked.append(np.asarray([r[4] for r in rows], np.float32))
+        specs = np.repeat(np.arange(len(rows)), n)[:, None]
+        episodes = np.tile(np.arange(n), len(rows))
+
+        def host(obs, *goal_and_specs):
+            *goal, sp = goal_and_specs
+            idx = np.asarray(sp)[:, 0]
+            r = tuple(jnp.asarray(c[idx]) for c in stacked)
+            g = jnp.asarray(goal[0], jnp.float32) if goal else None
+            return act(jnp.asarray(obs, jnp.float32), g, r)
+
+        res = np.asarray(setup.evaluate(host, specs, episodes, split))
+        return {r: res[specs[:, 0] == i] for i, r in enumerate(rows)}
+
+    def mean_of(res):
+        return lambda r: float(res[canon(r)].mean())
+
+    # KL selection, spreads and precision ratios on the selection states.
+    stats, chosen = {}, {}
+    kl_fn = kl_stats(cfg, d)
+    for si in range(len(cfg.spaces)):
+        for li in range(n_lv):
+            a = actor_fns[si * n_lv + li](setup.kl_obs)
+            stats[si, li, "actor_std"] = policy.std_quantiles(a)
+            for qi in range(nq):
+                p = prior_fns[si * nq + qi](setup.kl_obs_goal)
+                k = (si, li, qi)
+                stats[k, "prior_std"] = policy.std_quantiles(p)
+                stats[k, "precision"] = float(np.median(policy.precision_ratio(a, p)))
+                full, mean, kl, kl_mean = (np.asarray(x).tolist() for x in kl_fn(a, p))
+                stats[k, "kl"], stats[k, "kl_mean"] = kl, kl_mean
+                chosen[k, "budget", False], chosen[k, "budget", True] = full, mean
+    # Selection episodes: the alpha sweeps and the guides' trust regions.
+    grid = [(si, li) for si in range(len(cfg.spaces)) for li in range(n_lv)]
+    sel = [(si, li, 0, Method.POE, 0.0) for si, li in grid]
+    for si, li in grid:
+        for qi in range(nq):
+            sel += [
+                (si, li, qi, m, al) for m in (Method.POE, Method.ADDITIVE) for al in cfg.alphas[1:]
+            ]
+    pre = cfg.spaces.index("pretanh") if "pretanh" in cfg.spaces else None
+    for g in cfg.guides if pre is not None else ():
+        sel += [(pre, li, 0, _GUIDE_METHOD[g], sh) for li in range(n_lv) for sh in cfg.guide_shifts]
+    s_res = mean_of(evaluate(sel, "select", cfg.n_select))
+
+    def curve(si, li, qi, m):
+        return [s_res((si, li, qi, m, al)) for al in cfg.alphas]
+
+    test = [(si, li, 0, Method.POE, 0.0) for si, li in grid]
+    for si, li in grid:
+        for qi in range(nq):
+            k = (si, li, qi)
+            for m, name in ((Method.POE, "oracle"), (Method.ADDITIVE, "additive")):
+                c = curve(si, li, qi, m)
+                chosen[k, name] = cfg.alphas[int(np.argmax(c))]
+                chosen[k, name + "_curve"] = c
+                test.append((si, li, qi, m, chosen[k, name]))
+            test.append((si, li, qi, Method.POE, 1.0))
+            test += [
+                (si, li, qi, Method.POE, al)
+                for mo in (False, True)
+                for al in chosen[k, "budget", mo]
+            ]
+    for g in cfg.guides if pre is not None else ():
+        for li in range(n_lv):
+            c = [s_res((pre, li, 0, _GUIDE_METHOD[g], sh)) for sh in cfg.guide_shifts]
+            chosen[g, li] = cfg.guide_shifts[int(np.argmax(c))]
+            test.append((pre, li, 0, _GUIDE_METHOD[g], chosen[g, li]))
+    t_res = evaluate(test, "test", cfg.n_test)
+    own = evaluate([(si, li, 0, Method.POE, 0.0) for si, li in grid], "own", cfg.n_test)
+    return {"test": t_res, "own": own, "chosen": chosen, "stats": stats, "d": d}
+
+
+def kl_stats(cfg, d: int) -> Callable:
+    """The jitted ``(actor, prior) -> (alpha_full [n_b], alpha_mean_only [n_b], kl [n_a],
+    kl_mean_only [n_a])``: the KL-budget alphas for the budgets ``cfg.kl_budgets`` x d nats and
+    the mean KL of PoE at each alpha of ``cfg.alphas`` over the states."""
+    budgets = jnp.asarray([b * d for b in cfg.kl_budgets], jnp.float32)
+    alphas = jnp.asarray(cfg.alphas, jnp.float32)
+
+    @jax.jit
+    def stats(a, p):
+        def sel(mo):
+            return jax.vmap(lambda b: policy.kl_budget_alpha(a, p, b, mean_only=mo))(budgets)
+
+        def curve(fn):
+            return jax.vmap(lambda al: fn(a, p, al).mean())(alphas)
+
+        kls = curve(policy.poe_kl_to_actor), curve(policy.poe_mean_kl_to_actor)
+        return (sel(False), sel(True), *kls)
+
+    return stats
+
+
+def canon(row) -> tuple:
+    """A row in its canonical form, so equal policies share one evaluation: alpha 0 (either
+    mix) is the actor (prior 0), additive at alpha 1 is PoE at alpha 1 (the prior alone), which
+    does not depend on the actor (level 0)."""
+    si, li, qi, m, al = row
+    m, al = int(m), float(al)
+    if m in (Method.POE, Method.ADDITIVE) and al == 0.0:
+        return (si, li, 0, int(Method.POE), 0.0)
+    if m in (Method.POE, Method.ADDITIVE) and al == 1.0:
+        return (si, 0, qi, int(Method.POE), 1.0)
+    return (si, li, qi, m, al)
+
+
+def partial_apply(net, params) -> Callable:
+    """``f(x) = net.apply(params, x)``."""
+    return lambda x: net.apply(params, x)
+
+
+def _se(x) -> float:
+    return float(np.std(x, ddof=1) / np.sqrt(len(x))) if len(x) > 1 else 0.0
+
+
+def decide(cfg, runs: Sequence[dict], levels: Sequence[str], excluded: str | None = None) -> dict:
+    """The summary of :func:`run_decisive_seed` over seeds: test means, paired bootstrap
+    intervals pooled over seeds (stratified by seed), and the verdicts of the rules stated in
+    the studies' docstrings (``excluded``: a reason that replaces every verdict)."""
+    budgets = [b * runs[0]["d"] for b in cfg.kl_budgets]
+    vb = cfg.kl_budgets.index(cfg.kl_budget_verdict)
+    out = {
+        "alphas": list(cfg.alphas),
+        "kl_budgets_nats": budgets,
+        "kl_budget_verdict_nats": budgets[vb],
+        "n_seeds": len(runs),
+        "n_select": cfg.n_select,
+        "n_test": cfg.n_test,
+    }
+
+    def pooled(si, li, qi, m, al, key="test", alpha_of=None):
+        xs = []
+        for run in runs:
+            a = al if alpha_of is None else alpha_of(run["chosen"])
+            xs.append(run[key][canon((si, li, qi, m, a))])
+        return np.concatenate(xs)
+
+    strata = np.repeat(np.arange(len(runs)), cfg.n_test)
+
+    def ci(x):
+        return list(policy.paired_bootstrap_ci(x, strata, cfg.n_boot))
+
+    def avg(f):
+        return np.mean([f(run) for run in runs], 0).tolist()
+
+    for si, space in enumerate(cfg.spaces):
+        for li, level in enumerate(levels):
+            pre = ("" if si == 0 else f"{space}_") + ("" if li == 0 else f"{level}_")
+            actor = pooled(si, li, 0, Method.POE, 0.0)
+            own = np.concatenate([run["own"][canon((si, li, 0, Method.POE, 0.0))] for run in runs])
+            out |= {
+                pre + "actor_return": float(actor.mean()),
+                pre + "actor_return_se": _se(actor),
+                pre + "actor_own_task_return": float(own.mean()),
+                pre + "actor_own_task_return_se": _se(own),
+                pre + "actor_std_quantiles": avg(lambda r: r["stats"][si, li, "actor_std"]),
+            }
+            for g in cfg.guides if space == "pretanh" else ():
+                x = pooled(si, li, 0, _GUIDE_METHOD[g], None, alpha_of=lambda c: c[g, li])
+                out[pre + f"{g}_guided_return"] = float(x.mean())
+                out[pre + f"{g}_guided_shift"] = [run["chosen"][g, li] for run in runs]
+                out[pre + f"{g}_guided_minus_actor_ci"] = ci(x - actor)
+            margin = 2.0 * _se(actor)
+            for qi, q in enumerate(cfg.priors):
+                k = (si, li, qi)
+
+                def rows_at(name, m=Method.POE, k=k):
+                    return pooled(*k, m, None, alpha_of=lambda c: c[k, name])
+
+                kl_rows = [
+                    [
+                        pooled(
+                            *k,
+                            Method.POE,
+                            None,
+                            alpha_of=lambda c, j=j, mo=mo: c[k, "budget", mo][j],
+                        )
+                        for j in range(len(budgets))
+                    ]
+                    for mo in (False, True)
+                ]
+                sel, oracle = kl_rows[0][vb], rows_at("oracle")
+                add, prior_only = rows_at("additive", Method.ADDITIVE), pooled(*k, Method.POE, 1.0)
+                g_ci, a_ci, p_ci = ci(sel - actor), ci(add - actor), ci(prior_only - actor)
+                s_margin = max(2.0 * _se(oracle), 0.05 * abs(float(oracle.mean())))
+                s_ci = ci(sel - oracle)
+                v_g, v_s = (
+                    policy.verdict(g_ci, margin, [a_ci, p_ci]),
+                    policy.verdict(s_ci, s_margin),
+                )
+                if excluded:
+                    v_g = v_s = f"excluded: {excluded}"
+                sfx = f"_{q}"
+                out |= {
+                    pre + "verdict_graceful" + sfx: v_g,
+                    pre + "graceful_ci" + sfx: g_ci,
+                    pre + "graceful_margin" + sfx: margin,
+                    pre + "additive_minus_actor_ci" + sfx: a_ci,
+                    pre + "prior_only_minus_actor_ci" + sfx: p_ci,
+                    pre + "verdict_selector" + sfx: v_s,
+                    pre + "selector_ci" + sfx: s_ci,
+                    pre + "selector_margin" + sfx: s_margin,
+                    pre + "poe_kl_budget_return" + sfx: float(sel.mean()),
+                    pre + "oracle_return" + sfx: float(oracle.mean()),
+                    pre + "additive_return" + sfx: float(add.mean()),
+                    pre + "prior_only_return" + sfx: float(prior_only.mean()),
+                    pre + "oracle_alpha" + sfx: [run["chosen"][k, "oracle"] for run in runs],
+                    pre + "additive_alpha" + sfx: [run["chosen"][k, "additive"] for run in runs],
+                    pre + "poe_select_curve" + sfx: avg(lambda r: r["chosen"][k, "oracle_curve"]),
+                    pre + "additive_select_curve" + sfx: avg(
+                        lambda r: r["chosen"][k, "additive_curve"]
+                    ),
+                    pre + "kl_curve" + sfx: avg(lambda r: r["stats"][k, "kl"]),
+                    pre + "kl_mean_curve" + sfx: avg(lambda r: r["stats"][k, "kl_mean"]),
+                    pre + "kl_budget_alphas" + sfx: avg(lambda r: r["chosen"][k, "budget", False]),
+                    pre + "kl_mean_budget_alphas" + sfx: avg(
+                        lambda r: r["chosen"][k, "budget", True]
+                    ),
+                    pre + "kl_budget_return" + sfx: [float(x.mean()) for x in kl_rows[0]],
+                    pre + "kl_mean_budget_return" + sfx: [float(x.mean()) for x in kl_rows[1]],
+                    pre + "precision_ratio_median" + sfx: float(
+                        np.mean([r["stats"][k, "precision"] for r in runs])
+                    ),
+                    pre + "prior_std_quantiles" + sfx: avg(lambda r: r["stats"][k, "prior_std"]),
+                }
+    return out
+
+
+def plot_decisive(ctx, cfg, out, name="selection_curves") -> None:
+    """Per space and prior: the PoE and additive selection-episode curves over alpha and the
+    KL (full and mean-only) of PoE at each alpha."""
+    import matplotlib.pyplot as plt
+
+    n_s, n_q = len(cfg.spaces), len(cfg.priors)
+    fig, axes = plt.subplots(n_s, n_q, figsize=(2.6 * n_q, 2.8 * n_s), squeeze=False)
+    for si, space in enumerate(cfg.spaces):
+        pre = "" if si == 0 else f"{space}_"
+        for ax, q in zip(axes[si], cfg.priors, strict=True):
+            ax.plot(cfg.alphas, out[f"{pre}poe_select_curve_{q}"], "o-", label="PoE")
+            ax.plot(cfg.alphas, out[f"{pre}additive_select_curve_{q}"], "s-", label="additive")
+            tw = ax.twinx()
+            tw.plot(cfg.alphas, out[f"{pre}kl_curve_{q}"], "k:", label="KL")
+            tw.plot(cfg.alphas, out[f"{pre}kl_mean_curve_{q}"], "k--", label="mean-only KL")
+            tw.set_yscale("symlog")
+            ax.set_title(f"{space}, {q}", fontsize=8)
+            ax.set_xlabel("alpha")
+    axes[0, 0].legend(fontsize=6)
+    ctx.save_plot(fig, name)
+
+
+def run_seeds(cfg, ctx, setup_fn: Callable) -> tuple[list, dict]:
+    """Runs :func:`run_decisive_seed` for the study seeds ``ctx.seed + i``, ``i <
+    cfg.n_seeds``: ``setup_fn(seed, key) -> (Setup, extra)`` builds each seed's data (data seed
+    = study seed). Returns the runs and the mean over seeds of each ``extra`` figure."""
+    runs, extras = [], []
+    for i in range(cfg.n_seeds):
+        seed = ctx.seed + i
+        key = jax.random.fold_in(ctx.key(), i)
+        st, extra = setup_fn(seed, jax.random.fold_in(key, 1))
+        runs.append(run_decisive_seed(ctx, cfg, st, key, f"seed{seed}"))
+        extras.append(extra)
+    return runs, {k: float(np.mean([e[k] for e in extras])) for k in extras[0]}
+
+
+def locomotion_levels(raw: dict, batches: dict) -> dict:
+    """The actors' data per level: ``medium``, ``medium_replay`` and ``medium_expert`` (medium
+    and expert together), each with rewards scaled by :func:`hexad.policy.return_range_scale`
+    of its own trajectories (the IQL reference's MuJoCo normalisation)."""
+    parts = {"medium": ("medium",), "medium_replay": ("medium-replay",)}
+    parts["medium_expert"] = ("medium", "expert")
+    out = {}
+    for name, lvs in parts.items():
+        b = jax.tree.map(lambda *xs: jnp.concatenate(xs), *(batches[lv] for lv in lvs))
+        fields = ("rewards", "terminals", "timeouts")
+        scale = policy.return_range_scale(
+            *(np.concatenate([raw[lv][f] for lv in lvs]) for f in fields)
+        )
+        out[name] = b._replace(rewards=b.rewards * scale)
     return out

@@ -1,7 +1,6 @@
 """PoE / KL composition of frozen offline actors with goal-conditioned priors on AntMaze.
 
-The PointMaze diagnostic (``experiments.policy_pointmaze``, run by
-``experiments._policy.run_maze``; every method, key and plot is the same) on gymnasium-robotics'
+The maze diagnostic (``experiments._policy.run_maze``) on gymnasium-robotics'
 ``AntMaze_UMaze-v5``: an 8-d torque action space and a 29-d observation (x, y, then ``Ant-v5``'s
 27, D4RL's ant layout), where the offline actor must learn locomotion as well as navigation.
 Data (``hexad.policy.antmaze_dataset``, cached): a scripted noisy oracle, in the manner of
@@ -15,45 +14,37 @@ wall. Success is D4RL's antmaze criterion, coming within 0.45 of the goal at any
 
 Command:  python -m experiments.policy_antmaze [--quick] [--out DIR] [--seed N] [--set k=v]
           The first full run trains the ant controller (``controller_steps`` = 400k SAC steps,
-          28 min wall on the 2-core CPU; the ``controller_*`` fields are
+          about half an hour on 2 CPU cores; the ``controller_*`` fields are
           ``train_ant_controller``'s settings) and generates the data set (200k transitions);
           both are cached (named by every setting), so later full runs only train the offline
           networks. ``--quick`` needs nothing cached: it trains a tiny, untrained controller
           (64 SAC steps, 8 wide; seconds) and a small data set of its own, so its scripted
           oracle is a flailing ant, not the real controller.
-          ``--resume`` restores the frozen networks through hexad.cachex, as in PointMaze.
+          ``--resume`` restores the frozen networks through hexad.cachex.
 Runtime:  --quick (10k transitions, 64-wide networks, 1000 updates each, 2 episodes of 300
           steps per method) on an empty cache, the tiny controller and data included: about
-          2.5 min wall on 2 idle CPU cores. Full (the same sizes as PointMaze's full:
-          10k updates for IQL, the prior and the IQL guide, 10 episodes per method): 1231 s
-          runtime, 20.5 min wall, 24.9 min of CPU, at load ~2 (session 5), excluding the cached
-          controller (28 min) and data set (2.3 min).
+          2.5 min wall on 2 idle CPU cores. Full (10k updates for IQL, the prior and the IQL
+          guide, 10 episodes per method): about 20 min on 2 CPU cores, excluding the cached
+          controller and data set.
 
-summary.json keys: those of ``experiments.policy_pointmaze``.
+This study keeps the earlier diagnostic design (``experiments._policy.run_maze``: priors good /
+degraded / random, selection on the evaluation episodes, SF + GPI); the decisive design with
+held-out selection and bootstrap verdicts (``experiments._policy.run_decisive_seed``) is run by
+``experiments.policy_pointmaze`` and ``experiments.policy_locomotion``. At this offline budget
+neither the actor nor the prior learns to walk the ant, so AntMaze can show the paper's
+zero-success diagnostic (a frozen actor that solves nothing) but not where the regime boundary
+lies.
 
-Measured (session 5, seed 0, full): the scripted oracle (noiseless, the data's controller)
-reaches 0.70 of the goals, return 143.2. Every learned method reaches none: the competent
-(10k-update IQL) actor returns 0.34, the incompetent one 0.34 (an ant that stays near the start,
-8 from the goal, returns about 0.3); PoE at the KL-budget alpha (good / degraded / random prior:
-alpha 0.83 / 0.00 / 0.04) 0.37 / 0.23 / 0.32; oracle alpha 0.37 / 0.34 / 0.35; additive,
-best alpha 0.34 everywhere; prior-only 0.22 / 0.18 / 0.26; SF+GPI 0.35 / 0.18 / 0.16; IQL- and
-CQL-guided 0.31 / 0.30 (the standard error of a method's mean return is 0.085). At this budget
-neither the offline actor nor the goal-conditioned BC prior learns to walk the ant, so every
-composition sits at the actor's floor: the competence ceiling, here with a prior that is no
-better than the actor. The paper's other findings (graceful degradation, KL-budget near the
-oracle) cannot be told apart from noise on this task at our scale.
-
-Ten times the offline budget (``--set iql_steps=100000 --set bc_steps=100000 --set
-n_episodes=5``; 2151 s runtime, 35.9 min wall at load ~2-3): the actor still reaches no goal
-(return 0.41) and the good prior alone none (8.25), yet PoE of the two does: at the KL-budget
-alpha 0.58, 1 of 5 episodes and return 46.2 (per-state alpha 0.40 / 31.1; the sweep's best,
-alpha 0.1, 0.20 / 52.8; the PoE return over alphas 0, 0.1, ..., 1 is 0.41, 52.8, 1.5, 17.3,
-19.9, 12.1, 8.25), additive at the same alpha 0.20 / 160.9, CQL-guided 0.40 / 38.9. With the
-degraded and random priors the selector picks alpha 0.00 / 0.04 and stays at the actor's
-floor (0.42 / 0.50), as the paper says; prior-only is 0.21 / 0.31. The incompetent actor
-gains little from the good prior below alpha = 1 (at most 3.6, at alpha 0.75). With 5
-episodes per method one success moves a return by about 30 (return standard error 4.5 on
-average), so these are single-episode effects, not estimates.
+summary.json keys: those of the diagnostic (``_policy.actor_summary`` for the competent actor
+and, prefixed ``incompetent_``, the incompetent one): ``actor_success``, ``actor_return``,
+``poe_kl_budget_{success,return,alpha}_Q``, ``poe_kl_state_{success,return}_Q``,
+``oracle_{success,return,alpha}_Q``, ``additive_{success,return}_Q``,
+``additive_oracle_{success,return,alpha}_Q``, ``prior_only_{success,return}_Q``,
+``sfgpi_{success,return}_Q``, ``poe_return_curve_Q``, ``poe_success_curve_Q``,
+``additive_return_curve_Q``, ``iql_guided_*``, ``cql_guided_*`` (Q in good / degraded /
+random); once ``alphas``, ``kl_budget``, ``scripted_oracle_{success,return}``,
+``dataset_reward_frac``, ``iql_final_critic_loss``, ``prior_final_nll``, ``sf_final_loss``,
+``sf_reward_fit_r2``, ``sf_library_size``, ``return_se``, ``success_se``, ``runtime_s``.
 """
 
 from __future__ import annotations
@@ -161,7 +152,7 @@ STUDY = _runner.Study(
     "policy_antmaze",
     Config,
     run,
-    # Smaller than PointMaze's --quick (the ant's simulation is the cost), with the tiny
+    # Smaller than the maze diagnostic's --quick (the ant's simulation is the cost), with the tiny
     # controller and a small data set of its own, so --quick needs nothing cached.
     quick={**_policy.MAZE_QUICK, **QUICK_CONTROLLER, **QUICK_SIZES},
     doc=__doc__,

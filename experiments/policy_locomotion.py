@@ -1,260 +1,201 @@
-"""PoE / KL composition of a frozen offline actor with a velocity-conditioned prior on locomotion.
+"""PoE / KL composition of frozen offline actors of three competence levels with a
+velocity-conditioned prior on MuJoCo locomotion, decided on held-out episodes.
 
-The locomotion half of issue 6 at our scale, on gymnasium MuJoCo ``HalfCheetah-v5``, ``Hopper-v5``
-and ``Walker2d-v5``. Data: SAC behaviour policies trained online here
-(``hexad.policy.locomotion_dataset``, cached npz with D4RL names): *medium* and *medium-replay*
-levels; the snapshot returns that define them are reported. Offline, IQL trains the frozen *actor*
-on the medium data (the environment's own reward: run forward fast). A *good* prior is
-velocity-conditioned BC on the medium-replay data: its input is (observation, v), where v is the
-hindsight goal, the mean x velocity over the next ``velocity_horizon`` steps of the same
-trajectory. The *degraded* prior is the good one with parameter noise (``degrade_scale`` times each
-weight tensor's std); the *random* prior is an untrained network.
+Data (``hexad.policy.locomotion_dataset``, cached npz with D4RL names; data seed = study seed):
+an SAC run of ``data_steps`` online steps on ``env`` gives the *random*, *medium*, *expert* and
+*medium-replay* levels. Offline, IQL (rewards scaled by 1000 / (max - min trajectory return), as
+the IQL reference) trains one frozen actor per level of ``levels``: ``medium``,
+``medium_replay`` and ``medium_expert`` (medium and expert together). The good prior is
+velocity-conditioned BC on the medium-replay data, its goal the hindsight mean x velocity over
+the next ``velocity_horizon`` steps. Priors, likelihood spaces, the KL-budget sweep (full and
+mean-only KL), the selection/test split and the decision rules are those of
+``experiments.policy_pointmaze`` (see its docstring), with: the data-corrupted prior trained on
+velocity goals shuffled across trajectories; one CQL guide (velocity-conditioned, trained on the
+replay data with the tracking reward of each transition's own goal); selection episodes reset
+with seeds ``1000 s + 500 + i``, test episodes with ``1000 s + i`` (other starts).
 
-Shifted objective: track a target velocity ``v* = target_velocity_frac`` times the medium data's
-mean x velocity. The shifted reward replaces the environment's forward term by
-``-|x_velocity - v*|`` (keeping the control cost and Hopper's and Walker2d's healthy bonus). All
-methods act deterministically (tanh of the composed pre-tanh mean), the prior commanded with ``v*``:
+Shifted objective: track ``v* = target_velocity_frac`` times the medium data's mean x velocity;
+the reward's forward term becomes ``-|x_velocity - v*|`` (control cost kept). Metric: the raw
+shifted return of a ``episode_steps`` episode. ``actor_own_task_return``: each actor on its own
+task (the environment's reward) from the test starts, with ``zero_return`` (the zero action) and
+the data's snapshot returns (``data_*_return``, ``data_eval_steps``-step episodes) beside it.
 
-- actor: the frozen actor (alpha = 0);
-- PoE over the alpha sweep ``alphas`` (alpha = 1 is the prior alone, "prior-only");
-- PoE at the global KL-budget alpha (largest alpha with mean KL(pi_alpha || pi_actor) <=
-  ``kl_budget`` over ``n_kl_states`` medium-data states) and with the per-state KL-budget alpha;
-- oracle alpha: the sweep's alpha with the best mean shifted return (chosen on the evaluation
-  episodes themselves: an upper reference, not a method);
-- additive: ``(1 - alpha) mu_actor + alpha mu_prior`` at the KL-budget alpha and at its own
-  best sweep alpha;
-- CQL-guided steering (no prior): the frozen actor's action moved by ``guide_steps`` steps of
-  gradient ascent on a velocity-conditioned CQL critic, trained offline on the medium-replay data
-  with the hindsight goal v in the input and the shifted reward for v (``r - reward_forward -
-  |x_velocity - v|``), within a trust region swept over ``guide_shifts``; the best shift is
-  reported (swept like the oracle alpha, so also an upper reference);
-- SF + GPI (Barreto et al. 2017, arXiv 1606.05312), per prior quality: the library is the prior
-  commanded with ``sf_velocities`` fixed grid velocities (the 10-90% quantiles of the replay
-  data's hindsight velocities; the target is not one of them by construction) plus the frozen
-  actor. Features ``phi = [-|x_velocity - c_m|]_m, r - reward_forward``; the successor features
-  of all 3 M + 1 policies are learned by TD on the medium-replay data (``sf_steps`` updates,
-  ``sf_discount``); the task weights by least squares (ridge ``sf_ridge``) of the shifted
-  reward on phi over the replay data (its R^2 is reported); the action is the argmax over the
-  M + 1 library actions at s of ``max_k psi^k(s, a) . w``.
+Hopper and Walker2d: their medium-replay data is the first few thousand SAC steps (half of them
+uniform random) until the data is regenerated with at least 100k SAC steps; until then a run with
+``env`` = Hopper-v5 or Walker2d-v5 and ``data_steps`` < 100k reports every verdict as
+"excluded: ...": they enter no verdict. Regenerating is about 20 min of CPU per task and data
+seed (5k SAC steps take about 1 min wall on 2 cores, linear in the steps).
 
-Normalised score: ``100 (R - R_zero) / (R_ideal - R_zero)`` on the shifted return. ``R_zero`` is the
-zero-action policy (standing still / falling limp) measured on the same episodes, so a positive
-score means better tracking than not moving; ``R_ideal`` is the shifted objective's upper bound:
-exact tracking with zero control cost for every step, i.e. 0 for HalfCheetah and ``episode_steps``
-(the healthy bonus) for Hopper and Walker2d. No policy reaches it; the best achieved score of any
-method is reported beside it. (Session 2 normalised 0 = uniform random, which put standing still at
-about 50 on HalfCheetah: the random policy's control cost dominates.) Every score also has its raw
-shifted return.
+Deviations from the references (D4RL: 1M transitions per level; IQL: 1e6 updates, 256-wide,
+cosine actor schedule): 20k SAC steps and 20k transitions per level, 128-wide networks, 5000
+updates each at a constant learning rate, 3 seeds, 3 selection and 6 test episodes of 1000 steps
+per row, the priors ``good``, ``param_noise``, ``output_noise_x3``, ``data_corrupted``,
+``random_wide``; CQL with 10 action samples but a fixed entropy coefficient.
 
 Command:  python -m experiments.policy_locomotion [--quick] [--out DIR] [--seed N] [--set k=v]
-          The data are generated once and cached. The frozen actors and priors are checkpointed
-          through hexad.cachex in ``--ckpt``; ``--resume`` restores them and re-runs only the
-          evaluation.
-Runtime:  --quick (tiny SAC data: 3000 online steps, 64-wide networks, 1000 updates each for
-          IQL, the prior, the guide critic and the successor features, 2 episodes of 200
-          steps per method, HalfCheetah and Hopper only): 80 s of CPU (user+sys), 2.1 min
-          wall on a shared 2-core machine (load ~6) with the tiny data cached (session 4); the
-          first run also generates it: on an empty cache about 2 min wall on 2 idle CPU cores.
-          Full (data: 20k SAC steps per task, generated by the command above in 5-7 min wall
-          per task; 128-wide networks, 5000 updates each, 5 episodes of 1000 steps per
-          method): all three tasks 578 s of CPU (user+sys), 15.1 min wall at load ~7, peak
-          memory 1.2 GB (data cached; session 4). HalfCheetah alone 263 s of CPU, 9.6 min
-          wall at load ~10 (``--set 'envs=(HalfCheetah-v5,)'``); Hopper alone 179 s of CPU.
-          A task's training key is the run key's split at the task's index in
-          ``LOCOMOTION_ENVS``, so a task run alone trains the same networks as in the full run.
-          Until session 4 it was the split at the task's position in ``envs``, so Hopper run
-          alone trained other networks: its SF+GPI with the good prior scored 32.3 that way
-          (session 3) and 1.2 with the full run's key, a seed effect of that size.
+          The data are generated once per seed and cached; each seed's networks are
+          checkpointed through hexad.cachex in ``--ckpt``/seed<s>; ``--resume`` restores them.
+Runtime:  --quick (3000 SAC steps, 64-wide, 1000 updates, 1 seed, 2 selection and 3 test
+          episodes of 50 steps, budgets 0.3 and 3 x d only): about 2 min on 2 idle cores.
+          Full: about an hour on 2 CPU cores plus the data of seeds not yet cached (5-7 min per
+          seed), extrapolated from timed stages.
 
-Measured, full runs with seeds 0, 1 and 2 (session 4; mean ± sd over seeds of the normalised
-score; the evaluation noise within one run is SE 4-8 on HalfCheetah, 0.1 on Hopper, 1.5-2.2 on
-Walker2d). Seeds 1 and 2 took 9-10 min wall and 560-600 s of CPU each.
-
-- HalfCheetah, good prior: KL-budget alpha 0.50-0.51 in all three seeds, score -175 ± 16; the
-  oracle alpha is 1.0 in all three, score -5 ± 19; the actor -192 ± 17. The selector stays
-  near the actor, far from the oracle. Random prior: KL-budget -179 ± 12, prior-only -5 ± 4.
-- Hopper: the actor -0.9 ± 0.8; every PoE, additive and KL-budget row lies within 1.5 of it
-  (the competence ceiling). SF + GPI with the good prior 2.7 ± 2.1 (1.2, 5.1, 1.9): the 32.3
-  of session 3 came from another key and did not recur.
-- Walker2d: the actor 6.7 ± 5.4; the oracle alpha is 0.0, 1.0, 1.0 with the good prior and
-  every method's spread across seeds is about as large as the differences between methods.
-
-summary.json keys, for E in ``halfcheetah`` / ``hopper`` / ``walker2d`` (the tasks run) and Q in
-good / degraded / random (every ``_score`` has a ``_return`` twin: the raw shifted return):
-``E_actor_score``, ``E_actor_return`` (shifted), ``E_actor_velocity``;
-``E_poe_kl_budget_alpha_Q``, ``E_poe_kl_budget_score_Q``; ``E_poe_kl_state_score_Q``;
-``E_oracle_alpha_Q``, ``E_oracle_score_Q``; ``E_additive_score_Q`` (at the KL-budget alpha);
-``E_additive_oracle_alpha_Q``, ``E_additive_oracle_score_Q``; ``E_prior_only_score_Q``,
-``E_prior_only_velocity_Q``; ``E_sfgpi_score_Q``, ``E_sfgpi_velocity_Q``;
-``E_poe_score_curve_Q``, ``E_poe_return_curve_Q``, ``E_additive_score_curve_Q``,
-``E_poe_velocity_curve_Q`` (lists over ``alphas``); ``E_target_velocity``,
-``E_random_return``, ``E_random_score``, ``E_zero_return`` (score 0), ``E_ideal_return``
-(score 100), ``E_best_return``, ``E_best_score``, ``E_best_method`` (the best learned method
-row, sweeps included); ``E_sf_final_loss``, ``E_sf_reward_fit_r2``, ``E_sf_velocity_grid``;
-``E_return_se``, ``E_score_se`` (evaluation noise: the standard error of a method's mean
-over its episodes, averaged over all method rows, in return and score units; null with one
-episode); ``E_data_expert_return``, ``E_data_medium_return``,
-``E_data_random_return`` (the SAC snapshots' own returns on the original reward),
-``E_medium_velocity``, ``E_replay_velocity_range`` ([min, max] of the prior's hindsight goals),
-``E_iql_final_critic_loss``, ``E_prior_final_nll``; ``E_cql_guided_score``,
-``E_cql_guided_shift``, ``E_cql_guided_return``, ``E_cql_guided_score_curve`` (over
-``guide_shifts``); and once
-``alphas``, ``runtime_s``.
+summary.json keys: those of ``experiments.policy_pointmaze`` (``verdict_graceful_Q``,
+``verdict_selector_Q``, their intervals and margins, ``precision_ratio_median_Q``, the budget
+sweep, ``actor_own_task_return``, ...), for Q in ``priors``, with the prefix ``action_`` for the
+second likelihood space and ``medium_replay_`` / ``medium_expert_`` for the other actors (the
+space first: ``action_medium_expert_...``); ``cql_guided_return``, ``cql_guided_shift``,
+``cql_guided_minus_actor_ci``; once: ``env``, ``target_velocity``, ``zero_return``,
+``data_random_return``, ``data_medium_return``, ``data_expert_return``, ``data_steps``,
+``verdict_admissible``, ``reward_scale``, and the shared ``alphas``, ``kl_budgets_nats``,
+``kl_budget_verdict_nats``, ``n_seeds``, ``n_select``, ``n_test``, ``runtime_s``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from experiments import _policy, _runner
 from hexad import policy
 from hexad.data import offline_rl
-from hexad.policy import Method, Row
 
-PRIORS = _policy.PRIORS
+LEVELS = ("medium", "medium_replay", "medium_expert")
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(_policy.CompositionConfig):
-    envs: tuple[str, ...] = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
+class Config(_policy.DecisiveConfig):
+    env: str = "HalfCheetah-v5"
+    levels: tuple[str, ...] = LEVELS
     data_steps: int = 20_000
     data_hidden: int = 64
     data_per_level: int = 20_000
-    data_seed: int = 0
     data_start_steps: int = 2000
     data_snapshot_every: int = 2000
     data_eval_steps: int = 500
-    hidden: int = 128
-    iql_steps: int = 5000
-    bc_steps: int = 5000
-    train_chunk: int = 500
     expectile: float = 0.7
     temperature: float = 3.0
-    velocity_horizon: int = 10
-    target_velocity_frac: float = 0.5
-    n_episodes: int = 5
+    priors: tuple[str, ...] = (
+        "good",
+        "param_noise",
+        "output_noise_x3",
+        "data_corrupted",
+        "random_wide",
+    )
+    guides: tuple[str, ...] = ("cql",)
+    n_select: int = 3
+    n_test: int = 6
     episode_steps: int = 1000
     n_envs: int = 32
     guide_step_size: float = 0.1
     guide_shifts: tuple[float, ...] = (0.25, 0.5, 1.0)
-    sf_velocities: int = 5
+    velocity_horizon: int = 10
+    target_velocity_frac: float = 0.5
 
     def __post_init__(self):
         super().__post_init__()
-        _runner.one_of(self, offline_rl.LOCOMOTION_ENVS, "envs")
-        _runner.at_least(self, 1, "data_steps", "data_hidden", "data_per_level", "sf_velocities")
-        _runner.at_least(self, 1, "data_snapshot_every", "data_eval_steps", "velocity_horizon")
-        _runner.at_least(self, 0, "data_seed", "data_start_steps")
+        _runner.one_of(self, offline_rl.LOCOMOTION_ENVS, "env")
+        _runner.one_of(self, LEVELS, "levels")
+        _runner.at_least(self, 1, "data_steps", "data_hidden", "data_per_level", "velocity_horizon")
+        _runner.at_least(self, 1, "data_snapshot_every", "data_eval_steps")
+        _runner.at_least(self, 0, "data_start_steps")
 
-    def data_kwargs(self) -> dict:
-        """The keyword arguments of :func:`hexad.policy.locomotion_dataset`: the ``data_``
-        fields without their prefix (``data_steps`` is ``total_steps``, ``data_per_level``
-        ``n_per_level``)."""
-        renamed = {"data_steps": "total_steps", "data_per_level": "n_per_level"}
-        names = [f.name for f in dataclasses.fields(self) if f.name.startswith("data_")]
-        return {renamed.get(k, k.removeprefix("data_")): getattr(self, k) for k in names}
+    def data(self, level: str, seed: int, progress=None) -> dict:
+        kw = {
+            k.removeprefix("data_"): getattr(self, k)
+            for k in ("data_start_steps", "data_snapshot_every", "data_eval_steps")
+        }
+        return policy.locomotion_dataset(
+            self.env,
+            level,
+            self.data_steps,
+            seed=seed,
+            n_per_level=self.data_per_level,
+            hidden=self.data_hidden,
+            progress=progress,
+            **kw,
+        )
 
 
-def _run_env(cfg: Config, ctx, env_id: str, key) -> dict:
-    name = env_id.split("-")[0].lower()
-    med_raw, rep_raw = (
-        policy.locomotion_dataset(env_id, lv, progress=ctx.progress, **cfg.data_kwargs())
-        for lv in ("medium", "medium-replay")
-    )
-    # One observation normaliser (from the union of both sets) for every network.
-    norm = policy.Normaliser.fit(np.concatenate([med_raw["observations"], rep_raw["observations"]]))
-    med, rep = (norm.batch(policy.batch_from_dataset(d)) for d in (med_raw, rep_raw))
+def setup(cfg: Config, ctx, seed: int, key) -> tuple[_policy.Setup, dict]:
+    """One seed's data, actor data per level, prior data, episodes and evaluator."""
+    raw = {lv: cfg.data(lv, seed, ctx.progress) for lv in ("medium", "expert", "medium-replay")}
+    norm = policy.Normaliser.fit(np.concatenate([r["observations"] for r in raw.values()]))
+    b = {lv: norm.batch(policy.batch_from_dataset(r)) for lv, r in raw.items()}
+    levels = _policy.locomotion_levels(raw, b)
+    rep_raw, rep = raw["medium-replay"], b["medium-replay"]
     vg = policy.velocity_goals(rep_raw, cfg.velocity_horizon)
-    # The prior's and the guide's data: the goal in the observations, and the shifted reward
-    # for the transition's own goal (the guide's objective; BC reads no rewards).
+    ends = policy.trajectory_ends(rep_raw["terminals"], rep_raw["timeouts"])
+    bad = policy.shuffle_goals_across_trajectories(key, np.asarray(vg.inputs(vg.goals)), ends)
     own_goal = jnp.asarray(offline_rl.tracking_reward(rep_raw, vg.goals), jnp.float32)
     gdata = policy.goal_conditioned(rep, vg.inputs(vg.goals), own_goal)
-    # SF + GPI: the library is each prior commanded with a fixed velocity grid (quantiles of
-    # the replay data's hindsight velocities, not the target) plus the frozen actor.
-    grid = np.quantile(vg.goals, np.linspace(0.1, 0.9, cfg.sf_velocities)).astype(np.float32)
-    g_grid = vg.inputs(grid)  # [M, 1]
-    act_dim = med.actions.shape[1]
-    nets = _policy.make_nets(cfg, act_dim, len(PRIORS) * len(grid) + 1, len(grid) + 1)
-    phi = offline_rl.velocity_features(rep_raw, grid)
-    sf_data = policy.SFBatch.from_batch(rep, jnp.asarray(phi))
-    keys = jax.random.split(key, 6)
-    cql = (_policy.cql(cfg, nets.prior), gdata, cfg.guide_cql_steps, keys[4], f"{name}_cql")
-    stages = (f"{name}_iql", f"{name}_vcbc", f"{name}_sf")
-    frozen, lib = _policy.train_frozen(
-        ctx, cfg, nets, med, gdata, sf_data, g_grid, keys, {"cql": cql}, name, stages
-    )
-
-    v_med = float(med_raw["infos/x_velocity"].mean())
+    v_med = float(raw["medium"]["infos/x_velocity"].mean())
     v_star = cfg.target_velocity_frac * v_med
-    g_star = vg.inputs(v_star)  # [1]
+    g_star = vg.inputs(v_star)
 
     def prior_obs(o, goal):  # every row commands the prior with v*
         return jnp.concatenate([o, jnp.full((o.shape[0], 1), g_star)], -1)
 
-    rng = np.random.default_rng(ctx.seed)
-    s = med.observations[rng.choice(med.observations.shape[0], cfg.n_kl_states, replace=False)]
-    s_g = prior_obs(s, None)
-    select = jax.jit(lib.kl_budget_alpha_fn(0, s, s_g, cfg.kl_budget))
-    kl_alpha = {(0, pi): float(select(pp)) for pi, pp in enumerate(lib.prior_params)}
-    # SF task weights of the shifted objective: least squares on the replay transitions.
-    w_sf, sf_r2 = policy.task_fit(phi, offline_rl.tracking_reward(rep_raw, v_star), cfg.sf_ridge)
-    guides, task_w = {Method.CQL_GUIDED: "cql"}, lambda goal: w_sf
-    composed = _policy.deploy(cfg, lib, nets, frozen, guides, norm, prior_obs, task_w)
-    rand_row, zero_row = Row(0, 0, Method.RANDOM, 0.0), Row(0, 0, Method.ZERO, 0.0)
-    guided = {Method.CQL_GUIDED: "cql_guided"}
-    rows = _policy.method_rows(1, guided, cfg.guide_shifts, cfg.alphas, kl_alpha)
-    table = _policy.Table(dict.fromkeys([rand_row, zero_row, *rows]), cfg.n_episodes)
-    # The random row's uniform actions come from the study's own generator.
-    act = table.policy(composed, act_dim, np.random.default_rng(ctx.seed + 1))
-    evaluate = offline_rl.evaluate_locomotion
-    res = _policy.evaluate_table(ctx, cfg, table, evaluate, act, env_id, target_velocity=v_star)
-    # Normalised score: 0 = the zero-action policy (standing still, measured on the same
-    # episodes), 100 = the exact-tracking bound (not achieved by any policy here).
-    r_ideal = offline_rl.tracking_return_bound(env_id, cfg.episode_steps)
-    stat = table.stat(res, {"return": "shifted_return"}, (zero_row, r_ideal))
-    r_zero = stat("return", zero_row)
-    best = table.best(lambda r: stat("return", r))
-    pre, se = name + "_", _runner.mean_se(res["shifted_return"], len(table.rows))
-    out = {
-        pre + "target_velocity": v_star,
-        pre + "medium_velocity": v_med,
-        pre + "replay_velocity_range": [float(vg.goals.min()), float(vg.goals.max())],
-        **_policy.named_summary(stat, {"random": rand_row, "best": best}, ("return", "score"), pre),
-        pre + "zero_return": r_zero,
-        pre + "ideal_return": r_ideal,
-        pre + "best_method": best.label(PRIORS),
-        pre + "return_se": se,
-        pre + "score_se": None if se is None else 100.0 * se / (r_ideal - r_zero),
-        pre + "data_expert_return": float(med_raw["meta/expert_return"]),
-        pre + "data_medium_return": float(med_raw["meta/policy_return"]),
-        pre + "data_random_return": float(med_raw["meta/random_return"]),
-        **_policy.diagnostics(frozen, pre),
-        pre + "sf_reward_fit_r2": float(sf_r2),
-        pre + "sf_velocity_grid": [float(v) for v in grid],
-    }
-    metrics, curves = ("score", "return"), (("poe", "score"), ("poe", "return"))
-    curves += (("additive", "score"), ("poe", "velocity"))
-    velocity = {"velocity": ("actor", "prior_only", "sfgpi")}
-    return out | _policy.actor_summary(
-        stat, 0, cfg, kl_alpha, guided, metrics, "score", curves, pre, velocity
+    rng = np.random.default_rng(seed)
+    s = b["medium"].observations[
+        rng.choice(b["medium"].observations.shape[0], cfg.n_kl_states, replace=False)
+    ]
+    seeds = {"select": 1000 * seed + 500 + np.arange(cfg.n_select)}
+    seeds["test"] = seeds["own"] = 1000 * seed + np.arange(cfg.n_test)
+    policy.check_disjoint(seeds["select"], seeds["test"])
+
+    def evaluate(host, specs, episodes, split):
+        res = offline_rl.evaluate_locomotion(
+            host,
+            cfg.env,
+            specs,
+            seeds[split][episodes],
+            min(cfg.n_envs, len(episodes)),
+            cfg.episode_steps,
+            target_velocity=v_star,
+            progress=ctx.progress,
+        )
+        return res["return" if split == "own" else "shifted_return"]
+
+    st = _policy.Setup(
+        actor_data={lv: levels[lv] for lv in cfg.levels},
+        gdata=gdata,
+        gdata_bad=policy.goal_conditioned(rep, bad, own_goal),
+        guide_data=gdata,
+        kl_obs=s,
+        kl_obs_goal=prior_obs(s, None),
+        obs_fn=norm,
+        prior_obs=prior_obs,
+        evaluate=evaluate,
     )
+    zero = evaluate(
+        lambda o, sp: np.zeros((len(o), b["medium"].actions.shape[1])),
+        np.zeros((cfg.n_test, 1)),
+        np.arange(cfg.n_test),
+        "test",
+    )
+    m = raw["medium"]
+    extra = {
+        "target_velocity": v_star,
+        "zero_return": float(np.mean(zero)),
+        "data_random_return": float(m["meta/random_return"]),
+        "data_medium_return": float(m["meta/policy_return"]),
+        "data_expert_return": float(m["meta/expert_return"]),
+        "reward_scale": policy.return_range_scale(m["rewards"], m["terminals"], m["timeouts"]),
+    }
+    return st, extra
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
-    out = {"alphas": list(cfg.alphas)}
-    # A task's key is the run key's split at the task's index in LOCOMOTION_ENVS, not at its
-    # position in cfg.envs: a task run alone trains the same networks as in the full run.
-    keys = jax.random.split(ctx.key(), len(offline_rl.LOCOMOTION_ENVS))
-    for e in cfg.envs:
-        out.update(_run_env(cfg, ctx, e, keys[offline_rl.LOCOMOTION_ENVS.index(e)]))
-    panels = [(e.split("-")[0].lower() + "_", e.split("-")[0].lower() + ", ") for e in cfg.envs]
-    _policy.plot_alpha_curves(
-        ctx, "score_vs_alpha", cfg.alphas, out, panels, "score", "normalised shifted score"
-    )
+    runs, extra = _policy.run_seeds(cfg, ctx, lambda seed, key: setup(cfg, ctx, seed, key))
+    admissible = cfg.env == "HalfCheetah-v5" or cfg.data_steps >= 100_000
+    excluded = None if admissible else "Hopper/Walker2d data below 100k SAC steps"
+    out = _policy.decide(cfg, runs, list(cfg.levels), excluded)
+    out |= extra
+    out |= {"env": cfg.env, "data_steps": cfg.data_steps, "verdict_admissible": admissible}
+    _policy.plot_decisive(ctx, cfg, out)
     return out
 
 
@@ -263,20 +204,14 @@ STUDY = _runner.Study(
     Config,
     run,
     quick={
-        **_policy.QUICK,
-        "envs": ("HalfCheetah-v5", "Hopper-v5"),
+        **_policy.DECISIVE_QUICK,
         "data_steps": 3000,
         "data_per_level": 5000,
         "data_start_steps": 1000,
         "data_snapshot_every": 1000,
         "data_eval_steps": 200,
-        "iql_steps": 1000,
-        "bc_steps": 1000,
-        "train_chunk": 250,
-        "n_episodes": 2,
-        "episode_steps": 200,
-        "guide_cql_steps": 1000,
-        "sf_steps": 1000,
+        "episode_steps": 50,
+        "kl_budgets": (0.3, 3.0),
     },
     doc=__doc__,
 )

@@ -1,88 +1,80 @@
-"""PoE / KL composition of frozen offline actors with goal-conditioned priors on PointMaze.
+"""PoE / KL composition of a frozen offline actor with goal-conditioned priors on PointMaze:
+graceful degradation and the KL-budget selector, decided on held-out episodes.
 
-The diagnostic of issue 6 at our scale. A scripted noisy oracle generates a PointMaze-UMaze data
-set (gymnasium-robotics, cached npz with D4RL names). Offline, IQL trains a *competent* actor
-for the data's task (sparse reward at the task goal (-1, -1), the end of the U) and an
-*incompetent* one (the same IQL stopped after ``incompetent_steps`` updates); goal-conditioned
-BC trains a *good* prior on (observation, commanded goal). The *degraded* prior is the good one
-with parameter noise (``degrade_scale`` times each weight tensor's std); the *random* prior is
-an untrained network. At deployment the objective shifts: each episode starts at the far end of
-the U and must reach a new goal drawn uniformly within ``goal_shift`` of the task goal (free
-space only). All methods act deterministically (tanh of the composed pre-tanh mean):
+Data: a scripted noisy oracle generates a PointMaze-UMaze data set (gymnasium-robotics, cached
+npz with D4RL names; data seed = study seed). Offline, IQL trains the frozen *actor* for the
+data's task (sparse reward at the task goal (-1, -1)); goal-conditioned BC trains the *good*
+prior on (observation, commanded goal). Both are trained in each likelihood space of
+``spaces``: ``pretanh`` (tanh-squashed Gaussian, state-dependent std, PoE over pre-tanh
+variables, acting with ``tanh(mean)``) and ``action`` (Gaussian over actions with a
+state-independent std as in the IQL reference, PoE in action space, acting with
+``clip(mean, -1, 1)``). The priors (``priors``, :func:`hexad.policy.make_prior`):
 
-- actor: the frozen actor (alpha = 0);
-- PoE over the alpha sweep ``alphas`` (alpha = 1 is the prior alone, "prior-only");
-- PoE at the global KL-budget alpha (largest alpha with mean KL(pi_alpha || pi_actor) <=
-  ``kl_budget`` over ``n_kl_states`` data states paired with deployment goals), and with the
-  per-state KL-budget alpha;
-- oracle alpha: the sweep's alpha with the best mean return (chosen on the evaluation
-  episodes themselves, so an upper reference, not a method);
-- additive: ``(1 - alpha) mu_actor + alpha mu_prior`` at the KL-budget alpha and at its own
-  best sweep alpha;
-- IQL-guided steering (no prior): the frozen actor's action moved by ``guide_steps`` steps of
-  gradient ascent on a goal-conditioned IQL critic (trained offline on the same data, reward 1
-  on reaching the commanded goal), within a trust region swept over ``guide_shifts``; the best
-  shift is reported (swept like the oracle alpha, so also an upper reference);
-- CQL-guided steering: the same, with a goal-conditioned CQL critic (``guide_cql_steps``
-  updates, ``guide_action_samples`` samples per log-sum-exp) on the same relabelled data;
-- SF + GPI (Barreto et al. 2017, arXiv 1606.05312), per prior quality: the library is the
-  prior commanded with each of the J free-cell centres of the maze (fixed goals, not the
-  deployment ones) plus the frozen actor. Features ``phi(s') = [exp(-|xy(s') - c_j|)]_j, 1``;
-  the successor features of all 3 J + 2 library policies (every prior and both actors) are
-  learned by TD on the task data (``sf_steps`` updates, ``sf_discount``); the task weights of
-  a deployment goal g come from least squares (ridge ``sf_ridge``) of its dense reward
-  ``exp(-|xy(s') - g|)`` on phi over ``n_kl_states`` data transitions; the action is
-  ``argmax`` over the J + 1 library actions at s of ``max_k psi^k(s, a) . w(g)``.
+- ``good``; ``param_noise``: weight noise of ``degrade_scale`` times each tensor's std (log-std
+  head included); ``output_noise`` / ``output_noise_x3``: ``mu_good(x) + sigma_good(x) eps(x)``
+  with a fixed smooth random ``eps``, std ``sigma_good`` kept / tripled;
+- ``data_corrupted``: goal-conditioned BC on goals shuffled across trajectories;
+- ``random_init``: an untrained network; ``random_wide``: its mean with std = the data's
+  marginal action std in that space.
 
-Success: final distance to the goal <= 0.45; return: sum over steps of exp(-distance)
-(gymnasium-robotics' dense reward). Every method sees the same goals and start seeds. The
-diagnostic is ``experiments._policy.run_maze(cfg, ctx, maze)`` on a ``Maze`` (data, geometry,
-evaluator, scripted oracle), built on :mod:`hexad.policy`'s composition layer (``Method``,
-``Row``, ``ExpertLibrary``, ``compose``); ``experiments.policy_antmaze`` runs it on AntMaze.
+Deployment: the objective shifts to a goal drawn uniformly within ``goal_shift`` of the task
+goal (free space). Episodes start in cell (1, 1). *Selection* episodes (``n_select`` per seed,
+reset seeds ``1000 s + 500 + i``, their own goals) choose every chosen quantity: the oracle
+alpha of PoE and of additive over ``alphas``, and each guide's trust region over
+``guide_shifts``; the KL-selection states are data states paired with selection goals. *Test*
+episodes (``n_test``, seeds ``1000 s + i``, other goals) report everything; overlapping seeds
+are an error. The KL-budget selector picks the largest alpha with mean KL(pi_alpha || pi_A) <=
+B over ``n_kl_states`` states, for B in ``kl_budgets`` times d nats, with the full KL and with
+its mean-only (Mahalanobis) part; the KL of PoE at every alpha is reported. Guides (pretanh
+only): the actor's action moved by gradient ascent on a goal-conditioned IQL or CQL critic
+(reward 1 on reaching the commanded goal; CQL with ``guide_action_samples`` = 10 samples).
+
+Metric: return = sum over steps of exp(-distance to the goal) (gymnasium-robotics' dense
+reward). ``actor_own_task_return``: the actor on its own task (the task goal) from the test
+starts.
+
+Decision rules (stated before the run). Differences are per test episode, paired (same start
+and goal), pooled over ``n_seeds`` seeds; intervals are 95% paired bootstrap intervals,
+stratified by seed (``n_boot`` resamples); SE is the standard error of a pooled test mean.
+PoE-KL is PoE at the full-KL selector's alpha with B = ``kl_budget_verdict`` x d.
+
+- Graceful degradation, per prior Q: *holds* if the interval of (PoE-KL - actor) lies above
+  ``-2 SE(actor)`` and the intervals of (additive at its selection-chosen alpha - actor) and of
+  (prior alone - actor) both lie below ``-2 SE(actor)``; *fails* if the interval of (PoE-KL -
+  actor) lies below ``-2 SE(actor)``; otherwise *undecided*.
+- KL selector near the oracle, per prior Q: *holds* if the interval of (PoE-KL - PoE at the
+  selection-chosen oracle alpha) lies above ``-max(2 SE(oracle), 5% |oracle|)``; *fails* if it
+  lies below; otherwise *undecided*.
+
+Deviations from the references (IQL: 1e6 updates, 256-wide; D4RL maze2d-umaze: 1e6
+transitions): 100k transitions, 128-wide networks, 5000 updates each (constant learning rate),
+3 seeds, 10 selection and 20 test episodes of 300 steps per row; the paper's shifted objective,
+prior construction and budget are not public, so these are our choices.
 
 Command:  python -m experiments.policy_pointmaze [--quick] [--out DIR] [--seed N] [--set k=v]
-          The trained actors, priors and guide critics are checkpointed through hexad.cachex
-          in ``--ckpt``/frozen (default ``checkpoints/policy_pointmaze/<run>/frozen/``);
-          ``--resume`` restores them and re-runs only the evaluation. The data set is cached
-          (hexad.data.offline_rl).
-Runtime:  --quick (20k transitions, 64-wide networks, 2000 updates each for IQL, the
-          goal-conditioned BC prior, the IQL and CQL guide critics and the successor
-          features, 3 episodes per method): 77 s of CPU (user+sys), 1.8 min wall on a shared
-          2-core machine (load ~6, session 4). On an empty cache (the scripted data set takes
-          seconds to generate): about 1.6 min wall on 2 idle CPU cores.
-          Full (100k transitions, 256-wide networks, 10000 updates for IQL, the prior and the
-          IQL guide, 5000 for the CQL guide and the successor features, 10 episodes per
-          method, 124 methods): 773 s of CPU (user+sys), 19.9 min wall at load ~6, peak
-          memory 1.7 GB (session 4; 883 s, 29.5 min at load ~9 in session 3, same summary).
-          ``--seed 1`` / ``--seed 2``: 13.0 / 7.9 min wall at load ~3 / ~1 (session 5).
+          Seeds ``N .. N + n_seeds - 1``; each seed's networks are checkpointed through
+          hexad.cachex in ``--ckpt``/seed<s>; ``--resume`` restores them.
+Runtime:  --quick (20k transitions, 64-wide, 1000 updates, 1 seed, 2 selection and 3 test
+          episodes of 100 steps): about 2 min on 2 idle CPU cores. Full: about an hour on 2
+          CPU cores (extrapolated from timed stages, see the results' provenance).
 
-Seeds 0, 1, 2 (full; mean +- sd of the return over seeds; session 5): competent actor 95.3 +-
-9.8 (success 0.0 / 0.6 / 0.2); with the good prior the KL-budget alpha is 0.86 / 0.81 / 0.87
-and returns 123.8 +- 2.5 against the oracle alpha (1.0 in every seed) 129.3 +- 2.6; degraded
-prior: alpha 0.00 / 0.60 / 0.00, 92.1 +- 14.2 (oracle 112.3 +- 12.8, prior-only 98.0 +- 5.3);
-random prior: alpha 0.69 / 0.02 / 0.56, 83.8 +- 23.3 (prior-only 41.0 +- 34.2, additive at
-the same alpha 86.4 +- 12.0). CQL-guided 106.2 +- 5.7 (incompetent actor: 121.4 +- 13.8, the
-best row for that actor). Scripted oracle 203.1 +- 1.9.
-
-summary.json keys (Q in good / degraded / random; every key also exists with the prefix
-``incompetent_`` for the incompetent actor):
-``actor_success``, ``actor_return``; ``iql_guided_success``, ``iql_guided_return``,
-``iql_guided_shift``, ``iql_guided_return_curve`` (over ``guide_shifts``);
-``poe_kl_budget_success_Q``, ``poe_kl_budget_return_Q``, ``poe_kl_budget_alpha_Q``;
-``poe_kl_state_success_Q``, ``poe_kl_state_return_Q``;
-``oracle_success_Q``, ``oracle_return_Q``, ``oracle_alpha_Q``; ``additive_success_Q``,
-``additive_return_Q`` (at the KL-budget alpha); ``additive_oracle_success_Q``,
-``additive_oracle_return_Q``, ``additive_oracle_alpha_Q``; ``prior_only_success_Q``,
-``prior_only_return_Q``; ``poe_return_curve_Q``, ``additive_return_curve_Q``,
-``poe_success_curve_Q`` (lists over ``alphas``); ``sfgpi_success_Q``, ``sfgpi_return_Q``;
-``cql_guided_success``, ``cql_guided_return``, ``cql_guided_shift``,
-``cql_guided_return_curve``; and once: ``alphas``, ``sf_final_loss`` (last TD loss),
-``sf_reward_fit_r2`` (mean R^2 of the deployment rewards' least-squares fit on phi),
-``sf_library_size`` (J + 1 members per GPI), ``return_se``, ``success_se`` (evaluation
-noise: the standard error of a method's mean over its episodes, averaged over all method
-rows; null with one episode),
-``scripted_oracle_success``, ``scripted_oracle_return`` (the data's oracle on the same goals),
-``dataset_reward_frac``, ``iql_final_critic_loss``, ``prior_final_nll``, ``runtime_s``.
+summary.json keys, for Q in ``priors``; every key also exists with the prefix ``action_`` for
+the second likelihood space (the first space of ``spaces`` has no prefix):
+``verdict_graceful_Q``, ``verdict_selector_Q`` ("holds" / "fails" / "undecided");
+``graceful_ci_Q`` ([mean, lo, hi] of PoE-KL - actor), ``graceful_margin_Q`` (2 SE(actor)),
+``additive_minus_actor_ci_Q``, ``prior_only_minus_actor_ci_Q``, ``selector_ci_Q`` (PoE-KL -
+oracle), ``selector_margin_Q``; test means ``poe_kl_budget_return_Q``, ``oracle_return_Q``,
+``additive_return_Q``, ``prior_only_return_Q``; ``oracle_alpha_Q``, ``additive_alpha_Q`` (per
+seed); ``poe_select_curve_Q``, ``additive_select_curve_Q`` (selection means over ``alphas``);
+``kl_curve_Q``, ``kl_mean_curve_Q`` (mean full / mean-only KL of PoE at each alpha);
+``kl_budget_alphas_Q``, ``kl_mean_budget_alphas_Q`` (selected alpha per budget, mean over
+seeds), ``kl_budget_return_Q``, ``kl_mean_budget_return_Q`` (test means per budget);
+``precision_ratio_median_Q`` (median of lam_P / lam_A over the KL states), ``prior_std_quantiles_Q``
+(10/50/90%); ``actor_return``, ``actor_return_se``, ``actor_own_task_return``,
+``actor_own_task_return_se``, ``actor_std_quantiles``; ``iql_guided_return``,
+``iql_guided_shift``, ``iql_guided_minus_actor_ci`` and the same for ``cql``; once:
+``alphas``, ``kl_budgets_nats``, ``kl_budget_verdict_nats``, ``n_seeds``, ``n_select``,
+``n_test``, ``scripted_oracle_return`` (the data's oracle on the test goals), ``runtime_s``.
 """
 
 from __future__ import annotations
@@ -90,34 +82,100 @@ from __future__ import annotations
 import dataclasses
 from functools import partial
 
+import jax.numpy as jnp
+import numpy as np
+
 from experiments import _policy, _runner
+from hexad import policy
 from hexad.data import offline_rl
 
-PRIORS = _policy.PRIORS
+PRIORS = policy.PRIOR_KINDS
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(_policy.MazeConfig):
-    """PointMaze's settings: those of :class:`experiments._policy.MazeConfig`."""
+class Config(_policy.DecisiveConfig):
+    n_transitions: int = 100_000
+    noise_std: float = 0.3
+    goal_shift: float = 1.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        _runner.at_least(self, 1, "n_transitions")
+        _runner.at_least(self, 0, "noise_std", "goal_shift")
 
 
-def pointmaze(cfg: Config, ctx: _runner.Context) -> _policy.Maze:
-    """The PointMaze data set (cached), geometry, evaluator and scripted oracle."""
-    raw = offline_rl.pointmaze_dataset(cfg.n_transitions, seed=ctx.seed, noise_std=cfg.noise_std)
+def setup(cfg: Config, ctx, seed: int, key) -> tuple[_policy.Setup, dict]:
+    """One seed's data, episodes and evaluator (data seed = ``seed``)."""
+    raw = offline_rl.pointmaze_dataset(cfg.n_transitions, seed=seed, noise_std=cfg.noise_std)
     geom = offline_rl.MazeGeometry()
+    data = policy.batch_from_dataset(raw)
+    goals = np.asarray(raw["infos/goal"], np.float32)
+    ends = policy.trajectory_ends(raw["terminals"], raw["timeouts"])
+    bad = policy.shuffle_goals_across_trajectories(key, goals, ends)
+    gdata = policy.goal_conditioned(data, goals)
+    reached = jnp.linalg.norm(data.next_observations[:, :2] - goals, axis=-1) <= 0.5
+    reached = reached.astype(jnp.float32)
+    rng = np.random.default_rng(seed)
+    ep_goals = {
+        sp: offline_rl.sample_free_goals(rng, raw["task_goal"], cfg.goal_shift, n, 0.2, geom)
+        for sp, n in (("select", cfg.n_select), ("test", cfg.n_test))
+    }
+    ep_goals["own"] = np.tile(np.asarray(raw["task_goal"], np.float32), (cfg.n_test, 1))
+    seeds = {"select": 1000 * seed + 500 + np.arange(cfg.n_select)}
+    seeds["test"] = seeds["own"] = 1000 * seed + np.arange(cfg.n_test)
+    policy.check_disjoint(seeds["select"], seeds["test"])
+    idx = rng.choice(data.observations.shape[0], cfg.n_kl_states, replace=False)
+    s = data.observations[idx]
+    g = jnp.asarray(ep_goals["select"][rng.integers(0, cfg.n_select, cfg.n_kl_states)])
+
+    def evaluate(host, specs, episodes, split):
+        steps, n_envs = cfg.episode_steps, min(cfg.n_envs, len(episodes))
+        res = offline_rl.evaluate_pointmaze(
+            host,
+            ep_goals[split][episodes],
+            specs,
+            seeds[split][episodes],
+            n_envs,
+            steps,
+            progress=ctx.progress,
+        )
+        return res["return"]
+
+    st = _policy.Setup(
+        actor_data={"task": data},
+        gdata=gdata,
+        gdata_bad=policy.goal_conditioned(data, bad),
+        guide_data=gdata._replace(rewards=reached, terminals=reached),
+        kl_obs=s,
+        kl_obs_goal=jnp.concatenate([s, g], -1),
+        obs_fn=lambda o: o,
+        prior_obs=lambda o, goal: jnp.concatenate([o, goal], -1),
+        evaluate=evaluate,
+    )
     oracle = partial(offline_rl.pointmaze_oracle, geom)
-    return _policy.Maze(raw, geom, offline_rl.evaluate_pointmaze, oracle, 0.2)
+    ref = offline_rl.evaluate_pointmaze(
+        lambda o, gl, sp: oracle(o, gl),
+        ep_goals["test"],
+        np.zeros((cfg.n_test, 1)),
+        seeds["test"],
+        min(cfg.n_envs, cfg.n_test),
+        cfg.episode_steps,
+    )
+    return st, {"scripted_oracle_return": float(ref["return"].mean())}
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
-    return _policy.run_maze(cfg, ctx, pointmaze(cfg, ctx))
+    runs, extra = _policy.run_seeds(cfg, ctx, lambda seed, key: setup(cfg, ctx, seed, key))
+    out = _policy.decide(cfg, runs, ["task"]) | extra
+    _policy.plot_decisive(ctx, cfg, out)
+    return out
 
 
 STUDY = _runner.Study(
     "policy_pointmaze",
     Config,
     run,
-    quick=_policy.MAZE_QUICK,
+    quick={**_policy.DECISIVE_QUICK, "n_transitions": 20_000, "episode_steps": 100},
     doc=__doc__,
 )
 

@@ -12,29 +12,25 @@ Rows:
   + PoE + tanh) against the frozen actor's own forward pass (+ tanh); and ``policy/poe head``:
   the actor forward + PoE with the prior's Gaussian already given, i.e. the composition's own
   overhead. Goal: under 5% overhead (ratio <= 1.05); met only by the head, not by the whole
-  composed action, which runs the prior's network too (about two actor passes; measured 1.31x
-  at batch 1 and 1.89x at batch 256 in session 2). ``policy/poe fused``: the composed
+  composed action, which runs the prior's network too (about two actor passes).
+  ``policy/poe fused``: the composed
   action with the actor and the prior run as one vmapped network over stacked parameters (the
   actor's first layer zero-padded for the goal inputs), so each layer is one batched matmul.
   ``policy/dispatch floor``: a jitted ``obs + 1`` against the actor, i.e. how much of the
   actor's own latency is the fixed cost of calling a jitted function.
 - ``policy/sfgpi action``: latency of the SF + GPI baseline's deployed action (Barreto et al.
-  2017, arXiv 1606.05312), as in ``experiments.policy_locomotion``: the library's ``M + 1``
+  2017, arXiv 1606.05312), the library's ``M + 1``
   candidate actions (the prior at ``M = 5`` commanded velocities in one batched forward, plus the
   actor), the successor features ``psi^k(s, c) [K = 6, F = 6]`` of every candidate (one network
   forward on ``B (M + 1)`` state-action pairs) and the argmax over ``max_k psi^k . w``. Peer: the
   frozen actor's forward pass. ``policy/gpi head``: the same with the candidates given (the psi
   forward and the argmax only). The issue sets no bar for the baseline; the row states its cost:
   about ``M + 1`` prior/actor passes plus ``M + 1`` psi passes, so roughly 10x an actor pass where
-  compute dominates (batch 256) and near the dispatch floor at batch 1. Measured (session 4,
-  two runs at load ~5): 12.3x and 10.6x at batch 256, 2.18x and 2.11x at batch 1; the head
-  alone 4.3-4.6x and 1.2-1.3x.
+  compute dominates (batch 256) and near the dispatch floor at batch 1.
 - ``policy/pointmaze vec`` and ``policy/antmaze vec``: environment steps per second of
   gymnasium-robotics ``PointMaze_UMaze-v3`` / ``AntMaze_UMaze-v5`` in a ``SyncVectorEnv`` of
   ``n`` envs driven by a jitted actor. Peer: the same ``n`` envs stepped one by one in a Python
-  loop (no vector env). Measured (session 5, full sizes, n = 16, load ~2): PointMaze 6.7k
-  env-steps/s, AntMaze 1.46k; ratios 1.39 and 1.11, i.e. the sync vector env is slower than the
-  plain loop (both batch the actor call; the vector env adds its own bookkeeping).
+  loop (no vector env); both batch the actor call, the vector env adds its own bookkeeping.
 
 Run: ``python -m kernels policy [--quick]``.
 """

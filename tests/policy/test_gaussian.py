@@ -120,7 +120,7 @@ def test_global_selector_returns_largest_feasible_alpha(key, budget):
 def test_global_selector_full_alpha_when_budget_is_loose(key):
     actor, prior = _rand_pair(key)
     assert float(P.kl_budget_alpha(actor, prior, 1e6)) == 1.0
-    assert float(P.kl_budget_alpha(actor, prior, 0.0)) == 0.0
+    assert float(P.kl_budget_alpha(actor, prior, 1e-9)) < 1e-3
 
 
 def test_per_state_selector(key):
@@ -180,8 +180,15 @@ def test_bad_input():
         P.poe(P.DiagGaussian(jnp.array([jnp.nan, 0.0]), jnp.ones(2)), p, 0.5)
     with pytest.raises(ValueError, match="beta"):
         P.kl_regularised(a, p, -1.0)
+    for bad in (0.0, -0.5):
+        with pytest.raises(ValueError, match="budget"):
+            P.kl_budget_alpha(
+                P.DiagGaussian(a.mean[None], a.std[None]),
+                P.DiagGaussian(p.mean[None], p.std[None]),
+                bad,
+            )
     with pytest.raises(ValueError, match="budget"):
-        P.kl_budget_alpha(
+        P.kl_budget_alpha_per_state(
             P.DiagGaussian(a.mean[None], a.std[None]),
             P.DiagGaussian(p.mean[None], p.std[None]),
             -0.5,

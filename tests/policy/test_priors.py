@@ -83,3 +83,68 @@ def test_velocity_goals_are_hindsight_means_of_the_x_velocity():
         policy.velocity_goals(d, 3, eps=-1.0)
     with pytest.raises(ValueError, match="horizon"):
         policy.velocity_goals(d, 0)
+
+
+def test_shuffled_goals_keep_the_data_goals_but_move_them_across_trajectories():
+    # Four trajectories of lengths 2, 3, 1, 2, each with its own constant goal.
+    ends = policy.trajectory_ends(np.array([0, 1, 0, 0, 1, 1, 0, 1]), np.zeros(8))
+    goals = np.repeat(np.arange(4.0), [2, 3, 1, 2])[:, None]
+    got = policy.shuffle_goals_across_trajectories(jax.random.key(3), goals, ends)[:, 0]
+    # Each trajectory still holds one constant goal, and each source goal is used once.
+    segs = np.split(got, [2, 5, 6])
+    assert all(np.all(s == s[0]) for s in segs)
+    assert sorted(s[0] for s in segs) == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="goals"):
+        policy.shuffle_goals_across_trajectories(jax.random.key(0), np.zeros(8), ends)
+
+
+def test_make_prior_kinds():
+    net = policy.GaussianActor(2, (8,))
+    x = jax.random.normal(jax.random.key(0), (32, 3))
+    good = net.init(jax.random.key(1), x[:1])
+    g = net.apply(good, x)
+    key = jax.random.key(2)
+
+    def make(kind, **kw):
+        return policy.make_prior(kind, net, good, key, x[:1], **kw)(x)
+
+    np.testing.assert_array_equal(make("good").mean, g.mean)
+    # Output noise keeps (or triples) the good std and moves the mean by std * eps(x), the
+    # same eps for both and a deterministic function of x.
+    on, on3 = make("output_noise"), make("output_noise_x3")
+    np.testing.assert_allclose(on.std, g.std, rtol=1e-6)
+    np.testing.assert_allclose(on3.std, 3 * g.std, rtol=1e-6)
+    np.testing.assert_allclose(on.mean, on3.mean, rtol=1e-6)
+    eps = (on.mean - g.mean) / g.std
+    np.testing.assert_allclose(eps, policy.state_noise(key, 3, 2)(x), rtol=1e-4, atol=1e-5)
+    wide = make("random_wide", marginal_std=np.array([0.5, 2.0]))
+    np.testing.assert_array_equal(wide.std, np.broadcast_to([0.5, 2.0], (32, 2)))
+    np.testing.assert_array_equal(wide.mean, make("random_init").mean)
+    other = net.init(jax.random.key(9), x[:1])
+    np.testing.assert_array_equal(
+        make("data_corrupted", corrupted_params=other).mean, net.apply(other, x).mean
+    )
+    assert not np.allclose(make("param_noise").mean, g.mean)
+    with pytest.raises(ValueError, match="kind"):
+        make("degraded")
+    with pytest.raises(ValueError, match="corrupted_params"):
+        make("data_corrupted")
+    with pytest.raises(ValueError, match="marginal_std"):
+        make("random_wide", marginal_std=np.array([0.0, 1.0]))
+
+
+def test_state_noise_has_unit_variance_over_draws():
+    # Var eps_j(x) = |v_j|^2 (2 / F) E cos^2 = |v_j|^2 / F, so 1 in expectation over V; over
+    # 400 independent functions at one x the sample variance has sd about sqrt(2 / 400) ~ 0.07
+    # (plus the spread of |v|^2 / F, F = 64): 0.25 is over 3 sd.
+    x = jnp.ones((1, 3))
+    vals = jnp.stack([policy.state_noise(jax.random.key(i), 3, 1)(x)[0, 0] for i in range(400)])
+    assert abs(float(jnp.var(vals)) - 1.0) < 0.25
+
+
+def test_return_range_scale():
+    # Returns 3 and 10 over two trajectories: 1000 / 7.
+    r, term = np.array([1.0, 2.0, 10.0]), np.array([0, 1, 0])
+    assert policy.return_range_scale(r, term, np.zeros(3)) == pytest.approx(1000 / 7)
+    with pytest.raises(ValueError, match="rewards"):
+        policy.return_range_scale(np.ones(2), np.array([1, 0]), np.zeros(2))

@@ -1,65 +1,100 @@
-"""Smoke test of experiments.policy_pointmaze at a tiny size: runs and writes every key."""
+"""Smoke test of experiments.policy_pointmaze at a tiny size: runs, writes every key, and the
+selectors' invariants hold on the summary."""
 
 import json
 
 import pytest
 
+from experiments import _runner
 from experiments import policy_pointmaze as study
 
+TINY = {
+    "n_transitions": 600,
+    "hidden": 8,
+    "iql_steps": 20,
+    "bc_steps": 10,
+    "train_chunk": 10,
+    "batch_size": 32,
+    "alphas": (0.0, 0.5, 1.0),
+    "n_kl_states": 64,
+    "n_seeds": 1,
+    "n_select": 1,
+    "n_test": 2,
+    "episode_steps": 10,
+    "n_envs": 4,
+    "guide_iql_steps": 10,
+    "guide_cql_steps": 10,
+    "guide_action_samples": 2,
+    "guide_shifts": (0.5,),
+    "n_boot": 50,
+    "priors": ("good", "output_noise", "data_corrupted"),
+}
+VERDICTS = {"holds", "fails", "undecided"}
 
-def _smoke(tmp_path, monkeypatch, tiny):
+
+def _smoke(tmp_path, monkeypatch):
     monkeypatch.setenv("HEXAD_CACHE", str(tmp_path / "cache"))
-    cfg = study.STUDY.make_config(
-        True,
-        {"n_transitions": 600, **tiny},
-    )
+    cfg = study.STUDY.make_config(True, TINY)
     ckpt = tmp_path / "ckpt"
     summary = study.STUDY.execute(
         cfg, out_dir=tmp_path / "run", checkpoint_dir=ckpt, show_progress=False
     )
-    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert saved == summary
-    for pre in ("", "incompetent_"):
-        assert 0.0 <= summary[pre + "actor_success"] <= 1.0
-        assert 0.0 <= summary[pre + "iql_guided_success"] <= 1.0
-        assert 0.0 <= summary[pre + "cql_guided_success"] <= 1.0
-        for q in study.PRIORS:
-            for k in (
-                "poe_kl_budget_success",
-                "poe_kl_budget_alpha",
-                "poe_kl_state_success",
-                "oracle_success",
-                "oracle_alpha",
-                "additive_success",
-                "additive_oracle_success",
-                "prior_only_success",
-                "sfgpi_success",
-                "sfgpi_return",
-            ):
-                assert f"{pre}{k}_{q}" in summary
-            assert len(summary[f"{pre}poe_return_curve_{q}"]) == 3
-            assert 0.0 <= summary[f"{pre}poe_kl_budget_alpha_{q}"] <= 1.0
-    assert (tmp_path / "run" / "return_vs_alpha.png").is_file()
-    assert "scripted_oracle_success" in summary
-    assert summary["sf_library_size"] == 8  # UMaze's 7 free cells + the actor
-    assert summary["sf_reward_fit_r2"] <= 1.0
-    assert summary["return_se"] is None  # one episode per method: no standard error
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary
+    n_b = len(cfg.kl_budgets)
+    for pre in ("", "action_"):
+        assert pre + "actor_own_task_return" in summary
+        assert len(summary[pre + "actor_std_quantiles"]) == 3
+        for q in cfg.priors:
+            assert summary[f"{pre}verdict_graceful_{q}"] in VERDICTS
+            assert summary[f"{pre}verdict_selector_{q}"] in VERDICTS
+            for k in ("graceful_ci", "selector_ci", "additive_minus_actor_ci"):
+                m, lo, hi = summary[f"{pre}{k}_{q}"]
+                assert lo <= m + 1e-9 and m <= hi + 1e-9
+            assert summary[f"{pre}precision_ratio_median_{q}"] > 0
+            full, mean = (
+                summary[f"{pre}kl_budget_alphas_{q}"],
+                summary[f"{pre}kl_mean_budget_alphas_{q}"],
+            )
+            assert len(full) == len(mean) == n_b == len(summary[f"{pre}kl_budget_return_{q}"])
+            # Larger budgets allow larger alphas; the mean-only KL is part of the full KL, so
+            # its budget is looser at every budget.
+            assert all(0 <= a <= b <= 1 for a, b in zip(full, full[1:], strict=False))
+            assert all(f <= m + 1e-6 for f, m in zip(full, mean, strict=True))
+            kl, kl_m = summary[f"{pre}kl_curve_{q}"], summary[f"{pre}kl_mean_curve_{q}"]
+            assert kl[0] == pytest.approx(0.0, abs=1e-6)
+            assert all(a <= b + 1e-5 for a, b in zip(kl, kl[1:], strict=False))
+            assert all(m <= f + 1e-5 for m, f in zip(kl_m, kl, strict=True))
+    for g in ("iql", "cql"):
+        assert summary[f"{g}_guided_shift"] == [0.5]
+    assert summary["kl_budgets_nats"] == [2 * b for b in cfg.kl_budgets]  # d = 2
+    assert (tmp_path / "run" / "selection_curves.png").is_file()
     return cfg, ckpt, summary
 
 
-def test_pointmaze_study_smoke(tmp_path, monkeypatch, fast_compile, tiny_maze_study):
-    _smoke(tmp_path, monkeypatch, tiny_maze_study)
+def test_pointmaze_study_smoke(tmp_path, monkeypatch, fast_compile):
+    _smoke(tmp_path, monkeypatch)
 
 
-@pytest.mark.slow  # a second evaluation pass; keeps the folder's default run near its budget
-def test_pointmaze_study_resume(tmp_path, monkeypatch, tiny_maze_study):
-    cfg, ckpt, summary = _smoke(tmp_path, monkeypatch, tiny_maze_study)
-    # --resume restores the frozen actors and priors through hexad.cachex and skips training:
-    # the deterministic evaluation then reproduces every figure.
+def test_pointmaze_config_rejects_bad_input():
+    for bad, name in (
+        ({"priors": ("good", "bogus")}, "priors"),
+        ({"spaces": ("logit",)}, "spaces"),
+        ({"kl_budgets": (0.0, 1.0), "kl_budget_verdict": 1.0}, "kl_budgets"),
+        ({"kl_budget_verdict": 0.5}, "kl_budget_verdict"),
+    ):
+        with pytest.raises(_runner.ConfigError, match=name):
+            study.STUDY.make_config(True, bad)
+
+
+@pytest.mark.slow  # a second evaluation pass
+def test_pointmaze_study_resume(tmp_path, monkeypatch):
+    cfg, ckpt, summary = _smoke(tmp_path, monkeypatch)
+    # --resume restores every seed's networks through hexad.cachex and skips training: the
+    # deterministic evaluation then reproduces every figure.
     again = study.STUDY.execute(
         cfg, out_dir=tmp_path / "run2", checkpoint_dir=ckpt, resume=True, show_progress=False
     )
     summary.pop("runtime_s")
     again.pop("runtime_s")
     assert again == summary
-    assert not (tmp_path / "run2" / "metrics.jsonl").exists()  # no training chunks logged
+    assert not (tmp_path / "run2" / "metrics.jsonl").exists()

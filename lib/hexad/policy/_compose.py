@@ -257,7 +257,7 @@ class ExpertLibrary:
           actor: index of the actor.
           obs: ``[n, o]`` states.
           obs_goal: ``[n, o + g]`` the same states with the goal the prior is commanded with.
-          budget: scalar ``>= 0``, nats.
+          budget: scalar ``> 0``, nats.
 
         >>> from hexad.policy import GaussianActor
         >>> net = GaussianActor(1, ())
@@ -363,7 +363,7 @@ def compose(
       prior: the rows' priors, ``[B, d]``.
       alpha: scalar or ``[B]``: the coefficient (POE, ADDITIVE) or the trust-region half-width
         (guided rows, ``> 0``); ignored by the other methods.
-      kl_budget: scalar ``>= 0``, nats: the per-state KL budget of the KL_STATE rows.
+      kl_budget: scalar ``> 0``, nats: the per-state KL budget of the KL_STATE rows.
       q_fn: the guided rows' critic, ``q_fn(q_obs [B, o'], action [B, d]) -> [B]``: one
         callable for both guided methods, or a mapping from ``Method.IQL_GUIDED`` /
         ``Method.CQL_GUIDED`` to a callable each.

@@ -35,6 +35,7 @@ __all__ = [
     "kl_regularised",
     "poe",
     "poe_kl_to_actor",
+    "poe_mean_kl_to_actor",
     "prior_only",
     "squash",
 ]
@@ -270,6 +271,26 @@ def poe_kl_to_actor(actor: DiagGaussian, prior: DiagGaussian, alpha) -> jax.Arra
     return _kl(poe(actor, prior, alpha), actor)
 
 
+def poe_mean_kl_to_actor(actor: DiagGaussian, prior: DiagGaussian, alpha) -> jax.Array:
+    """Returns the mean-only (Mahalanobis) part of ``KL(pi_alpha || pi_A)``, summed over actions.
+
+    ``0.5 sum_i ((mu_alpha - mu_A) / s_A)^2``: the KL of the PoE mean shift alone, with the
+    actor's std kept, i.e. what a deterministic policy ``tanh(mu_alpha)`` (or ``mu_alpha``)
+    actually changes. Per dimension ``mu_alpha - mu_A = w(alpha) (mu_P - mu_A)`` with
+    ``w = alpha lam_P / ((1 - alpha) lam_A + alpha lam_P)`` non-decreasing in alpha, so this is
+    non-decreasing too and the KL-budget selectors can bisect it (``mean_only=True``).
+
+    >>> a = DiagGaussian(jnp.zeros(1), jnp.ones(1))
+    >>> poe_mean_kl_to_actor(a, DiagGaussian(jnp.ones(1), jnp.ones(1)), 1.0)
+    Array(0.5, dtype=float32)
+    """
+    return _mean_kl(poe(actor, prior, alpha), actor)
+
+
+def _mean_kl(p: DiagGaussian, q: DiagGaussian) -> jax.Array:
+    return 0.5 * jnp.sum(jnp.square((p.mean - q.mean) / q.std), axis=-1)
+
+
 def _bisect(kl_fn, budget, shape, n_iters: int, dtype) -> jax.Array:
     """Largest alpha in [0, 1] with ``kl_fn(alpha) <= budget`` (elementwise over ``shape``)."""
     lo = jnp.zeros(shape, dtype)
@@ -294,12 +315,17 @@ def _bisect(kl_fn, budget, shape, n_iters: int, dtype) -> jax.Array:
 def _check_budget(budget) -> None:
     if not is_traced(budget):
         b = np.asarray(budget)
-        if b.ndim != 0 or not np.isfinite(b) or b < 0:
-            raise ValueError(f"budget: expected a finite scalar >= 0, got {budget!r}")
+        if b.ndim != 0 or not np.isfinite(b) or b <= 0:
+            raise ValueError(f"budget: expected a finite scalar > 0 (nats), got {budget!r}")
 
 
 def kl_budget_alpha(
-    actor: DiagGaussian, prior: DiagGaussian, budget, n_iters: int = 30, weights=None
+    actor: DiagGaussian,
+    prior: DiagGaussian,
+    budget,
+    n_iters: int = 30,
+    weights=None,
+    mean_only: bool = False,
 ) -> jax.Array:
     """Returns the largest alpha whose mean ``KL(pi_alpha || pi_A)`` over states is <= budget.
 
@@ -310,9 +336,11 @@ def kl_budget_alpha(
     Args:
       actor: ``[n, d]`` the actor's Gaussians at ``n`` data states.
       prior: ``[n, d]`` the prior's Gaussians at the same states.
-      budget: scalar ``>= 0``, nats.
+      budget: scalar ``> 0``, nats.
       n_iters: bisection steps (static).
       weights: optional ``[n]`` non-negative state weights (e.g. a validity mask).
+      mean_only: bound the mean-only (Mahalanobis) KL of :func:`poe_mean_kl_to_actor`
+        instead of the full KL (static).
 
     Returns:
       a scalar alpha in ``[0, 1]``.
@@ -338,22 +366,25 @@ def kl_budget_alpha(
     w = w / jnp.sum(w)
     dtype = jnp.result_type(actor.mean, float)
 
+    kl = _mean_kl if mean_only else _kl
+
     def mean_kl(alpha):
-        return jnp.sum(w * _kl(poe(actor, prior, alpha), actor))
+        return jnp.sum(w * kl(poe(actor, prior, alpha), actor))
 
     return _bisect(mean_kl, budget, (), n_iters, dtype)
 
 
 def kl_budget_alpha_per_state(
-    actor: DiagGaussian, prior: DiagGaussian, budget, n_iters: int = 30
+    actor: DiagGaussian, prior: DiagGaussian, budget, n_iters: int = 30, mean_only: bool = False
 ) -> jax.Array:
     """Returns, per state, the largest alpha with ``KL(pi_alpha || pi_A) <= budget``.
 
     Args:
       actor: ``[..., d]``.
       prior: ``[..., d]``.
-      budget: scalar ``>= 0``, nats.
+      budget: scalar ``> 0``, nats.
       n_iters: bisection steps (static).
+      mean_only: bound the mean-only KL (:func:`poe_mean_kl_to_actor`) instead (static).
 
     Returns:
       ``[...]`` alphas in ``[0, 1]``.
@@ -368,4 +399,5 @@ def kl_budget_alpha_per_state(
     check_int("n_iters", n_iters)
     shape = jnp.broadcast_shapes(jnp.shape(actor.mean), jnp.shape(prior.mean))[:-1]
     dtype = jnp.result_type(actor.mean, float)
-    return _bisect(lambda al: _kl(poe(actor, prior, al), actor), budget, shape, n_iters, dtype)
+    kl = _mean_kl if mean_only else _kl
+    return _bisect(lambda al: kl(poe(actor, prior, al), actor), budget, shape, n_iters, dtype)

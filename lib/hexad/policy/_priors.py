@@ -1,5 +1,6 @@
 """Goal-conditioned priors: hindsight relabelling (goal indices, mean future values), goals in a
-batch's observations, degraded priors."""
+batch's observations, and the prior kinds of the graceful-degradation test (parameter noise,
+output noise, shuffled goals, random networks)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from hexad._base import check_int
+from hexad.policy._gaussian import DiagGaussian
 from hexad.policy._offline import Batch
 
 __all__ = [
+    "PRIOR_KINDS",
     "VelocityGoals",
     "degrade_params",
     "future_goal_indices",
     "goal_conditioned",
     "hindsight_mean",
+    "make_prior",
+    "return_range_scale",
+    "shuffle_goals_across_trajectories",
+    "state_noise",
     "trajectory_ends",
     "velocity_goals",
 ]
@@ -233,3 +240,182 @@ def degrade_params(key, params: Any, scale: float) -> Any:
         spread = jnp.where(spread == 0, 1.0, spread)
         out.append(x + scale * spread * jax.random.normal(k, x.shape, x.dtype))
     return jax.tree.unflatten(treedef, out)
+
+
+# The prior kinds of the graceful-degradation test (see :func:`make_prior`).
+PRIOR_KINDS = (
+    "good",
+    "param_noise",
+    "output_noise",
+    "output_noise_x3",
+    "data_corrupted",
+    "random_init",
+    "random_wide",
+)
+
+
+def shuffle_goals_across_trajectories(key, goals, ends) -> np.ndarray:
+    """Returns ``goals`` with each trajectory's goals taken from another trajectory.
+
+    The data-corrupted prior's labels: trajectory ``t`` (in storage order) receives the goal
+    sequence of trajectory ``perm[t]`` for a random permutation ``perm`` (relative step ``k``
+    gets that trajectory's step ``min(k, len - 1)``), so every goal is one the data holds but
+    not the one its actions pursued. Host-side (numpy) preprocessing.
+
+    Args:
+      key: PRNG key.
+      goals: ``[N, g]`` goals, trajectories stored consecutively.
+      ends: ``[N]`` trajectory ends (:func:`trajectory_ends`).
+
+    Returns:
+      ``[N, g]`` float32 goals.
+
+    >>> ends = trajectory_ends(np.array([0, 1, 0, 1]), np.zeros(4))
+    >>> g = shuffle_goals_across_trajectories(jax.random.key(1), np.arange(4.0)[:, None], ends)
+    >>> sorted(g[:, 0].tolist())
+    [0.0, 1.0, 2.0, 3.0]
+    """
+    g = np.asarray(goals)
+    e = np.asarray(ends)
+    if g.ndim != 2 or e.shape != g.shape[:1]:
+        raise ValueError(f"goals, ends: expected [N, g] and [N], got {g.shape} and {e.shape}")
+    starts = np.flatnonzero(np.r_[True, e[1:] != e[:-1]])
+    lengths = e[starts] - starts + 1
+    perm = np.asarray(jax.random.permutation(key, starts.shape[0]))
+    traj = np.repeat(np.arange(starts.shape[0]), lengths)
+    rel = np.arange(g.shape[0]) - starts[traj]
+    src = starts[perm[traj]] + np.minimum(rel, lengths[perm[traj]] - 1)
+    return g[src].astype(np.float32)
+
+
+def state_noise(key, in_dim: int, out_dim: int, n_features: int = 64):
+    """Returns ``eps(x) -> [..., out_dim]``: a fixed smooth random function of the input.
+
+    ``eps(x) = sqrt(2 / F) cos(x W + b) V`` with ``W ~ N(0, 1)`` ``[in_dim, F]``, ``b`` uniform
+    on ``[0, 2 pi)`` and ``V ~ N(0, 1)`` ``[F, out_dim]``: random Fourier features, so each
+    output has variance about 1 over random draws and the same input always gets the same
+    noise. The output-noise prior's ``eps(s)`` (:func:`make_prior`).
+
+    >>> f = state_noise(jax.random.key(0), 3, 2)
+    >>> x = jnp.ones((5, 3))
+    >>> bool(jnp.all(f(x) == f(x))), f(x).shape
+    (True, (5, 2))
+    """
+    check_int("in_dim", in_dim)
+    check_int("out_dim", out_dim)
+    check_int("n_features", n_features)
+    kw, kb, kv = jax.random.split(key, 3)
+    w = jax.random.normal(kw, (in_dim, n_features))
+    b = jax.random.uniform(kb, (n_features,), maxval=2 * jnp.pi)
+    v = jax.random.normal(kv, (n_features, out_dim))
+
+    def eps(x):
+        phase = jnp.reshape(b, (1,) * (jnp.ndim(x) - 1) + (n_features,))
+        return jnp.sqrt(2.0 / n_features) * jnp.cos(x @ w + phase) @ v
+
+    return eps
+
+
+def make_prior(
+    kind: str,
+    net,
+    good_params,
+    key,
+    example_input,
+    *,
+    corrupted_params=None,
+    marginal_std=None,
+    degrade_scale: float = 1.0,
+):
+    """Returns ``prior(obs_goal [B, o + g]) -> DiagGaussian [B, d]``, a prior of one kind.
+
+    The kinds (:data:`PRIOR_KINDS`), ``DiagGaussian`` in the network's likelihood space:
+
+    - ``good``: the trained goal-conditioned network ``net`` with ``good_params``;
+    - ``param_noise``: its weights with noise (:func:`degrade_params`, ``degrade_scale``),
+      the std head included, so it may be confidently wrong;
+    - ``output_noise`` / ``output_noise_x3``: ``mu_good(x) + sigma_good(x) eps(x)`` with a fixed
+      smooth random ``eps`` (:func:`state_noise`), std ``sigma_good`` (kept) or ``3 sigma_good``
+      (a wrong prior that says it is unsure);
+    - ``data_corrupted``: ``net`` with ``corrupted_params`` (trained on goals shuffled across
+      trajectories, :func:`shuffle_goals_across_trajectories`);
+    - ``random_init``: an untrained ``net`` (its init std);
+    - ``random_wide``: the untrained mean with std ``marginal_std`` ``[d]`` (the data's marginal
+      action std in this space), an uninformative prior.
+
+    Args:
+      kind: one of :data:`PRIOR_KINDS`.
+      net: a ``GaussianActor`` on ``[obs, goal]`` (static).
+      good_params: the trained prior's parameters.
+      key: PRNG key (noise, random init).
+      example_input: ``[1, o + g]`` an input for ``net.init``.
+      corrupted_params: needed for ``data_corrupted``.
+      marginal_std: ``[d]`` positive, needed for ``random_wide``.
+      degrade_scale: ``param_noise``'s relative noise, ``>= 0``.
+
+    >>> from hexad.policy import GaussianActor
+    >>> net = GaussianActor(2, (4,))
+    >>> x = jnp.zeros((1, 3))
+    >>> p = net.init(jax.random.key(0), x)
+    >>> wide = make_prior("random_wide", net, p, jax.random.key(1), x, marginal_std=jnp.ones(2))
+    >>> wide(jnp.zeros((4, 3))).std.tolist()[0]
+    [1.0, 1.0]
+    """
+    if kind not in PRIOR_KINDS:
+        raise ValueError(f"kind: expected one of {PRIOR_KINDS}, got {kind!r}")
+
+    def apply(params):
+        return lambda x: net.apply(params, x)
+
+    if kind == "good":
+        return apply(good_params)
+    if kind == "param_noise":
+        return apply(degrade_params(key, good_params, degrade_scale))
+    if kind == "data_corrupted":
+        if corrupted_params is None:
+            raise ValueError("corrupted_params: expected the parameters for 'data_corrupted'")
+        return apply(corrupted_params)
+    if kind.startswith("output_noise"):
+        d = net.apply(good_params, example_input).mean.shape[-1]
+        eps = state_noise(key, example_input.shape[-1], d)
+        widen = 3.0 if kind == "output_noise_x3" else 1.0
+
+        def noisy(x):
+            g = net.apply(good_params, x)
+            return DiagGaussian(g.mean + g.std * eps(x), widen * g.std)
+
+        return noisy
+    rand = net.init(key, example_input)
+    if kind == "random_init":
+        return apply(rand)
+    if marginal_std is None or not np.all(np.asarray(marginal_std) > 0):
+        raise ValueError(f"marginal_std: expected [d] positive stds, got {marginal_std!r}")
+    std = jnp.asarray(marginal_std, jnp.float32)
+
+    def wide(x):
+        m = net.apply(rand, x).mean
+        return DiagGaussian(m, jnp.broadcast_to(std, m.shape))
+
+    return wide
+
+
+def return_range_scale(rewards, terminals, timeouts, target: float = 1000.0) -> float:
+    """Returns ``target / (max R - min R)`` over the data's trajectory returns ``R``.
+
+    The IQL reference's reward normalisation on MuJoCo (Kostrikov et al. 2021, arXiv
+    2110.06169): rewards are multiplied by this factor before training, so AWR temperatures
+    mean the same across tasks. Host-side numpy.
+
+    >>> return_range_scale(np.array([1.0, 1.0, 3.0]), np.array([0, 1, 0]), np.zeros(3), 1.0)
+    1.0
+    """
+    r = np.asarray(rewards, np.float64)
+    ends = trajectory_ends(terminals, timeouts)
+    if r.shape != ends.shape:
+        raise ValueError(f"rewards: expected shape {ends.shape}, got {r.shape}")
+    _, first = np.unique(ends, return_index=True)
+    returns = np.add.reduceat(r, np.sort(first))
+    spread = float(returns.max() - returns.min())
+    if not spread > 0:
+        raise ValueError(f"rewards: expected trajectory returns that differ, got {returns}")
+    return target / spread
