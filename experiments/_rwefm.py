@@ -1,11 +1,34 @@
-"""What the three RWEFM studies share: the training config, the --quick sizes and ``compare``.
+"""What the three RWEFM studies share: the config, the --quick sizes and ``compare``.
 
-:func:`compare` trains RWEFM on a manifold and the Euclidean baseline on the same clouds, and
-scores both against held-out clouds; ``rwefm_synthetic``, ``rwefm_protein`` and
-``rwefm_singlecell`` differ only in their data (and plots). Training is
-:func:`hexad.rwefm.make_train` in jitted chunks through
-:meth:`experiments._runner.Context.train_chunks` (progress, per-chunk keys, checkpoints in
-``checkpoint_dir / <tag>``, ``--resume``).
+:func:`compare` trains RWEFM on a manifold and the Euclidean baseline on the same clouds, over
+``n_seeds`` seeds each, and scores both against held-out clouds as the RWEFM reference does;
+``rwefm_synthetic``, ``rwefm_protein`` and ``rwefm_singlecell`` differ only in their data.
+
+The two arms share everything but the geometry:
+
+- the noise (``noise``: the reference's per-cloud-fitted ``ambient_gaussian`` projected onto
+  M, ``uniform`` or ``wrapped_normal``; :func:`hexad.rwefm.fit_noise`), and, per seed, the same
+  init key, noise clouds, minibatches and times (seed ``s`` of one arm is paired with seed
+  ``s`` of the other);
+- the entropic maps' ``epsilon`` relative to each pair's largest cost, with a Sinkhorn bound
+  calibrated per arm until ``map_target`` of sampled maps converge
+  (:func:`hexad.rwefm.calibrate_map_iterations` on ``map_pairs`` sampled pairs);
+- the cloud pairing (``pairing``), network, optimiser (Adam with ``lr`` decayed by ``lr_decay``
+  every ``lr_decay_steps``), budget and Euler sampler. The baseline works in the ambient
+  coordinates (``R^d``; angles for the torus) and its samples are projected onto M.
+
+Scores, for the ground distances ``chamfer`` (``d_M^2``) and ``emd`` (entropic OT for ``d_M``,
+``eval_epsilon`` relative, Sinkhorn to convergence): ``1nna`` (1-NN two-sample accuracy, 0.5
+ideal), ``mm`` (minimum-matching distance) and ``kmmd`` (kernel MMD, one bandwidth: the
+median of the held-out clouds' own distances). ``n_floor`` further held-out draws give each
+metric's floor. Summary keys, for each such ``<metric>`` (e.g. ``emd_1nna``):
+``rwefm_<metric>_mean``/``_sd``/``_seeds``, ``euclid_<metric>_mean``/``_sd``/``_seeds``,
+``<metric>_diff_mean``/``_diff_sd`` (paired RWEFM - baseline over seeds),
+``floor_<metric>_mean``/``_sd``; and ``noise``, ``pairing``, ``n_seeds``,
+``map_iterations_<arm>``, ``map_calibration_frac_<arm>``, ``map_converged_frac_<arm>`` (over
+all training maps), ``eval_converged_frac`` (over all EMD solves), ``<arm>_final_loss_mean``,
+``on_manifold_max_err``, ``euclid_off_manifold_before_proj`` and ``train_seconds``, with
+``<arm>`` in ``rwefm``, ``euclid``.
 """
 
 from __future__ import annotations
@@ -16,112 +39,123 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from experiments import _runner
 from hexad import rwefm
 from hexad.geometry import Euclidean, Manifold
 
-__all__ = ["QUICK", "TrainConfig", "compare", "train"]
+__all__ = ["METRICS", "QUICK", "TrainConfig", "compare"]
+
+METRICS = tuple(f"{g}_{s}" for g in ("chamfer", "emd") for s in ("1nna", "mm", "kmmd"))
+ARMS = ("rwefm", "euclid")
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """The cloud sizes, network, training and evaluation settings all three RWEFM studies share
-    (each study's ``Config`` adds its data settings); :func:`compare` reads these."""
+    """The settings all three RWEFM studies share (each study's ``Config`` adds its data)."""
 
     n_train: int = 512
-    n_test: int = 64
-    n_points: int = 64
-    steps: int = 1000
-    chunk: int = 50
-    batch: int = 32
-    lr: float = 1e-3
-    width: int = 64
-    depth: int = 3
+    n_test: int = 96
+    n_points: int = 32
+    n_seeds: int = 3
+    n_floor: int = 3
+    steps: int = 5000
+    chunk: int = 100
+    batch: int = 16
+    lr: float = 3e-4
+    lr_decay: float = 0.99
+    lr_decay_steps: int = 1000
+    width: int = 128
+    depth: int = 4
     heads: int = 4
-    epsilon: float = 0.1
-    ot_pairing: bool = True
+    noise: str = "ambient_gaussian"
+    epsilon: float = 0.002
+    map_target: float = 0.95
+    map_pairs: int = 256
+    map_max_iterations: int = 5000
+    pairing: str = "matching"
     sampler_steps: int = 100
-    method: str = "midpoint"
-    eval_epsilon: float = 0.01
+    method: str = "euler"
+    eval_epsilon: float = 0.05
+    eval_max_iterations: int = 5000
     ckpt_every: int = 10
 
     def __post_init__(self):
         _runner.at_least(self, 1, "n_train", "n_test", "n_points", "steps", "chunk", "batch")
         _runner.at_least(self, 1, "width", "depth", "heads", "sampler_steps", "ckpt_every")
+        _runner.at_least(self, 1, "n_seeds", "n_floor", "lr_decay_steps", "map_max_iterations")
+        _runner.at_least(self, 1, "eval_max_iterations", "map_pairs")
         _runner.positive(self, "lr", "epsilon", "eval_epsilon")
+        _runner.in_unit(self, "lr_decay", "map_target", lo_open=True)
+        _runner.one_of(self, rwefm.NOISE_KINDS, "noise")
+        _runner.one_of(self, rwefm.PAIRINGS, "pairing")
         _runner.one_of(self, ("euler", "midpoint"), "method")
 
 
 #: The --quick sizes of every RWEFM study.
 QUICK = {
-    "n_train": 64,
-    "n_test": 16,
-    "n_points": 24,
-    "steps": 150,
-    "chunk": 50,
+    "n_train": 32,
+    "n_test": 12,
+    "n_points": 12,
+    "steps": 40,
+    "chunk": 20,
     "batch": 8,
     "lr": 3e-3,
     "width": 32,
     "depth": 1,
     "heads": 2,
-    "sampler_steps": 20,
+    "map_max_iterations": 1000,
+    "sampler_steps": 10,
 }
 
 
-@functools.cache
-def _chunk_fn(manifold, width, depth, heads, lr, steps, epsilon, ot_pairing, batch, chunk):
-    """The trainer factory and one jitted chunk of ``chunk`` minibatch steps per setting.
+def _optimizer(cfg):
+    sched = optax.exponential_decay(cfg.lr, cfg.lr_decay_steps, cfg.lr_decay)
+    return optax.adam(sched)
 
-    The clouds and the noise model are arguments of the chunk, so runs in one process with the
-    same settings and shapes (an interrupted and a resumed run in the tests) share one
-    compilation.
-    """
-    model = rwefm.VectorField(manifold, width=width, depth=depth, heads=heads)
-    opt = optax.adam(optax.cosine_decay_schedule(lr, steps, alpha=0.1))
+
+@functools.cache
+def _chunk_fn(geom, cfg, iterations):
+    """The trainer factory and one jitted chunk of ``cfg.chunk`` steps for every seed at once
+    (vmapped), the clouds and the noise model as arguments: compiled once per setting."""
+    model = rwefm.VectorField(geom, width=cfg.width, depth=cfg.depth, heads=cfg.heads)
 
     def trainer(noise):
         return rwefm.make_trainer(
-            manifold, model, opt, noise, epsilon=epsilon, ot_pairing=ot_pairing
+            geom,
+            model,
+            _optimizer(cfg),
+            noise,
+            epsilon=cfg.epsilon,
+            sinkhorn_iterations=iterations,
+            pairing=cfg.pairing,
         )
 
-    def run(state, key, clouds, noise):
-        weights = jnp.ones(clouds.shape[:2], clouds.dtype)
-        return rwefm.make_train(trainer(noise), chunk, batch)(key, state, clouds, weights)
+    def run(states, key, clouds, noise):
+        w = jnp.ones(clouds.shape[:2], clouds.dtype)
+        train = rwefm.make_train(trainer(noise), cfg.chunk, cfg.batch)
+        keys = jax.random.split(key, cfg.n_seeds)
+        return jax.vmap(train, in_axes=(0, 0, None, None))(keys, states, clouds, w)
 
     return trainer, jax.jit(run)
 
 
-def train(key, manifold: Manifold, noise, clouds, cfg: TrainConfig, ctx, tag: str):
-    """Trains one model on ``clouds [N, n, d]``; returns ``(params, mean loss of the last chunk)``.
-
-    ``split(key)`` gives the init key and the run key; chunk ``c`` runs on
-    ``fold_in(run key, c)``, checkpointed every ``cfg.ckpt_every`` chunks under ``tag``.
-    """
-    trainer, chunk = _chunk_fn(
-        manifold,
-        cfg.width,
-        cfg.depth,
-        cfg.heads,
-        cfg.lr,
-        cfg.steps,
-        cfg.epsilon,
-        cfg.ot_pairing,
-        cfg.batch,
-        cfg.chunk,
-    )
-    weights = jnp.ones(clouds.shape[:2], clouds.dtype)
+def _train(key, geom: Manifold, noise, clouds, cfg, iterations, ctx, tag):
+    """Trains ``cfg.n_seeds`` models; returns ``(params [S], last-chunk loss, converged frac)``."""
+    trainer, chunk = _chunk_fn(geom, cfg, iterations)
+    w = jnp.ones(clouds.shape[:2], clouds.dtype)
     k0, key = jax.random.split(key)
-    first = rwefm.CloudBatch(clouds[: cfg.batch], weights[: cfg.batch])
-    state = trainer(noise).init(k0, first)
+    first = rwefm.CloudBatch(clouds[: cfg.batch], w[: cfg.batch])
+    states = [trainer(noise).init(k, first) for k in jax.random.split(k0, cfg.n_seeds)]
+    state = jax.tree.map(lambda *a: jnp.stack(a), *states)
+    converged = []
 
     def log(c, infos):
-        return {
-            "step": (c + 1) * cfg.chunk,
-            "loss": float(jnp.mean(infos.loss)),
-            "map_converged": float(jnp.mean(infos.map_converged)),
-        }
+        converged.append(float(jnp.mean(infos.map_converged)))
+        return {"step": (c + 1) * cfg.chunk, "loss": float(jnp.mean(infos.loss)),
+                "map_converged": converged[-1]}  # fmt: skip
 
     state, infos = ctx.train_chunks(
         lambda st, k: chunk(st, k, clouds, noise),
@@ -132,93 +166,100 @@ def train(key, manifold: Manifold, noise, clouds, cfg: TrainConfig, ctx, tag: st
         ckpt_every=cfg.ckpt_every,
         log=log,
     )
-    return state.params, float(jnp.mean(infos.loss))
+    conv = float(np.mean(converged)) if converged else float(jnp.mean(infos.map_converged))
+    return state.params, float(jnp.mean(infos.loss)), conv
 
 
 @functools.cache
-def _distance_fn(manifold, epsilon):
-    """One jitted cloud-distance matrix per (manifold, epsilon), shared by every evaluation
-    of a run and by later runs in the same process: compiled once per shape."""
+def _sampler_fn(geom, cfg):
+    model = rwefm.VectorField(geom, width=cfg.width, depth=cfg.depth, heads=cfg.heads)
+    sampler = rwefm.make_sampler(geom, model, n_steps=cfg.sampler_steps, method=cfg.method)
+    return jax.jit(jax.vmap(sampler.sample, in_axes=(0, 0, None)))
+
+
+@functools.cache
+def _distances(manifold, eps, iters):
+    """Jitted ``(xs, ys) -> {ground: [N, M]}`` and the EMD solves' convergence."""
 
     def dist(xs, ys):
-        a = jnp.ones(xs.shape[:2], xs.dtype)
-        b = jnp.ones(ys.shape[:2], ys.dtype)
-        return rwefm.cloud_distances(manifold, xs, a, ys, b, epsilon=epsilon)
+        a, b = jnp.ones(xs.shape[:2], xs.dtype), jnp.ones(ys.shape[:2], ys.dtype)
+        emd, ok = rwefm.emd_distances(manifold, xs, a, ys, b, epsilon=eps, max_iterations=iters)
+        return {"chamfer": rwefm.chamfer_distances(manifold, xs, a, ys, b), "emd": emd}, ok
 
     return jax.jit(dist)
 
 
-@functools.cache
-def _sampler_fn(manifold, width, depth, heads, n_steps, method):
-    """One jitted sampler per network and sampler settings (compiled once per shape)."""
-    model = rwefm.VectorField(manifold, width=width, depth=depth, heads=heads)
-    return jax.jit(rwefm.make_sampler(manifold, model, n_steps=n_steps, method=method).sample)
+def _scores(dist, gen, test, d_tt, bandwidth, oks):
+    d_gg, ok_gg = dist(gen, gen)
+    d_gt, ok_gt = dist(gen, test)
+    oks += [ok_gg, ok_gt]
+    out = {}
+    for g in ("chamfer", "emd"):
+        out[f"{g}_1nna"] = float(rwefm.one_nn_accuracy(d_gg[g], d_tt[g], d_gt[g]))
+        out[f"{g}_mm"] = float(rwefm.min_matching_distance(d_gt[g]))
+        out[f"{g}_kmmd"] = float(rwefm.mmd(d_gg[g], d_tt[g], d_gt[g], bandwidth[g]))
+    return out
 
 
-def _evaluate(manifold, gen, test, cfg):
-    dist = _distance_fn(manifold, cfg.eval_epsilon)
-    d_gt, d_gg, d_tt = dist(gen, test), dist(gen, gen), dist(test, test)
-    return {
-        "w2": float(rwefm.set_w2(d_gt)),
-        "1nna": float(rwefm.one_nn_accuracy(d_gg, d_tt, d_gt)),
-        "mmd": float(rwefm.mmd(d_gg, d_tt, d_gt)),
-    }
+def _stats(summary, prefix, rows):
+    for m in METRICS:
+        v = np.array([r[m] for r in rows])
+        summary[f"{prefix}_{m}_mean"] = float(v.mean())
+        summary[f"{prefix}_{m}_sd"] = float(v.std(ddof=1)) if v.size > 1 else 0.0
+        if prefix in ARMS:
+            summary[f"{prefix}_{m}_seeds"] = [round(float(x), 5) for x in v]
 
 
-def compare(keys, manifold, train_clouds, test, test2, cfg, ctx, tag=None):
-    """Trains RWEFM on ``manifold`` and the Euclidean baseline on the same clouds, and scores both.
-
-    RWEFM starts from uniform noise on the manifold. The baseline is the same network and budget
-    in the ambient space ``R^manifold.dim`` from Gaussian noise fitted to the data
-    (:func:`hexad.rwefm.fit_noise`), its samples projected onto the manifold at the end. Both
-    are scored against ``test``; ``test2`` (a second draw from the test distribution) gives the
-    data's own floor.
+def compare(key, manifold, train_clouds, test, floors, cfg, ctx, tag=None):
+    """Trains both arms over ``cfg.n_seeds`` seeds and scores them (module docstring).
 
     Args:
-      keys: four PRNG keys: RWEFM training, baseline training, RWEFM noise, baseline noise.
+      key: the study's PRNG key for this manifold.
       manifold: the manifold the clouds live on.
-      train_clouds, test, test2: ``[n, m, d]`` clouds.
-      cfg: the study config (a :class:`TrainConfig`: training, sampler and metric settings).
-      ctx: the run context (progress, metrics, checkpoints).
-      tag: prefix of the training stages' names (``<tag>-rwefm``, ``<tag>-euclid``), or None.
+      train_clouds, test: ``[N, n, d]`` clouds; ``floors``: further held-out draws like ``test``.
+      cfg: a :class:`TrainConfig`; ctx: the run context; tag: a stage-name prefix or None.
 
     Returns:
-      ``(figures, gen_r, gen_e, train_seconds)``: the summary figures, and the generated clouds.
+      ``(summary, gen_rwefm [n_test, n, d], gen_euclid)`` (the generated clouds of seed 0).
     """
-    kr, ke, k1, k2 = keys
-    ambient = Euclidean(manifold.dim)
-    label = "" if tag is None else f"{tag}-"
-    t0 = time.perf_counter()
-    params_r, loss_r = train(
-        kr, manifold, rwefm.NoiseModel(manifold), train_clouds, cfg, ctx, f"{label}rwefm"
-    )
+    kc, kt, ks = jax.random.split(key, 3)
     ones = jnp.ones(train_clouds.shape[:2], train_clouds.dtype)
-    noise_e = rwefm.fit_noise(ambient, rwefm.CloudBatch(train_clouds, ones))
-    params_e, loss_e = train(ke, ambient, noise_e, train_clouds, cfg, ctx, f"{label}euclid")
-    seconds = time.perf_counter() - t0
+    noise = rwefm.fit_noise(manifold, rwefm.CloudBatch(train_clouds, ones), cfg.noise)
+    geoms = {"rwefm": manifold, "euclid": Euclidean(manifold.dim)}
+    label = "" if tag is None else f"{tag}-"
+    summary = {"noise": cfg.noise, "pairing": cfg.pairing, "n_seeds": cfg.n_seeds}
+    shape = (cfg.n_seeds, cfg.n_test, cfg.n_points)
+    x0 = noise.sample(ks, shape)  # the same noise clouds for both arms
+    mask = jnp.ones(shape[1:], bool)
+    gens, t0 = {}, time.perf_counter()
+    for arm, geom in geoms.items():
+        iters, frac = rwefm.calibrate_map_iterations(
+            kc, geom, noise, train_clouds, ones, epsilon=cfg.epsilon, target=cfg.map_target,
+            n_pairs=cfg.map_pairs, max_iterations=cfg.map_max_iterations, pairing=cfg.pairing,
+            batch_size=cfg.batch,
+        )  # fmt: skip
+        params, loss, conv = _train(kt, geom, noise, train_clouds, cfg, iters, ctx, label + arm)
+        summary[f"map_iterations_{arm}"], summary[f"map_calibration_frac_{arm}"] = iters, frac
+        summary[f"map_converged_frac_{arm}"], summary[f"{arm}_final_loss_mean"] = conv, loss
+        gens[arm] = _sampler_fn(geom, cfg)(params, x0, mask)
+    summary["train_seconds"] = time.perf_counter() - t0
+    raw_e, gens["euclid"] = gens["euclid"], manifold.proj(gens["euclid"])
+    summary["on_manifold_max_err"] = float(jnp.max(manifold.manifold_error(gens["rwefm"])))
+    summary["euclid_off_manifold_before_proj"] = float(jnp.max(manifold.manifold_error(raw_e)))
 
-    shape = (cfg.n_test, cfg.n_points)
-    mask = jnp.ones(shape, bool)
-    net = (cfg.width, cfg.depth, cfg.heads, cfg.sampler_steps, cfg.method)
-    samp_r, samp_e = _sampler_fn(manifold, *net), _sampler_fn(ambient, *net)
-    gen_r = samp_r(params_r, rwefm.NoiseModel(manifold).sample(k1, shape), mask)
-    raw_e = samp_e(params_e, noise_e.sample(k2, shape), mask)
-    gen_e = manifold.proj(raw_e)
-
-    er = _evaluate(manifold, gen_r, test, cfg)
-    ee = _evaluate(manifold, gen_e, test, cfg)
-    floor = _evaluate(manifold, test2, test, cfg)
-    figures = {
-        "rwefm_w2": er["w2"],
-        "euclid_w2": ee["w2"],
-        "rwefm_1nna": er["1nna"],
-        "euclid_1nna": ee["1nna"],
-        "rwefm_mmd": er["mmd"],
-        "euclid_mmd": ee["mmd"],
-        "on_manifold_max_err": float(jnp.max(manifold.manifold_error(gen_r))),
-        "euclid_off_manifold_before_proj": float(jnp.max(manifold.manifold_error(raw_e))),
-        "rwefm_final_loss": loss_r,
-        "euclid_final_loss": loss_e,
-        "data_w2": floor["w2"],
-    }
-    return figures, gen_r, gen_e, seconds
+    dist = _distances(manifold, cfg.eval_epsilon, cfg.eval_max_iterations)
+    d_tt, ok_tt = dist(test, test)
+    oks = [ok_tt]
+    bandwidth = {g: rwefm.median_bandwidth(d) for g, d in d_tt.items()}
+    rows = {arm: [_scores(dist, g, test, d_tt, bandwidth, oks) for g in gens[arm]] for arm in ARMS}
+    floor_rows = [_scores(dist, f, test, d_tt, bandwidth, oks) for f in floors]
+    for arm in ARMS:
+        _stats(summary, arm, rows[arm])
+    _stats(summary, "floor", floor_rows)
+    diffs = [{m: r[m] - e[m] for m in METRICS} for r, e in zip(*rows.values(), strict=True)]
+    for m in METRICS:
+        v = np.array([d[m] for d in diffs])
+        summary[f"{m}_diff_mean"] = float(v.mean())
+        summary[f"{m}_diff_sd"] = float(v.std(ddof=1)) if v.size > 1 else 0.0
+    summary["eval_converged_frac"] = float(np.mean(np.concatenate([np.ravel(o) for o in oks])))
+    return summary, gens["rwefm"][0], gens["euclid"][0]

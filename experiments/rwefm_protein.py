@@ -16,39 +16,30 @@ replacement. A cloud thus shows which basins (beta / C7eq, alpha_R, alpha_L) one
 one trajectory visits; the generator must produce new, plausible stretches at the mixture of
 temperatures.
 
-Models: RWEFM on ``T^2`` (uniform noise clouds, Riemannian entropic maps, wrapped geodesics)
-and the Euclidean baseline on the angles in ``R^2`` (Gaussian noise fitted to the data, samples
-wrapped into ``[-pi, pi)`` at the end); same network, budget and sampler (the shared
-:func:`experiments._rwefm.compare`). Training checkpoints through
-``hexad.cachex`` (``--resume`` continues from the newest durable chunk).
+Models: RWEFM on ``T^2`` and the Euclidean baseline on the angles in ``R^2`` (samples wrapped
+into ``[-pi, pi)`` at the end), from the same noise, ``n_seeds`` seeds each (the shared
+:func:`experiments._rwefm.compare`, which gives the settings they share). Floors come from
+``n_floor`` held-out draws: the second held-out trajectory's windows, drawn ``n_floor`` times
+at random. Training checkpoints through ``hexad.cachex`` (``--resume`` continues from the
+newest durable chunk).
 
 Command:  python -m experiments.rwefm_protein [--quick] [--out DIR] [--seed N] [--set k=v ...]
           [--resume] [--ckpt DIR]
-Runtime:  --quick (bundled sample, no simulation) measured at 63 s of CPU (60 s user + 2 s
-          sys, 69 s of wall time on a shared 2-core machine at load ~3), most of it
-          compilation; the full study first simulates 12 trajectories of 105k steps (392 s in
-          all, cached afterwards) and then trains two models for 1000 steps: 1236 s of CPU
-          (1210 user + 25 sys; 60 min of wall time at load 6-10) with the data cached.
+Runtime:  --quick (bundled sample, no simulation) about 2 minutes on 2 idle cores, mostly
+          compilation; the full study first simulates 12 trajectories of 105k steps (cached
+          afterwards) and then trains 2 arms x 3 seeds x 5000 steps, sized for about an hour
+          on 2 cores with the data cached.
 
-Full run (seed 0; 354 training and 64 test clouds): W2 RWEFM 0.343 vs Euclidean 0.293 (data
-floor 0.277); 1-NNA 0.789 vs 0.711; MMD 0.0080 vs 0.0299; on_manifold_max_err 0. The baseline
-wins W2 and 1-NNA, RWEFM wins MMD (3.7x lower).
-
-summary.json keys: ``rwefm_w2``, ``euclid_w2`` (symmetric nearest-cloud Sinkhorn W2 on T^2
-between generated and held-out clouds; lower is better), ``rwefm_1nna``, ``euclid_1nna``
-(leave-one-out 1-NN two-sample accuracy, 0.5 ideal), ``rwefm_mmd``, ``euclid_mmd`` (squared
-MMD on cloud distances), ``on_manifold_max_err`` (RWEFM samples' largest distance from T^2),
-``euclid_off_manifold_before_proj`` (the baseline's, before wrapping), ``rwefm_final_loss``,
-``euclid_final_loss``, ``data_w2`` (the same W2 between the two held-out sets: the noise
-floor), ``n_train_clouds``, ``n_test_clouds``, ``frame_ps`` (picoseconds between frames),
-``train_seconds``.
+summary.json keys: every key of :func:`experiments._rwefm.compare` (``noise``,
+``map_converged_frac_rwefm``, ``map_converged_frac_euclid``, ``eval_converged_frac``, the
+metric means, sds, seeds, paired differences and floors, ...), plus ``n_train_clouds``,
+``n_test_clouds`` and ``frame_ps`` (picoseconds between frames).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -130,22 +121,19 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         c, _ = protein.torsion_clouds(data, cfg.n_points, cfg.stride, sel)
         return jnp.asarray(_subset(rng, c, k))
 
-    train, test, test2 = clouds(tr, cfg.n_train), clouds(te, cfg.n_test), clouds(te2, cfg.n_test)
-    n = min(test.shape[0], test2.shape[0])
-    test, test2 = test[:n], test2[:n]
+    train, test = clouds(tr, cfg.n_train), clouds(te, cfg.n_test)
+    floors = [clouds(te2, cfg.n_test) for _ in range(cfg.n_floor)]
+    n = min(test.shape[0], *(f.shape[0] for f in floors))
+    test, floors = test[:n], [f[:n] for f in floors]
     if cfg.n_test != n:
         cfg = dataclasses.replace(cfg, n_test=n)
-
-    torus = Torus(2)
-    keys = tuple(jax.random.split(ctx.key(), 4))
-    figures, gen_r, gen_e, t_train = compare(keys, torus, train, test, test2, cfg, ctx)
+    figures, gen_r, gen_e = compare(ctx.key(), Torus(2), train, test, floors, cfg, ctx)
     _plot(ctx, test, gen_r, gen_e)
     return {
         **figures,
         "n_train_clouds": int(train.shape[0]),
         "n_test_clouds": int(n),
         "frame_ps": float(data.frame_ps),
-        "train_seconds": t_train,
     }
 
 
@@ -175,7 +163,7 @@ def _plot(ctx, test, gen_r, gen_e):
             axes[row, j].set_ylim(-180, 180)
             if j == 0:
                 axes[row, j].set_ylabel(f"{title}\npsi (deg)")
-    fig.suptitle("Single clouds: (phi, psi) in degrees")
+    fig.suptitle("Single clouds (seed 0): (phi, psi) in degrees")
     ctx.save_plot(fig, "clouds_ramachandran")
 
 

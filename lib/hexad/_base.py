@@ -190,6 +190,8 @@ class Manifold(Protocol):
       ``weighted_log(x [n, dim], w [n, m], y [m, dim], sqdist=None) -> [n, dim]``:
       ``sum_j w_ij log_{x_i}(y_j)`` (``sqdist``: ``pairwise_sqdist(x, y)`` if already known).
       ``manifold_error(x) -> [...]``: how far coordinates are from M (0 on it).
+      ``features(x) -> [..., k]``: a network's input features of points (the coordinates;
+      ``(cos x, sin x)`` on the torus).
       ``mean(x [n, dim], w [n]) -> [dim]``: a weighted (extrinsic) mean on M, ``w >= 0``
       normalised inside.
       ``random_normal(key, mean, scale, shape=()) -> [*shape, dim]``: (wrapped) normal samples.
@@ -226,6 +228,8 @@ class Manifold(Protocol):
     def weighted_log(self, x, w, y, sqdist=None): ...
 
     def manifold_error(self, x): ...
+
+    def features(self, x): ...
 
     def mean(self, x, w): ...
 

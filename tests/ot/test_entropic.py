@@ -18,6 +18,7 @@ from hexad.ot import (
     SqGeodesic,
     barycentric_tangent,
     entropic_map,
+    greedy_matching,
     mccann_interpolation,
     sinkhorn_divergence,
     sinkhorn_w2,
@@ -227,3 +228,34 @@ def test_sinkhorn_w2_of_nan_is_nan():
     w2 = jax.jit(lambda a, b: sinkhorn_w2(S2, a, b, max_iterations=20))
     assert bool(jnp.isnan(w2(x.at[1, 0].set(jnp.nan), x)))
     assert 0.0 <= float(w2(x, x)) < 1e-2
+
+
+def test_relative_epsilon_is_epsilon_times_the_largest_real_cost(key):
+    # scale_cost="max_cost" is the absolute map at epsilon * max C over real pairs, exactly
+    # (same ott solve), dense and row-blocked; padded points do not set the scale.
+    kx, ky = jax.random.split(key)
+    x, y = S2.random_uniform(kx, (12,)), S2.random_uniform(ky, (10,))
+    b = jnp.ones(10).at[9].set(0.0)
+    cmax = float(jnp.max(S2.pairwise_sqdist(x, y[:9])))
+    rel = EntropicMap(S2, epsilon=0.01, scale_cost="max_cost", max_iterations=2000)(x, y, None, b)
+    ab = EntropicMap(S2, epsilon=0.01 * cmax, max_iterations=2000)(x, y, None, b)
+    np.testing.assert_allclose(float(rel.epsilon), 0.01 * cmax, rtol=1e-6)
+    np.testing.assert_allclose(rel.mapped, ab.mapped, atol=1e-5)
+    blocked = EntropicMap(
+        S2, epsilon=0.01, scale_cost="max_cost", max_iterations=2000, batch_size=4
+    )(x, y, None, b)
+    np.testing.assert_allclose(float(blocked.epsilon), float(rel.epsilon), rtol=1e-6)
+    np.testing.assert_allclose(blocked.mapped, rel.mapped, atol=1e-5)
+    with pytest.raises(ValueError, match="scale_cost: expected one of"):
+        EntropicMap(S2, epsilon=0.01, scale_cost="mean")(x, y)
+    with pytest.raises(ValueError, match="epsilon: expected a finite number > 0"):
+        EntropicMap(S2, epsilon=-0.01, scale_cost="max_cost")(x, y)
+
+
+def test_greedy_matching_is_a_permutation_and_exact_on_permutation_plans(key):
+    perm = jax.random.permutation(key, 9)
+    plan = jnp.eye(9)[perm] + 0.01 * jax.random.uniform(key, (9, 9))
+    idx = greedy_matching(plan)  # row idx[j] is matched to column j
+    np.testing.assert_array_equal(np.asarray(perm)[np.asarray(idx)], np.arange(9))
+    rnd = greedy_matching(jax.random.uniform(jax.random.fold_in(key, 1), (7, 7)))
+    assert sorted(np.asarray(rnd).tolist()) == list(range(7))

@@ -164,6 +164,10 @@ class Euclidean:
     def manifold_error(self, x: Array) -> Array:
         return jnp.zeros(x.shape[:-1], x.dtype)
 
+    def features(self, x: Array) -> Array:
+        """Returns the coordinates ``x`` (a network's input features)."""
+        return x
+
     def geodesic(self, x: Array, v: Array, t: Array) -> tuple[Array, Array]:
         return x + t * v, v
 
@@ -231,6 +235,10 @@ class Sphere:
 
     def manifold_error(self, x: Array) -> Array:
         return jnp.abs(_safe_norm(x) - 1.0)
+
+    def features(self, x: Array) -> Array:
+        """Returns the coordinates ``x`` (a network's input features)."""
+        return x
 
     def exp(self, x: Array, v: Array) -> Array:
         """``cos|v| x + sin|v| v/|v|``, renormalised so points stay on the sphere."""
@@ -417,6 +425,10 @@ class Torus:
         over = jnp.maximum(jnp.abs(x + 0.0) - math.pi, 0.0)
         return jnp.max(over, axis=-1)
 
+    def features(self, x: Array) -> Array:
+        """Returns ``[..., 2 dim]`` ``(cos x, sin x)``: smooth, periodic coordinates."""
+        return jnp.concatenate([jnp.cos(x), jnp.sin(x)], axis=-1)
+
     def exp(self, x: Array, v: Array) -> Array:
         return wrap_angle(x + v)
 
@@ -544,6 +556,11 @@ class Product:
     def manifold_error(self, x: Array) -> Array:
         errs = [f.manifold_error(p) for f, p in zip(self.factors, self._split(x), strict=True)]
         return jnp.max(jnp.stack(errs, axis=-1), axis=-1)
+
+    def features(self, x: Array) -> Array:
+        """Returns the factors' features, concatenated."""
+        parts = zip(self.factors, self._split(x), strict=True)
+        return jnp.concatenate([f.features(p) for f, p in parts], axis=-1)
 
     def geodesic(self, x: Array, v: Array, t: Array) -> tuple[Array, Array]:
         pts, vels = [], []

@@ -16,7 +16,7 @@ from ott.problems.linear import linear_problem
 from ott.solvers.linear import sinkhorn
 from ott.tools import sinkhorn_divergence as ott_sd
 
-from hexad._base import is_traced
+from hexad._base import check_int, check_positive, is_traced
 from hexad.geometry import Manifold, check_points, check_weights
 from hexad.ot._costs import SqGeodesic
 from hexad.ot._online import BlockedPointCloud
@@ -25,7 +25,9 @@ __all__ = [
     "EntropicMap",
     "EntropicMapOutput",
     "barycentric_tangent",
+    "check_settings",
     "entropic_map",
+    "max_real_cost",
     "mccann_interpolation",
     "sinkhorn_divergence",
     "sinkhorn_w2",
@@ -45,6 +47,8 @@ class EntropicMapOutput(NamedTuple):
       n_iters: ``[]`` int, Sinkhorn iterations run.
       reg_ot_cost: ``[]`` ott-jax's regularised OT cost.
       errors: ``[max_iterations // inner_iterations]`` marginal error history (``-1`` unused).
+      epsilon: ``[]`` the absolute regularisation used (``epsilon * max cost`` with
+        ``scale_cost="max_cost"``).
     """
 
     mapped: Array
@@ -54,6 +58,24 @@ class EntropicMapOutput(NamedTuple):
     n_iters: Array
     reg_ot_cost: Array
     errors: Array
+    epsilon: Array
+
+
+SCALE_COSTS = (None, "max_cost")
+
+
+def max_real_cost(cost: Array, a: Array, b: Array) -> Array:
+    """Returns the largest entry of ``cost [n, m]`` between real points (``a_i > 0``, ``b_j > 0``).
+
+    The scale of ``scale_cost="max_cost"`` (ott-jax's name): padded rows and columns do not
+    count. A NaN weight or cost propagates (NaN), it is not read as padding.
+
+    >>> max_real_cost(jnp.array([[1.0, 5.0], [2.0, 3.0]]), jnp.ones(2), jnp.array([1.0, 0.0]))
+    Array(2., dtype=float32)
+    """
+    real = (a[:, None] > 0) & (b[None, :] > 0)
+    nan = jnp.isnan(a)[:, None] | jnp.isnan(b)[None, :]
+    return jnp.max(jnp.where(nan, jnp.nan, jnp.where(real, cost, -jnp.inf)))
 
 
 def barycentric_tangent(
@@ -119,7 +141,10 @@ class EntropicMap:
 
     Attributes:
       manifold: the manifold (static).
-      epsilon: entropic regularisation, absolute units of squared distance (static).
+      epsilon: entropic regularisation, ``> 0`` (static): in units of squared distance, or,
+        with ``scale_cost="max_cost"``, relative to the largest cost between real points of the
+        pair (ott-jax's ``scale_cost="max_cost"``; the RWEFM reference uses 0.002).
+      scale_cost: ``None`` (absolute ``epsilon``) or ``"max_cost"`` (static).
       threshold: Sinkhorn's marginal-error tolerance (static).
       max_iterations: Sinkhorn's iteration bound (static).
       inner_iterations: iterations between error checks (static).
@@ -136,6 +161,7 @@ class EntropicMap:
 
     manifold: Manifold = struct.field(pytree_node=False)
     epsilon: float = struct.field(pytree_node=False, default=0.05)
+    scale_cost: str | None = struct.field(pytree_node=False, default=None)
     threshold: float = struct.field(pytree_node=False, default=1e-3)
     max_iterations: int = struct.field(pytree_node=False, default=500)
     inner_iterations: int = struct.field(pytree_node=False, default=10)
@@ -156,8 +182,7 @@ class EntropicMap:
           An :class:`EntropicMapOutput`.
         """
         _validate_pair(self.manifold, x, y, a, b)
-        if not self.epsilon > 0:
-            raise ValueError(f"epsilon: expected a positive float, got {self.epsilon!r}")
+        check_settings(self.epsilon, self.scale_cost, self.max_iterations)
         n, m = x.shape[0], y.shape[0]
         dtype = jnp.result_type(x, y)
         a = jnp.full((n,), 1.0 / n, dtype) if a is None else a / jnp.sum(a)
@@ -167,13 +192,30 @@ class EntropicMap:
             # Dense: the geodesic cost (arccos / wrapped differences) is computed once, for
             # Sinkhorn and the map, not in every iteration as a custom-cost PointCloud would.
             cost = self.manifold.pairwise_sqdist(x, y)
-            geom = ott_geometry.Geometry(cost_matrix=cost, epsilon=self.epsilon)
+            scale = max_real_cost(cost, a, b) if self.scale_cost == "max_cost" else None
+        elif self.scale_cost == "max_cost":
+            # row by row, so the memory stays O(batch_size * m)
+            per_row = jax.lax.map(
+                lambda xi: max_real_cost(
+                    self.manifold.pairwise_sqdist(xi[None], y), jnp.ones(1, dtype), b
+                ),
+                x,
+                batch_size=self.batch_size,
+            )
+            scale = max_real_cost(per_row[:, None], a, jnp.ones(1, dtype))
+        else:
+            scale = None
+        # The plan of ott's scale_cost="max_cost" with the potentials kept in cost units, so
+        # the barycentric weights below use the same epsilon.
+        eps = jnp.asarray(self.epsilon, dtype) if scale is None else self.epsilon * scale
+        if self.batch_size is None:
+            geom = ott_geometry.Geometry(cost_matrix=cost, epsilon=eps)
         else:
             geom = BlockedPointCloud(
                 x,
                 y,
                 cost_fn=SqGeodesic(self.manifold),
-                epsilon=self.epsilon,
+                epsilon=eps,
                 batch_size=self.batch_size,
             )
         solver = sinkhorn.Sinkhorn(
@@ -186,7 +228,7 @@ class EntropicMap:
         with jax.numpy_rank_promotion("allow"):
             out = solver(linear_problem.LinearProblem(geom, a=a, b=b))
         tangent = barycentric_tangent(
-            self.manifold, x, y, b, out.g, self.epsilon, batch_size=self.batch_size, cost=cost
+            self.manifold, x, y, b, out.g, eps, batch_size=self.batch_size, cost=cost
         )
         return EntropicMapOutput(
             mapped=self.manifold.exp(x, tangent),
@@ -196,7 +238,23 @@ class EntropicMap:
             n_iters=out.n_iters,
             reg_ot_cost=out.reg_ot_cost,
             errors=out.errors,
+            epsilon=eps,
         )
+
+
+def check_settings(epsilon: Any, scale_cost: Any, max_iterations: Any) -> None:
+    """Raises a ValueError naming the setting unless ``epsilon > 0``, ``scale_cost`` is one of
+    ``None``/``"max_cost"`` and ``max_iterations >= 1``.
+
+    >>> check_settings(0.0, None, 10)
+    Traceback (most recent call last):
+    ...
+    ValueError: epsilon: expected a finite number > 0, got 0.0
+    """
+    check_positive("epsilon", epsilon)
+    if scale_cost not in SCALE_COSTS:
+        raise ValueError(f"scale_cost: expected one of {SCALE_COSTS}, got {scale_cost!r}")
+    check_int("max_iterations", max_iterations)
 
 
 def entropic_map(
@@ -207,6 +265,7 @@ def entropic_map(
     b: Array | None = None,
     *,
     epsilon: float = 0.05,
+    scale_cost: str | None = None,
     max_iterations: int = 500,
     threshold: float = 1e-3,
     batch_size: int | None = None,
@@ -222,6 +281,7 @@ def entropic_map(
     solver = EntropicMap(
         manifold,
         epsilon=epsilon,
+        scale_cost=scale_cost,
         threshold=threshold,
         max_iterations=max_iterations,
         batch_size=batch_size,

@@ -60,21 +60,34 @@ def wrapped_normal_mixture_clouds(
     *,
     n_modes: int = 3,
     scale_range: tuple[float, float] = (0.15, 0.5),
+    seam_width: float | None = None,
     dim: int = 2,
 ) -> jax.Array:
     """Returns ``[n_clouds, n_points, dim]`` clouds of angles on ``T^dim``.
 
     Each cloud is a mixture of ``n_modes`` isotropic wrapped normals with uniform centres,
-    scales uniform in ``scale_range`` and Dirichlet(1) weights.
+    scales uniform in ``scale_range`` and Dirichlet(1) weights. With ``seam_width = w``,
+    every centre angle is uniform within ``w`` of the seam ``+-pi`` instead, so the clouds
+    straddle it (where the torus and the angle chart ``R^dim`` differ).
+
+    Args:
+      key: PRNG key.
+      n_clouds, n_points, n_modes, dim: sizes (static).
+      scale_range: ``(low, high)`` of the modes' scales (static).
+      seam_width: ``None`` or the half-width ``> 0`` of the band of centres around the seam.
 
     >>> wrapped_normal_mixture_clouds(jax.random.key(0), 2, 5).shape
     (2, 5, 2)
     """
+    if seam_width is not None and not seam_width > 0:
+        raise ValueError(f"seam_width: expected None or a number > 0, got {seam_width!r}")
     t = Torus(dim)
 
     def one(k):
         km, ks, kw, kc, kp = jax.random.split(k, 5)
         mus = t.random_uniform(km, (n_modes,))
+        if seam_width is not None:
+            mus = t.proj(math.pi + seam_width * mus / math.pi)
         scales = jax.random.uniform(ks, (n_modes,), minval=scale_range[0], maxval=scale_range[1])
         w = jax.random.dirichlet(kw, jnp.ones(n_modes))
         comp = jax.random.categorical(kc, jnp.log(w), shape=(n_points,))

@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from hexad.geometry import Manifold, Torus
+from hexad.geometry import Manifold
 
 __all__ = ["VectorField", "time_embedding"]
 
@@ -31,7 +31,8 @@ def time_embedding(t: jax.Array, width: int) -> jax.Array:
 class VectorField(nn.Module):
     """A vector field on clouds: ``(x [B, n, d], mask [B, n], t [B], labels [B]) -> [B, n, d]``.
 
-    Points are embedded (ambient coordinates; ``(cos, sin)`` of angles on a torus), the time
+    Points are embedded through ``manifold.features`` (ambient coordinates; ``(cos, sin)``
+    of angles on a torus; the coordinates themselves for a manifold without it), the time
     embedding (and an optional label embedding) is added to every point, ``depth`` pre-norm
     transformer blocks with masked self-attention mix the points (no positional encoding, so
     the field is permutation-equivariant), and the output is projected onto ``T_x M`` and
@@ -64,9 +65,7 @@ class VectorField(nn.Module):
     def __call__(
         self, x: jax.Array, mask: jax.Array, t: jax.Array, labels: jax.Array | None = None
     ) -> jax.Array:
-        feats = x
-        if isinstance(self.manifold, Torus):
-            feats = jnp.concatenate([jnp.cos(x), jnp.sin(x)], axis=-1)
+        feats = self.manifold.features(x)
         h = nn.Dense(self.width, name="embed")(feats)
         temb = time_embedding(t, self.width)
         temb = nn.Dense(self.width)(nn.gelu(nn.Dense(self.width)(temb)))

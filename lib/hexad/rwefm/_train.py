@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 from jax.sharding import Mesh
@@ -28,14 +29,18 @@ from ott.solvers.linear import sinkhorn
 from hexad import sharding
 from hexad._base import DATA_AXIS, Algorithm, TrainState, check_int, check_positive, check_unit
 from hexad.geometry import Euclidean, Manifold, check_points
-from hexad.ot import EntropicMap, mccann_interpolation
+from hexad.ot import EntropicMap, chamfer, check_settings, greedy_matching, mccann_interpolation
 
 __all__ = [
+    "NOISE_KINDS",
+    "PAIRINGS",
     "CloudBatch",
     "NoiseModel",
     "Sampler",
     "TrainInfo",
     "TrainState",
+    "calibrate_map_iterations",
+    "check_noise_kind",
     "euclidean_baseline",
     "fit_noise",
     "flow_matching_loss",
@@ -43,6 +48,7 @@ __all__ = [
     "make_sampler",
     "make_train",
     "make_trainer",
+    "match_clouds",
     "pair_clouds",
     "shard_batch",
     "validate_batch",
@@ -87,15 +93,30 @@ class Sampler(NamedTuple):
     sample: Callable
 
 
+NOISE_KINDS = ("ambient_gaussian", "uniform", "wrapped_normal")
+
+
 @struct.dataclass
 class NoiseModel:
-    """The source distribution of clouds: i.i.d. points, uniform or a wrapped normal.
+    """The source distribution of clouds (one of :data:`NOISE_KINDS`).
+
+    - ``"ambient_gaussian"``: each cloud is Gaussian in the manifold's coordinates (ambient
+      ``R^d`` for the sphere, the angle chart for the torus) with mean ``loc`` and Cholesky
+      factor ``chol_mean + chol_std * Z`` (``Z`` entrywise standard normal, one draw per
+      cloud), projected onto M (``manifold.proj``): the reference's default, fitted by
+      :func:`fit_noise` to the per-cloud means and Cholesky factors of the data.
+    - ``"uniform"``: i.i.d. uniform points on a compact M.
+    - ``"wrapped_normal"``: i.i.d. ``manifold.random_normal(loc, scale)``.
+
+    The samples lie on ``manifold``; a Euclidean baseline trained in the ambient coordinates
+    takes the same model (same clouds), so both arms start from the same noise.
 
     Attributes:
-      manifold: the manifold (static).
-      kind: ``"uniform"`` (sphere, torus) or ``"normal"`` (wrapped normal at ``loc``) (static).
-      loc: ``[d]`` centre of the wrapped normal.
-      scale: ``[]`` its scale (tangent-space standard deviation).
+      manifold: the manifold the noise lives on (static).
+      kind: one of :data:`NOISE_KINDS` (static).
+      loc: ``[d]`` centre (ambient mean or wrapped-normal centre), or ``None`` (the origin).
+      scale: ``[]`` the wrapped normal's tangent standard deviation.
+      chol_mean, chol_std: ``[d, d]`` mean and spread of the per-cloud Cholesky factors.
 
     >>> from hexad.geometry import Sphere
     >>> NoiseModel(Sphere(3)).sample(jax.random.key(0), (2, 4)).shape
@@ -106,43 +127,92 @@ class NoiseModel:
     kind: str = struct.field(pytree_node=False, default="uniform")
     loc: Array | None = None
     scale: Array | float = 1.0
+    chol_mean: Array | None = None
+    chol_std: Array | None = None
 
     def sample(self, key: Array, shape: tuple[int, ...]) -> Array:
-        """Returns noise points ``[*shape, d]``."""
+        """Returns noise points ``[*shape, d]``; ``shape = (*clouds, n_points)``."""
+        check_noise_kind(self.kind)
+        d = self.manifold.dim
+        loc = jnp.zeros(d) if self.loc is None else self.loc
         if self.kind == "uniform":
             return self.manifold.random_uniform(key, shape)
-        loc = jnp.zeros(self.manifold.dim) if self.loc is None else self.loc
-        return self.manifold.random_normal(key, loc, self.scale, shape)
+        if self.kind == "wrapped_normal":
+            return self.manifold.random_normal(key, loc, self.scale, shape)
+        if self.chol_mean is None or self.chol_std is None:
+            raise ValueError("noise: an ambient_gaussian NoiseModel needs chol_mean and chol_std")
+        kc, kz = jax.random.split(key)
+        draw = jax.random.normal(kc, (*shape[:-1], d, d))
+        chol = (
+            jnp.broadcast_to(self.chol_mean, draw.shape)
+            + jnp.broadcast_to(self.chol_std, draw.shape) * draw
+        )
+        z = jnp.einsum("...nj,...ij->...ni", jax.random.normal(kz, (*shape, d)), chol)
+        return self.manifold.proj(z + jnp.broadcast_to(loc, z.shape))
 
 
-def fit_noise(manifold: Manifold, batch: CloudBatch, kind: str = "normal") -> NoiseModel:
-    """Returns a noise model matched to the data's spread (host-side, concrete arrays).
+def check_noise_kind(kind: Any) -> str:
+    """Returns ``kind`` or raises a ValueError naming ``noise`` unless it is in NOISE_KINDS.
 
-    ``loc`` is ``manifold.mean`` of all real (unpadded) points with equal weights (an extrinsic
-    mean: projected onto the sphere, circular per angle on the torus, plain in Euclidean
-    space); ``scale`` is the root mean squared geodesic distance to it divided by
-    ``sqrt(intrinsic_dim)``.
+    >>> check_noise_kind("gaussian")
+    Traceback (most recent call last):
+    ...
+    ValueError: noise: expected one of (...), got 'gaussian'
+    """
+    if kind not in NOISE_KINDS:
+        raise ValueError(f"noise: expected one of {NOISE_KINDS}, got {kind!r}")
+    return kind
+
+
+def fit_noise(manifold: Manifold, batch: CloudBatch, kind: str = "ambient_gaussian") -> NoiseModel:
+    """Returns a :class:`NoiseModel` of ``kind`` fitted to the training clouds (host side).
+
+    - ``"ambient_gaussian"``: per cloud, the mass-weighted mean ``mu_c`` and covariance
+      ``S_c`` of the real points' coordinates; ``loc = mean_c mu_c``, ``chol_mean`` /
+      ``chol_std`` the mean and standard deviation over clouds of ``cholesky(S_c + 1e-5 I)``
+      (the reference's ``ambient_gaussian``; on the torus in the angle chart, as there).
+    - ``"wrapped_normal"``: ``loc = manifold.mean`` of all real points (extrinsic: projected
+      on the sphere, circular per angle on the torus), ``scale`` the root mean squared
+      geodesic distance to it over ``sqrt(intrinsic_dim)``.
+    - ``"uniform"``: nothing to fit.
 
     Args:
-      manifold: the manifold.
-      batch: the training clouds.
-      kind: ``"normal"`` or ``"uniform"``.
+      manifold: the manifold the noise lives on.
+      batch: the training clouds (points on ``manifold``).
+      kind: one of :data:`NOISE_KINDS`.
 
     >>> from hexad.geometry import Euclidean
     >>> b = CloudBatch(jnp.ones((1, 3, 2)), jnp.ones((1, 3)))
-    >>> fit_noise(Euclidean(2), b).loc.tolist()
+    >>> fit_noise(Euclidean(2), b, "wrapped_normal").loc.tolist()
     [1.0, 1.0]
     """
-    if kind not in ("normal", "uniform"):
-        raise ValueError(f"kind: expected 'normal' or 'uniform', got {kind!r}")
+    check_noise_kind(kind)
     validate_batch(manifold, batch)
-    x = batch.points.reshape(-1, manifold.dim)
-    real = (batch.weights.reshape(-1) > 0).astype(x.dtype)
-    loc = manifold.mean(x, real)
-    w = real / jnp.sum(real)
-    d2 = manifold.sqdist(jnp.broadcast_to(loc, x.shape), x)
-    scale = jnp.sqrt(jnp.sum(w * d2) / manifold.intrinsic_dim)
-    return NoiseModel(manifold, kind, loc, scale)
+    if kind == "uniform":
+        return NoiseModel(manifold, kind)
+    if kind == "wrapped_normal":
+        x = batch.points.reshape(-1, manifold.dim)
+        real = (batch.weights.reshape(-1) > 0).astype(x.dtype)
+        loc = manifold.mean(x, real)
+        w = real / jnp.sum(real)
+        d2 = manifold.sqdist(jnp.broadcast_to(loc, x.shape), x)
+        scale = jnp.sqrt(jnp.sum(w * d2) / manifold.intrinsic_dim)
+        return NoiseModel(manifold, kind, loc, scale)
+    x = batch.points
+    w = jnp.where(batch.weights > 0, batch.weights, 0.0)
+    w = w / jnp.sum(w, axis=1, keepdims=True)
+    mu = jnp.einsum("bn,bnd->bd", w, x)
+    dev = x - mu[:, None, :]
+    cov = jnp.einsum("bn,bni,bnj->bij", w, dev, dev)
+    chol = jnp.linalg.cholesky(cov + 1e-5 * jnp.eye(manifold.dim)[None])
+    return NoiseModel(
+        manifold,
+        kind,
+        jnp.mean(mu, axis=0),
+        1.0,
+        jnp.mean(chol, axis=0),
+        jnp.std(chol, axis=0),
+    )
 
 
 def validate_batch(manifold: Manifold, batch: CloudBatch, name: str = "batch") -> None:
@@ -221,7 +291,8 @@ def pair_clouds(
     Args:
       key: PRNG key.
       manifold: the manifold (static).
-      noise: ``[B, n, d]``, ``noise_w``: ``[B, n]`` noise clouds and masses.
+      noise: ``[B, n, d]``, ``noise_w``: ``[B, n]`` noise clouds and masses (noise cloud
+        ``i`` is costed against data cloud ``j`` with masses ``noise_w[i] * (data_w[j] > 0)``).
       data: ``[B, n, d]``, ``data_w``: ``[B, n]`` data clouds and masses.
       epsilon: entropic regularisation of the point-level costs (static).
       inner_iterations: Sinkhorn iterations per point-level cost (static).
@@ -250,7 +321,8 @@ def pair_clouds(
             out = solver(linear_problem.LinearProblem(geom, a=a, b=b))
         return jnp.sum(out.matrix * c)
 
-    row = jax.vmap(cost, in_axes=(None, None, 0, 0))
+    # noise cloud i is costed under data cloud j's padding mask, the mask it is used with
+    row = jax.vmap(lambda x, a, y, b: cost(x, a * (b > 0), y, b), in_axes=(None, None, 0, 0))
     n_clouds = noise.shape[0]
     if rows_per_block is None:
         per_row = n_clouds * noise.shape[1] * data.shape[1]
@@ -266,6 +338,129 @@ def pair_clouds(
         plan = sinkhorn.Sinkhorn(max_iterations=200)(linear_problem.LinearProblem(geom)).matrix
     logits = jnp.log(jnp.maximum(plan.T, 1e-30))  # [B data, B noise]
     return jax.random.categorical(key, logits, axis=-1)
+
+
+PAIRINGS = ("matching", "sample", "none")
+
+
+def match_clouds(
+    manifold: Manifold,
+    noise: Array,
+    data: Array,
+    data_w: Array,
+    *,
+    plan_epsilon: float = 0.01,
+) -> Array:
+    """Returns ``[B]`` indices, a permutation: noise cloud ``idx[j]`` pairs with data cloud ``j``.
+
+    Cloud-level minibatch OT as in the RWEFM reference: the ``[B, B]`` cost is the Chamfer
+    cost for ``d_M^2`` (:func:`hexad.ot.chamfer`, each noise cloud costed under the data
+    cloud's padding mask, the mask it is then used with), an ott-jax Sinkhorn plan on it with
+    ``plan_epsilon`` relative to its largest entry, rounded to a one-to-one matching
+    (:func:`hexad.ot.greedy_matching`).
+
+    Args:
+      manifold: the manifold (static).
+      noise: ``[B, n, d]`` noise clouds.
+      data: ``[B, n, d]`` data clouds with masses ``data_w [B, n]``.
+      plan_epsilon: the cloud-level plan's regularisation, relative to the largest cost
+        (static).
+
+    >>> from hexad.geometry import Torus
+    >>> x = Torus(2).random_uniform(jax.random.key(0), (3, 4))
+    >>> sorted(match_clouds(Torus(2), x, x, jnp.ones((3, 4))).tolist())
+    [0, 1, 2]
+    """
+
+    def cost(x, y, b):
+        return chamfer(manifold, x, y, b, b)
+
+    cmat = jax.vmap(jax.vmap(cost, in_axes=(None, 0, 0)), in_axes=(0, None, None))(
+        noise, data, data_w
+    )
+    geom = ott_geometry.Geometry(cost_matrix=cmat, epsilon=plan_epsilon * jnp.max(cmat) + 1e-12)
+    with jax.numpy_rank_promotion("allow"):
+        plan = sinkhorn.Sinkhorn(max_iterations=500)(linear_problem.LinearProblem(geom)).matrix
+    return greedy_matching(plan)
+
+
+def calibrate_map_iterations(
+    key: Array,
+    manifold: Manifold,
+    noise: NoiseModel,
+    clouds: Array,
+    weights: Array,
+    *,
+    epsilon: float = 0.002,
+    scale_cost: str | None = "max_cost",
+    target: float = 0.95,
+    n_pairs: int = 100,
+    max_iterations: int = 5000,
+    inner_iterations: int = 10,
+    pairing: str = "none",
+    batch_size: int = 16,
+) -> tuple[int, float]:
+    """Returns ``(iterations, converged_fraction)``: the smallest Sinkhorn bound at which at
+    least ``target`` of ``n_pairs`` sampled noise/data maps converge (host side).
+
+    The reference's automatic rule: ``n_pairs`` data clouds drawn at random (with
+    replacement) are each mapped from a fresh noise cloud with :class:`hexad.ot.EntropicMap`
+    bounded by ``max_iterations``, the noise paired with the data as the trainer pairs it
+    (``pairing``, within groups of ``batch_size`` clouds, its minibatches); the returned
+    bound is the smallest multiple of
+    ``inner_iterations`` by which a ``target`` fraction had converged, or ``max_iterations``
+    when fewer than that converge at all (then ``converged_fraction < target`` says so).
+    A vmapped Sinkhorn runs until its slowest pair stops, so the bound sets a step's cost.
+
+    Args:
+      key: PRNG key.
+      manifold: the geometry the maps are computed in (``Euclidean(d)`` for the baseline).
+      noise: the :class:`NoiseModel` (its samples must be valid points of ``manifold``).
+      clouds: ``[N, n, d]`` training clouds, ``weights``: ``[N, n]``.
+      epsilon, scale_cost: the maps' regularisation (as :class:`hexad.ot.EntropicMap`).
+      target: the fraction of maps that must converge, in ``(0, 1]``.
+      n_pairs, max_iterations, inner_iterations: sizes (``>= 1``).
+      pairing: one of :data:`PAIRINGS`, as the trainer's; batch_size: its minibatch size.
+    """
+    check_unit("target", target, hi_open=False)
+    check_settings(epsilon, scale_cost, max_iterations)
+    n_pairs = check_int("n_pairs", n_pairs)
+    inner = check_int("inner_iterations", inner_iterations)
+    batch_size = min(check_int("batch_size", batch_size), n_pairs)
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing: expected one of {PAIRINGS}, got {pairing!r}")
+    validate_batch(noise.manifold, CloudBatch(clouds, weights), "clouds")
+    kc, kn, kp = jax.random.split(key, 3)
+    n_groups = -(-n_pairs // batch_size)
+    idx = jax.random.choice(kc, clouds.shape[0], (n_groups, batch_size))
+    y, b = clouds[idx], weights[idx]
+    x = noise.sample(kn, y.shape[:3])
+
+    def paired(k, x, y, b):
+        if pairing == "matching":
+            return x[match_clouds(manifold, x, y, b)]
+        if pairing == "sample":
+            return x[pair_clouds(k, manifold, x, jnp.ones_like(b), y, b)]
+        return x
+
+    x = jax.jit(jax.vmap(paired))(jax.random.split(kp, n_groups), x, y, b)
+    x, y, b = (v.reshape(-1, *v.shape[2:])[:n_pairs] for v in (x, y, b))
+    mapper = EntropicMap(
+        manifold,
+        epsilon=epsilon,
+        scale_cost=scale_cost,
+        max_iterations=max_iterations,
+        inner_iterations=inner,
+    )
+    a = (b > 0).astype(y.dtype)
+    out = jax.jit(jax.vmap(mapper))(x, y, a, b)
+    ok = np.asarray(out.converged)
+    its = np.where(ok, np.asarray(out.n_iters), np.iinfo(np.int32).max)
+    frac = float(np.mean(ok))
+    if frac < target:
+        return int(max_iterations), frac
+    need = int(np.sort(its)[int(np.ceil(target * n_pairs)) - 1])
+    return int(min(max_iterations, inner * int(np.ceil(need / inner)))), frac
 
 
 def shard_batch(batch: CloudBatch, mesh: Mesh, axis: str = DATA_AXIS) -> CloudBatch:
@@ -284,26 +479,36 @@ def shard_batch(batch: CloudBatch, mesh: Mesh, axis: str = DATA_AXIS) -> CloudBa
     return jax.tree.map(lambda a: jax.device_put(a, placement), batch)
 
 
-def _check_settings(manifold, noise, epsilon, sinkhorn_iterations, p_uncond) -> None:
+def _check_settings(manifold, noise, epsilon, scale_cost, iterations, pairing, p_uncond) -> None:
     if not isinstance(manifold, Manifold):
         raise TypeError(
             f"manifold: expected a hexad.geometry.Manifold, got {type(manifold).__name__}"
         )
     if not isinstance(noise, NoiseModel):
         raise TypeError(f"noise: expected a NoiseModel, got {type(noise).__name__}")
+    check_noise_kind(noise.kind)
+    if noise.manifold.dim != manifold.dim:
+        raise ValueError(
+            f"noise: expected noise of dimension {manifold.dim}, got {noise.manifold.dim}"
+        )
     check_positive("epsilon", epsilon)
-    check_int("sinkhorn_iterations", sinkhorn_iterations)
+    check_settings(epsilon, scale_cost, 1)
+    check_int("sinkhorn_iterations", iterations)
+    if pairing not in PAIRINGS:
+        raise ValueError(f"pairing: expected one of {PAIRINGS}, got {pairing!r}")
     check_unit("p_uncond", p_uncond, lo_open=False, hi_open=False)
 
 
 def _objective(
-    manifold, model, noise, epsilon, sinkhorn_iterations, ot_pairing, p_uncond, mesh, axis
+    manifold, model, noise, epsilon, scale_cost, iterations, pairing, p_uncond, mesh, axis
 ):
     """The pieces :func:`make_trainer` and :func:`make_loss` share: ``constrain(tree)`` (the
     mesh constraint), ``targets(key, batch) -> (regression targets, entropic maps)`` and
     ``regress(params, targets) -> []``."""
-    _check_settings(manifold, noise, epsilon, sinkhorn_iterations, p_uncond)
-    mapper = EntropicMap(manifold, epsilon=epsilon, max_iterations=sinkhorn_iterations)
+    _check_settings(manifold, noise, epsilon, scale_cost, iterations, pairing, p_uncond)
+    mapper = EntropicMap(
+        manifold, epsilon=epsilon, scale_cost=scale_cost, max_iterations=iterations
+    )
     num_classes = int(getattr(model, "num_classes", 0))
     placement = None if mesh is None else sharding.batch_sharding(mesh, axis)
 
@@ -318,11 +523,13 @@ def _objective(
         kn, kp, kt, kl = jax.random.split(key, 4)
         data, b = batch.points, batch.weights
         mask = b > 0
-        a = mask.astype(data.dtype)
+        # a NaN weight is not padding (NaN > 0 is False): it makes the loss NaN, not masked
+        a = jnp.where(jnp.isnan(b), jnp.nan, mask.astype(data.dtype))
         x0 = noise.sample(kn, data.shape[:2])
-        if ot_pairing:
-            idx = pair_clouds(kp, manifold, x0, a, data, b, epsilon=epsilon)
-            x0 = x0[idx]
+        if pairing == "matching":
+            x0 = x0[match_clouds(manifold, x0, data, b)]
+        elif pairing == "sample":
+            x0 = x0[pair_clouds(kp, manifold, x0, jnp.ones_like(b), data, b)]
         x0, a, data, b = constrain((x0, a, data, b))
         out = jax.vmap(mapper)(x0, data, a, b)
         t = jax.random.uniform(kt, data.shape[:1], data.dtype)
@@ -347,9 +554,10 @@ def make_trainer(
     optimizer: optax.GradientTransformation,
     noise: NoiseModel,
     *,
-    epsilon: float = 0.1,
-    sinkhorn_iterations: int = 300,
-    ot_pairing: bool = True,
+    epsilon: float = 0.002,
+    scale_cost: str | None = "max_cost",
+    sinkhorn_iterations: int = 1000,
+    pairing: str = "matching",
     p_uncond: float = 0.1,
     mesh: Mesh | None = None,
     axis: str = DATA_AXIS,
@@ -360,8 +568,12 @@ def make_trainer(
     TrainInfo)`` are pure; the caller jits (or scans them with :func:`make_train`).
 
     One step: draw a noise cloud per data cloud (same padding mask, uniform masses), pair
-    noise and data clouds by cloud-level minibatch OT (``ot_pairing``), compute the Riemannian
-    entropic map of every pair (vmapped ott-jax Sinkhorn, ``epsilon``), draw ``t ~ U(0, 1)``
+    noise and data clouds (``pairing``: ``"matching"``, the Chamfer cost and a one-to-one
+    matching, :func:`match_clouds`; ``"sample"``, an entropic cost and a plan sampled with
+    replacement, :func:`pair_clouds`; ``"none"``), compute the Riemannian entropic map of
+    every pair (vmapped ott-jax Sinkhorn, ``epsilon`` relative to each pair's largest cost
+    with ``scale_cost="max_cost"``, bounded by ``sinkhorn_iterations``; see
+    :func:`calibrate_map_iterations`), draw ``t ~ U(0, 1)``
     per cloud, regress ``model(x_t, mask, t, labels)`` onto McCann's velocity at ``x_t`` with
     :func:`flow_matching_loss`, and apply ``optimizer``. With labels and
     ``model.num_classes > 0``, labels are replaced by the null label with probability
@@ -379,10 +591,12 @@ def make_trainer(
       model: a flax module called as ``model.apply(params, x, mask, t, labels)``
         (e.g. :class:`hexad.rwefm.VectorField`) (static).
       optimizer: an optax transformation (static).
-      noise: the :class:`NoiseModel`.
+      noise: the :class:`NoiseModel` (its manifold may differ from ``manifold``, e.g. the
+        baseline's ``Euclidean(d)`` with noise on M; the dimensions must agree).
       epsilon: entropic regularisation of the point-level maps, ``> 0`` (static).
+      scale_cost: ``"max_cost"`` (``epsilon`` relative) or ``None`` (absolute) (static).
       sinkhorn_iterations: Sinkhorn's iteration bound for the maps, ``>= 1`` (static).
-      ot_pairing: whether to pair clouds by minibatch OT (static).
+      pairing: one of :data:`PAIRINGS` (static).
       p_uncond: label-dropout probability for CFG, in ``[0, 1]`` (static).
       mesh: optional device mesh (static).
       axis: the mesh axis that splits clouds (static).
@@ -391,7 +605,7 @@ def make_trainer(
     >>> from hexad.rwefm import VectorField
     >>> t2 = Torus(2)
     >>> tr = make_trainer(t2, VectorField(t2, width=8, depth=1, heads=1), optax.adam(1e-3),
-    ...                   NoiseModel(t2), ot_pairing=False)
+    ...                   NoiseModel(t2), pairing="none")
     >>> batch = CloudBatch(t2.random_uniform(jax.random.key(0), (2, 4)), jnp.ones((2, 4)))
     >>> state = tr.init(jax.random.key(1), batch)
     >>> state, info = tr.step(jax.random.key(2), state, batch)
@@ -399,7 +613,16 @@ def make_trainer(
     (1, ())
     """
     constrain, targets, regress = _objective(
-        manifold, model, noise, epsilon, sinkhorn_iterations, ot_pairing, p_uncond, mesh, axis
+        manifold,
+        model,
+        noise,
+        epsilon,
+        scale_cost,
+        sinkhorn_iterations,
+        pairing,
+        p_uncond,
+        mesh,
+        axis,
     )
 
     def init(key: Array, batch: CloudBatch) -> TrainState:
@@ -435,9 +658,10 @@ def make_loss(
     model: Any,
     noise: NoiseModel,
     *,
-    epsilon: float = 0.1,
-    sinkhorn_iterations: int = 300,
-    ot_pairing: bool = True,
+    epsilon: float = 0.002,
+    scale_cost: str | None = "max_cost",
+    sinkhorn_iterations: int = 1000,
+    pairing: str = "matching",
     p_uncond: float = 0.1,
     mesh: Mesh | None = None,
     axis: str = DATA_AXIS,
@@ -449,21 +673,30 @@ def make_loss(
     evaluating a model on held-out clouds, or comparing fields. Pure; the caller jits.
 
     Args:
-      manifold, model, noise, epsilon, sinkhorn_iterations, ot_pairing, p_uncond, mesh, axis:
-        as for :func:`make_trainer` (all static but ``noise``).
+      manifold, model, noise, epsilon, scale_cost, sinkhorn_iterations, pairing, p_uncond,
+        mesh, axis: as for :func:`make_trainer` (all static but ``noise``).
 
     >>> from hexad.geometry import Torus
     >>> from hexad.rwefm import VectorField
     >>> t2 = Torus(2)
     >>> f = VectorField(t2, width=8, depth=1, heads=1)
-    >>> loss = make_loss(t2, f, NoiseModel(t2), ot_pairing=False)
+    >>> loss = make_loss(t2, f, NoiseModel(t2), pairing="none")
     >>> batch = CloudBatch(t2.random_uniform(jax.random.key(0), (2, 4)), jnp.ones((2, 4)))
     >>> params = f.init(jax.random.key(1), batch.points, batch.weights > 0, jnp.zeros(2))
     >>> float(loss(params, jax.random.key(2), batch)) >= 0.0
     True
     """
     constrain, targets, regress = _objective(
-        manifold, model, noise, epsilon, sinkhorn_iterations, ot_pairing, p_uncond, mesh, axis
+        manifold,
+        model,
+        noise,
+        epsilon,
+        scale_cost,
+        sinkhorn_iterations,
+        pairing,
+        p_uncond,
+        mesh,
+        axis,
     )
 
     def loss(params, key: Array, batch: CloudBatch) -> Array:
@@ -501,7 +734,7 @@ def make_train(
     >>> from hexad.rwefm import VectorField
     >>> t2 = Torus(2)
     >>> tr = make_trainer(t2, VectorField(t2, width=8, depth=1, heads=1), optax.adam(1e-3),
-    ...                   NoiseModel(t2), ot_pairing=False)
+    ...                   NoiseModel(t2), pairing="none")
     >>> clouds = t2.random_uniform(jax.random.key(0), (4, 5))
     >>> w = jnp.ones((4, 5))
     >>> state = tr.init(jax.random.key(1), CloudBatch(clouds[:2], w[:2]))
