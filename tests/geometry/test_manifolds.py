@@ -149,7 +149,7 @@ def test_a_class_without_mean_is_not_a_manifold():
     class NoMean:
         dim = intrinsic_dim = 2
         exp = log = dist = sqdist = proj = proj_tangent = inner = geodesic = stub
-        pairwise_sqdist = weighted_log = manifold_error = random_normal = stub
+        pairwise_sqdist = weighted_log = manifold_error = random_normal = features = stub
 
     assert not isinstance(NoMean(), Manifold)
     NoMean.mean = stub
