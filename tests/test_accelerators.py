@@ -360,9 +360,655 @@ def _():
     return fn, (k[3], trace, a, b, dirs, jnp.full((8, 8), 1 / 64, F32))
 
 
+@entry(
+    "ot.cloud costs",
+    ("ot.chamfer", "ot.entropic_emd", "ot.greedy_matching", "ot.max_real_cost"),
+)
+def _():
+    from hexad import ot
+
+    m, x, y = _sphere_pair()
+    a, b = jnp.full((24,), 1 / 24, F32), jnp.full((20,), 1 / 20, F32)
+
+    def fn(x, y, a, b):
+        cost = m.pairwise_sqdist(x, y)
+        return [
+            ot.chamfer(m, x, y, a, b),
+            ot.entropic_emd(m, x, y, a, b, max_iterations=50),
+            ot.greedy_matching(jnp.exp(-cost[:20, :20])),
+            ot.max_real_cost(cost, a, b),
+        ]
+
+    return fn, (x, y, a, b)
+
+
+not_lowered("a boundary check of static settings on the host", "ot.check_settings")
+
+
+# --- rwefm ---------------------------------------------------------------------------------
+
+not_lowered(
+    TYPES,
+    "rwefm.NOISE_KINDS",
+    "rwefm.PAIRINGS",
+    "rwefm.CloudBatch",
+    "rwefm.Sampler",
+    "rwefm.TrainInfo",
+    "rwefm.TrainState",
+)
+not_lowered(
+    "host-side set-up before training: argument checks, a noise fit and a Sinkhorn-bound "
+    "calibration that loops on the host over jitted maps (lowered through the train entry), "
+    "the baseline's geometry, and placing a batch on a mesh (tests/test_sharding.py)",
+    "rwefm.check_noise_kind",
+    "rwefm.validate_batch",
+    "rwefm.fit_noise",
+    "rwefm.calibrate_map_iterations",
+    "rwefm.euclidean_baseline",
+    "rwefm.shard_batch",
+)
+
+
+def _rwefm_setup(pairing="matching"):
+    import optax
+
+    from hexad import rwefm
+    from hexad.geometry import Sphere
+
+    s2 = Sphere(3)
+    clouds = rwefm.vmf_mixture_clouds(jax.random.key(0), 8, 12)
+    weights = jnp.ones(clouds.shape[:2], F32)
+    noise = rwefm.fit_noise(s2, rwefm.CloudBatch(clouds, weights))
+    model = rwefm.VectorField(s2, width=16, depth=1, heads=2)
+    trainer = rwefm.make_trainer(
+        s2, model, optax.adam(1e-3), noise, sinkhorn_iterations=20, pairing=pairing
+    )
+    return s2, clouds, weights, noise, model, trainer
+
+
+for _pairing in ("matching", "sample", "none"):
+
+    @entry(
+        f"rwefm.make_train pairing={_pairing}",
+        (
+            "rwefm.make_train",
+            "rwefm.make_trainer",
+            "rwefm.make_loss",
+            "rwefm.flow_matching_loss",
+            "rwefm.match_clouds",
+            "rwefm.pair_clouds",
+            "rwefm.VectorField",
+            "rwefm.time_embedding",
+            "rwefm.NoiseModel",
+            "rwefm.vmf_mixture_clouds",
+        ),
+    )
+    def _(pairing=_pairing):
+        from hexad import rwefm
+
+        _, clouds, weights, _, _, trainer = _rwefm_setup(pairing)
+        state = trainer.init(jax.random.key(1), rwefm.CloudBatch(clouds[:4], weights[:4]))
+        train = rwefm.make_train(trainer, n_steps=2, batch_size=4)
+        return train, (jax.random.key(2), state, clouds, weights)
+
+
+@entry("rwefm.make_sampler", ("rwefm.make_sampler", "rwefm.wrapped_normal_mixture_clouds"))
+def _():
+    from hexad import rwefm
+    from hexad.geometry import Torus
+
+    t2 = Torus(2)
+    clouds = rwefm.wrapped_normal_mixture_clouds(jax.random.key(0), 4, 12, seam_width=1.0)
+    model = rwefm.VectorField(t2, width=16, depth=1, heads=2)
+    mask = jnp.ones(clouds.shape[:2], F32)
+    params = model.init(jax.random.key(1), clouds, mask, jnp.zeros(4, F32))
+    sampler = rwefm.make_sampler(t2, model, n_steps=4)
+    return (lambda p, x0, m: sampler.sample(p, x0, m, None)), (params, clouds, mask)
+
+
+@entry(
+    "rwefm.metrics",
+    (
+        "rwefm.chamfer_distances",
+        "rwefm.emd_distances",
+        "rwefm.cloud_distances",
+        "rwefm.one_nn_accuracy",
+        "rwefm.mmd",
+        "rwefm.median_bandwidth",
+        "rwefm.min_matching_distance",
+        "rwefm.set_w2",
+    ),
+)
+def _():
+    from hexad import rwefm
+    from hexad.geometry import Sphere
+
+    s2 = Sphere(3)
+    xs = rwefm.vmf_mixture_clouds(jax.random.key(0), 4, 10)
+    ys = rwefm.vmf_mixture_clouds(jax.random.key(1), 4, 10)
+    w = jnp.ones(xs.shape[:2], F32)
+
+    def fn(xs, ys, w):
+        dxy = rwefm.chamfer_distances(s2, xs, w, ys, w)
+        dxx = rwefm.chamfer_distances(s2, xs, w, xs, w)
+        dyy = rwefm.chamfer_distances(s2, ys, w, ys, w)
+        bw = rwefm.median_bandwidth(dyy)
+        return [
+            rwefm.emd_distances(s2, xs, w, ys, w, max_iterations=30),
+            rwefm.cloud_distances(s2, xs, w, ys, w, max_iterations=30),
+            rwefm.one_nn_accuracy(dxx, dyy, dxy),
+            rwefm.mmd(dxx, dyy, dxy, bw),
+            rwefm.min_matching_distance(dxy),
+            rwefm.set_w2(dxy),
+        ]
+
+    return fn, (xs, ys, w)
+
+
+# --- cvxclust ------------------------------------------------------------------------------
+
+not_lowered(
+    TYPES,
+    "cvxclust.ContextualSBM",
+    "cvxclust.FusionOutput",
+    "cvxclust.FusionPath",
+    "cvxclust.NuclearCertificate",
+    "cvxclust.NuclearOutput",
+    "cvxclust.SharedAtomCertificate",
+    "cvxclust.SharedAtomOutput",
+)
+not_lowered(
+    "builds a problem, a graph or its weights with NumPy on the host (once, before solving); "
+    "what it builds is solved by the lowered solvers",
+    "cvxclust.adjacency_from_edges",
+    "cvxclust.balanced_weights",
+    "cvxclust.check_adjacency",
+    "cvxclust.check_edges",
+    "cvxclust.contextual_sbm",
+    "cvxclust.feature_similarity",
+    "cvxclust.graph_problem",
+    "cvxclust.joint_problem",
+    "cvxclust.knn_gaussian_weights",
+    "cvxclust.label_similarity",
+    "cvxclust.nuclear_blocks",
+    "cvxclust.shared_atom_problem",
+    "cvxclust.with_labels",
+)
+not_lowered(
+    "splits the problem into its connected blocks on the host (nuclear_blocks) and solves each "
+    "block with NuclearSolver, which is lowered",
+    "cvxclust.SplitNuclearSolver",
+)
+
+
+def _two_blocks(n=8):
+    a = np.kron(np.eye(2), np.ones((n // 2, n // 2))) - np.eye(n)
+    return a
+
+
+@entry(
+    "cvxclust.NuclearSolver",
+    (
+        "cvxclust.NuclearSolver",
+        "cvxclust.NuclearProblem",
+        "cvxclust.nuclear_certificate",
+        "cvxclust.nuclear_objective",
+        "cvxclust.min_eigenvalue",
+        "cvxclust.psd_repair",
+        "cvxclust.box_violation",
+        "cvxclust.recovery_error",
+        "cvxclust.matrix_clusters",
+        "cvxclust.assign_labels",
+    ),
+)
+def _():
+    from hexad import cvxclust as C
+
+    labels = jnp.array([0, 0, 0, 0, 1, 1, 1, 1])
+    labeled = jnp.array([1, 0, 0, 0, 1, 0, 0, 0], bool)
+
+    def fn(problem):
+        out = C.NuclearSolver(max_iters=20)(problem)
+        cert = C.nuclear_certificate(problem, out.l, out.rho * out.dual)
+        return [
+            out,
+            cert,
+            C.nuclear_objective(problem, out.l),
+            C.min_eigenvalue(out.l),
+            C.psd_repair(out.l),
+            C.box_violation(out.l),
+            C.recovery_error(out.l, labels),
+            C.matrix_clusters(out.l),
+            C.assign_labels(out.l, labels, labeled, 2),
+        ]
+
+    return fn, (C.graph_problem(_two_blocks(), 1.0),)
+
+
+@entry(
+    "cvxclust.FusionSolver",
+    (
+        "cvxclust.FusionSolver",
+        "cvxclust.FusionProblem",
+        "cvxclust.fusion_objective",
+        "cvxclust.fusion_dual_objective",
+        "cvxclust.fused_clusters",
+    ),
+)
+def _():
+    from hexad import cvxclust as C
+
+    x = np.concatenate([np.zeros((4, 2)), np.ones((4, 2))]).astype(np.float32)
+    edges = np.array([[i, j] for i in range(8) for j in range(i + 1, 8)])
+    problem = C.FusionProblem.create(x, edges, np.ones(len(edges)), 0.1)
+
+    def fn(problem):
+        out = C.FusionSolver(max_iters=20)(problem)
+        return [
+            out,
+            C.fusion_objective(problem, out.u),
+            C.fusion_dual_objective(problem, out.dual),
+            C.fused_clusters(out.u, problem.edges, 1e-3),
+        ]
+
+    return fn, (problem,)
+
+
+@entry("cvxclust.clusterpath", ("cvxclust.clusterpath",))
+def _():
+    from hexad import cvxclust as C
+
+    x = np.concatenate([np.zeros((3, 1)), np.ones((3, 1))]).astype(np.float32)
+    edges = np.array([[i, j] for i in range(6) for j in range(i + 1, 6)])
+    problem = C.FusionProblem.create(x, edges, np.ones(len(edges)), 0.0)
+    solver = C.FusionSolver(max_iters=20)
+    return (lambda p, g: C.clusterpath(p, g, solver)), (problem, jnp.array([0.1, 1.0], F32))
+
+
+@entry(
+    "cvxclust.SharedAtomSolver",
+    (
+        "cvxclust.SharedAtomSolver",
+        "cvxclust.SharedAtomProblem",
+        "cvxclust.shared_atom_certificate",
+        "cvxclust.shared_atom_objective",
+    ),
+)
+def _():
+    from hexad import cvxclust as C
+
+    x = np.concatenate([np.zeros((4, 1)), np.ones((4, 1))]).astype(np.float32)
+    problem = C.shared_atom_problem(1.0, 1.0, adjacency=_two_blocks(), features=x)
+
+    def fn(problem):
+        out = C.SharedAtomSolver(max_iters=20)(problem)
+        return [
+            out,
+            C.shared_atom_certificate(problem, out.l, out.u, out.rho * out.dual),
+            C.shared_atom_objective(problem, out.l, out.u),
+        ]
+
+    return fn, (problem,)
+
+
+@entry("cvxclust.label_propagation", ("cvxclust.label_propagation",))
+def _():
+    from hexad import cvxclust as C
+
+    edges = np.array([[0, 1], [1, 2], [3, 4]])
+    labeled = np.array([True, False, False, False, True])
+    return (lambda lab: C.label_propagation(edges, lab, labeled, 2, num_iters=10)), (
+        jnp.array([0, 0, 0, 0, 1]),
+    )
+
+
+# --- policy --------------------------------------------------------------------------------
+
+not_lowered(
+    TYPES,
+    "policy.AntController",
+    "policy.BCInfo",
+    "policy.Batch",
+    "policy.CQLInfo",
+    "policy.CQLState",
+    "policy.DiagGaussian",
+    "policy.IQLInfo",
+    "policy.IQLState",
+    "policy.Method",
+    "policy.OnlineEnv",
+    "policy.OnlineResult",
+    "policy.PRIOR_KINDS",
+    "policy.REPLAY_FIELDS",
+    "policy.Row",
+    "policy.SACInfo",
+    "policy.SACState",
+    "policy.SFBatch",
+    "policy.SFInfo",
+    "policy.SFState",
+    "policy.SPACES",
+    "policy.VelocityGoals",
+    "policy.ANT_CONTROLLER_DEFAULTS",
+    "policy.stack_rows",
+)
+not_lowered(
+    "runs a gymnasium / MuJoCo environment on the host (data generation, online training, "
+    "behaviour policies); the networks and update steps it drives are lowered",
+    "policy.antmaze_dataset",
+    "policy.ant_controller_spec",
+    "policy.generate_locomotion",
+    "policy.locomotion_dataset",
+    "policy.train_ant_controller",
+    "policy.train_online",
+)
+not_lowered(
+    "host-side bookkeeping of a data set or a study (NumPy indices, statistics, verdicts, "
+    "argument checks), before or after the jitted work",
+    "policy.batch_from_dataset",
+    "policy.check_disjoint",
+    "policy.check_space",
+    "policy.hindsight_mean",
+    "policy.paired_bootstrap_ci",
+    "policy.precision_ratio",
+    "policy.return_range_scale",
+    "policy.shuffle_goals_across_trajectories",
+    "policy.std_quantiles",
+    "policy.trajectory_ends",
+    "policy.velocity_goals",
+    "policy.verdict",
+    "policy.task_fit",
+    "policy.task_weights",
+)
+not_lowered(
+    "builds networks or parameters once on the host (a flax module, a prior's parameters); "
+    "their apply functions are lowered by the policy.networks and policy.priors entries",
+    "policy.actor_for_space",
+    "policy.make_prior",
+    "policy.Normaliser",
+    "policy.ExpertLibrary",
+)
+
+
+def _pol_batch(n=16, o=3, d=2):
+    from hexad import policy as P
+
+    k = jax.random.split(jax.random.key(0), 3)
+    obs = jax.random.normal(k[0], (n, o), F32)
+    act = jnp.tanh(jax.random.normal(k[1], (n, d), F32))
+    return P.Batch(obs, act, jnp.zeros(n, F32), obs + 0.1, jnp.zeros(n, F32))
+
+
+@entry(
+    "policy.networks",
+    (
+        "policy.GaussianActor",
+        "policy.MLP",
+        "policy.TwinCritic",
+        "policy.ValueNet",
+        "policy.SuccessorFeatures",
+    ),
+)
+def _():
+    from hexad import policy as P
+
+    b = _pol_batch()
+    nets = {
+        "actor": (P.GaussianActor(2, hidden=(8,)), (b.observations,)),
+        "mlp": (P.MLP((8,), 2), (b.observations,)),
+        "critic": (P.TwinCritic(hidden=(8,)), (b.observations, b.actions)),
+        "value": (P.ValueNet(hidden=(8,)), (b.observations,)),
+        "sf": (P.SuccessorFeatures(3, 4, hidden=(8,)), (b.observations, b.actions)),
+    }
+    params = {k: m.init(jax.random.key(1), *a) for k, (m, a) in nets.items()}
+
+    def fn(params, obs, act):
+        out = []
+        for k, (m, a) in nets.items():
+            out.append(m.apply(params[k], *((obs,) if len(a) == 1 else (obs, act))))
+        return out
+
+    return fn, (params, b.observations, b.actions)
+
+
+@entry(
+    "policy.closed forms",
+    (
+        "policy.poe",
+        "policy.additive",
+        "policy.kl_regularised",
+        "policy.prior_only",
+        "policy.poe_kl_to_actor",
+        "policy.poe_mean_kl_to_actor",
+        "policy.kl_budget_alpha",
+        "policy.kl_budget_alpha_per_state",
+        "policy.kl_diag_gaussian",
+        "policy.squash",
+        "policy.sample_action",
+        "policy.gaussian_log_prob",
+        "policy.deterministic_action",
+        "policy.soft_td_target",
+        "policy.expectile_loss",
+    ),
+)
+def _():
+    from hexad import policy as P
+
+    def fn(key, m1, s1, m2, s2):
+        a, p = P.DiagGaussian(m1, s1), P.DiagGaussian(m2, s2)
+        act, _ = P.sample_action(key, a)
+        z = jnp.zeros(m1.shape[0], F32)
+        return [
+            P.poe(a, p, 0.5),
+            P.additive(a, p, 0.5),
+            P.kl_regularised(a, p, 0.5),
+            P.prior_only(a, p),
+            P.poe_kl_to_actor(a, p, 0.5),
+            P.poe_mean_kl_to_actor(a, p, 0.5),
+            P.kl_budget_alpha(a, p, 0.3),
+            P.kl_budget_alpha(a, p, 0.3, mean_only=True),
+            P.kl_budget_alpha_per_state(a, p, 0.3),
+            P.kl_diag_gaussian(a, p),
+            P.squash(a),
+            P.gaussian_log_prob(a, act),
+            P.deterministic_action(m1, True),
+            P.soft_td_target(z, z, z, z, z, 0.99, 0.1),
+            P.expectile_loss(m1 - m2, 0.7),
+        ]
+
+    k = jax.random.split(jax.random.key(0), 4)
+    m1, m2 = jax.random.normal(k[0], (2, 16, 2), F32)
+    s1, s2 = jnp.exp(jax.random.normal(k[1], (2, 16, 2), F32))
+    return fn, (k[2], m1, s1, m2, s2)
+
+
+@entry("policy.compose", ("policy.compose", "policy.q_steer"))
+def _():
+    from hexad import policy as P
+
+    def q_fn(obs, act):
+        return -jnp.sum((act - 0.3) ** 2, -1) + 0.0 * jnp.sum(obs, -1)
+
+    def fn(m1, s1, m2, s2, obs, rnd):
+        methods = jnp.arange(16) % 8
+        a, p = P.DiagGaussian(m1, s1), P.DiagGaussian(m2, s2)
+        alpha = jnp.full((16,), 0.5, F32)
+        return P.compose(
+            methods, a, p, alpha, kl_budget=0.3, q_fn=q_fn, q_obs=obs,
+            gpi_action=rnd, random_action=rnd,
+        )  # fmt: skip
+
+    k = jax.random.split(jax.random.key(0), 4)
+    m1, m2 = jax.random.normal(k[0], (2, 16, 2), F32)
+    s1, s2 = jnp.exp(jax.random.normal(k[1], (2, 16, 2), F32))
+    obs = jax.random.normal(k[2], (16, 3), F32)
+    return fn, (m1, s1, m2, s2, obs, jnp.tanh(jax.random.normal(k[3], (16, 2), F32)))
+
+
+def _algorithms():
+    import optax
+
+    from hexad import policy as P
+
+    actor, critic, value = P.GaussianActor(2, hidden=(8,)), P.TwinCritic((8,)), P.ValueNet((8,))
+    opt = optax.adam(1e-3)
+    return {
+        "bc": P.bc(actor, opt),
+        "iql": P.iql(actor, critic, value, opt, opt, opt),
+        "cql": P.cql(actor, critic, opt, opt, n_action_samples=2),
+        "sac": P.sac(actor, critic, opt, opt, opt),
+    }
+
+
+for _name in ("bc", "iql", "cql", "sac"):
+
+    @entry(
+        f"policy.make_train {_name}",
+        (f"policy.{_name}", "policy.make_train"),
+    )
+    def _(name=_name):
+        from hexad import policy as P
+
+        algo = _algorithms()[name]
+        b = _pol_batch()
+        state = algo.init(jax.random.key(0), b)
+        train = P.make_train(algo, n_steps=2, batch_size=8)
+        return train, (jax.random.key(1), state, b)
+
+
+@entry("policy.sf_td and gpi", ("policy.sf_td", "policy.gpi"))
+def _():
+    import optax
+
+    from hexad import policy as P
+
+    b = _pol_batch()
+    sfb = P.SFBatch(b.observations, b.actions, jnp.ones((16, 4), F32), b.next_observations,
+                    b.terminals)  # fmt: skip
+    net = P.SuccessorFeatures(3, 4, hidden=(8,))
+
+    def next_actions(obs):
+        return jnp.zeros((obs.shape[0], 3, 2), F32)
+
+    algo = P.sf_td(net, optax.adam(1e-3), next_actions)
+    state = algo.init(jax.random.key(0), sfb)
+
+    def fn(key, state, batch, candidates, w):
+        state, info = algo.step(key, state, batch)
+
+        def psi_fn(o, a):
+            return net.apply(state.params, o, a)
+
+        return state, info, P.gpi(psi_fn, batch.observations, candidates, w)
+
+    cands = jnp.zeros((16, 5, 2), F32)
+    return fn, (jax.random.key(1), state, sfb, cands, jnp.ones((4,), F32))
+
+
+@entry(
+    "policy.priors",
+    (
+        "policy.degrade_params",
+        "policy.future_goal_indices",
+        "policy.state_noise",
+        "policy.goal_conditioned",
+    ),
+)
+def _():
+    from hexad import policy as P
+
+    actor = P.GaussianActor(2, hidden=(8,))
+    b = _pol_batch()
+    params = actor.init(jax.random.key(0), jnp.zeros((1, 5), F32))
+    noise = P.state_noise(jax.random.key(1), 3, 2)
+
+    def fn(key, params, batch, ends):
+        k1, k2 = jax.random.split(key)
+        goals = batch.observations[:, :2]
+        return [
+            P.degrade_params(k1, params, 0.5),
+            P.future_goal_indices(k2, ends),
+            noise(batch.observations),
+            P.goal_conditioned(batch, goals),
+        ]
+
+    ends = jnp.full((16,), 15, jnp.int32)
+    return fn, (jax.random.key(2), params, b, ends)
+
+
+# --- cachex and data: host-side by design --------------------------------------------------
+
+not_lowered(
+    "checkpoint I/O on the host (orbax, files, sockets, processes): CacheX copies device arrays "
+    "to host memory and never runs in a trace; on an accelerator the copy is a device-to-host "
+    "transfer and the rest is unchanged",
+    *[
+        f"cachex.{n}"
+        for n in (
+            "CacheXHandler CacheXManager CacheXRestore CacheXSave CorruptCheckpointError "
+            "DATA_FILE DrainerConfig ItemCheckpoint MANIFEST_FILE PFSModel PinnedLimitError "
+            "ReplicaClient ReplicaError ReplicaServer RestoreCheck Restored StagingPool "
+            "check_restore choose_partner corrupt_file drain_once exhaust_drain_retries fail_at "
+            "fsync_dir kill_at kill_drainer_mid_drain quiet_failed_saves read_rank_dir "
+            "refuse_drains resume spawn_drainer spawn_replica_server sweep_pfs validate_file_name "
+            "validate_step_name verified_steps wipe_local write_rank_dir"
+        ).split()
+    ],
+)
+not_lowered(
+    "data sets read or generated on the host (NumPy files, simulators)",
+    *[
+        f"data.{n}"
+        for n in (
+            "Planetoid SingleCell bundled_path cache_dir load_npz load_pbmc68k load_planetoid"
+        ).split()
+    ],
+)
+
+
+@entry(
+    "cachex.durability model",
+    (
+        "cachex.DurabilityModel",
+        "cachex.choose_path",
+        "cachex.critical_contention",
+        "cachex.fit_durability_model",
+        "cachex.fit_gumbel",
+        "cachex.fit_lognormal",
+        "cachex.gumbel_of_max_lognormal",
+        "cachex.pfs_time_quantile",
+    ),
+)
+def _():
+    from hexad import cachex as X
+
+    def fn(times):
+        m = X.fit_durability_model(times)
+        c = jnp.linspace(0.0, 1.0, 5, dtype=F32)
+        return [
+            m,
+            X.fit_lognormal(times.reshape(-1)),
+            X.fit_gumbel(jnp.log(jnp.max(times, axis=1))),
+            X.gumbel_of_max_lognormal(m.mu, m.sigma, 16),
+            X.pfs_time_quantile(m.mu, m.sigma, 16, 0.99, c),
+            X.critical_contention(m.mu, m.sigma, 16, 0.99, 2.0),
+            X.choose_path(m.mu, m.sigma, 16, 0.99, 2.0, c),
+        ]
+
+    return fn, (jnp.exp(0.5 * jax.random.normal(jax.random.key(0), (32, 16), F32)),)
+
+
 # --- the tests -----------------------------------------------------------------------------
 
-SUBPACKAGES = ("geometry", "ot", "prefmh", "sharding")
+SUBPACKAGES = (
+    "geometry",
+    "ot",
+    "prefmh",
+    "sharding",
+    "rwefm",
+    "cvxclust",
+    "policy",
+    "cachex",
+    "data",
+)
 
 
 @pytest.mark.parametrize("platform", PLATFORMS)
