@@ -1,75 +1,248 @@
-"""Results glue of the backdoor study (``backdoor_dtb``); not a study.
+"""Shared code of the backdoor study (``backdoor_dtb``); not a study.
 
-- :data:`SUMMARY` and :func:`summary_entries`: which figures of each model's
-  :func:`hexad.backdoor.benchmark_defenses` table the study's ``summary.json`` reports, and
-  under which names (the study docstring lists them).
-- :func:`plot_asr`: hidden vs decoy ASR before and after each defense (``asr.png``).
+- :func:`efficacy_entries`: the calibration stage's figures per defense on a BadNets model.
+- :func:`suppressed_entries`: hidden ASR after the defenses that suppressed the decoy.
+- :func:`match_inner_lr`: scale the surrogate's step size so that its weight displacement
+  matches a real defense's.
+- :func:`fp_mask_fn`: fine-pruning's own pruning mask at ``theta`` (the oracle DTB's inner
+  operation).
+- :func:`aggregate`: mean and ``*_sd`` over seeds; :func:`plot_asr`, :func:`plot_trajectory`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import time
 from typing import Any
 
-# Per model: the summary's figures from its table, each ``key`` or ``key=table key``;
-# ``{d}`` stands for each defense. Keys get the prefix ``<model>_``, except DTB's.
-SUMMARY = {
-    "dtb": (
-        "clean_acc=clean_acc_before decoy_asr_before hidden_asr_before clean_acc_after_{d} "
-        "decoy_asr_after_{d} hidden_asr_after_{d} decoy_asr_after_mean hidden_asr_after_mean "
-        "dtb_der_decoy_mean=der_decoy_mean surrogate_clean_acc surrogate_decoy_asr "
-        "surrogate_hidden_asr surrogate_clean_acc_mae surrogate_decoy_asr_mae "
-        "surrogate_hidden_asr_mae"
-    ),
-    "naive": (
-        "clean_acc=clean_acc_before decoy_asr_before hidden_asr_before decoy_asr_after_{d} "
-        "hidden_asr_after_{d} hidden_asr_after_mean surrogate_hidden_asr"
-    ),
-    "badnets": (
-        "clean_acc=clean_acc_before asr_before=decoy_asr_before asr_after_{d}=decoy_asr_after_{d} "
-        "asr_after_mean=decoy_asr_after_mean der_mean=der_decoy_mean surrogate_clean_acc "
-        "surrogate_asr=surrogate_decoy_asr surrogate_clean_acc_mae "
-        "surrogate_asr_mae=surrogate_decoy_asr_mae"
-    ),
-}
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hexad import backdoor as bd
+
+ASR_OK, ACC_LOSS_OK, SUPPRESSED = 0.2, 0.05, 0.2
 
 
-def summary_entries(tag: str, table: dict[str, float], names: list[str]) -> dict[str, float]:
-    """Returns the summary entries of model ``tag`` (:data:`SUMMARY`), with its detectors'
-    ``<det>_tpr`` / ``<det>_fpr``, from its defense ``table``; ``names``: the defenses.
+class Stages:
+    """Times the stages of one seed: ``with stages("name"):`` logs ``stage`` and ``seconds``
+    (wall) to the study's ``metrics.jsonl`` and keeps ``seconds_<name>``."""
 
-    >>> t = {"clean_acc_before": 0.9, "decoy_asr_before": 1.0, "hidden_asr_before": 0.0,
-    ...      "decoy_asr_after_ft": 0.5, "hidden_asr_after_ft": 0.1, "hidden_asr_after_mean": 0.1,
-    ...      "surrogate_hidden_asr": 0.2, "ss_tpr": 0.25}
-    >>> sorted(summary_entries("naive", t, ["ft"]))[:3]
-    ['naive_clean_acc', 'naive_decoy_asr_after_ft', 'naive_decoy_asr_before']
+    def __init__(self, ctx: Any, seed: int):
+        self.ctx, self.seed, self.seconds = ctx, seed, {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):
+        t0 = time.perf_counter()
+        yield
+        dt = round(time.perf_counter() - t0, 2)
+        self.seconds[f"seconds_{name}"] = dt
+        self.ctx.log(seed=self.seed, stage=name, seconds=dt)
+
+
+def efficacy_entries(table: dict[str, float], names: list[str]) -> dict[str, float]:
+    """``efficacy_<d>`` (1.0 when ASR after < 0.2 with < 5 points of clean accuracy lost),
+    ``calib_asr_<d>``, ``calib_acc_<d>``, ``n_defenses_effective`` from a BadNets table.
+
+    >>> t = {"clean_acc_before": 0.9, "clean_acc_after_ft": 0.88, "decoy_asr_after_ft": 0.1}
+    >>> efficacy_entries(t, ["ft"])["efficacy_ft"]
+    1.0
     """
-    if tag not in SUMMARY:
-        raise ValueError(f"tag: expected one of {sorted(SUMMARY)}, got {tag!r}")
-    pre = "" if tag == "dtb" else f"{tag}_"
-    out = {pre + k: v for k, v in table.items() if k.endswith(("_tpr", "_fpr"))}
-    for item in SUMMARY[tag].split():
-        key, _, src = item.partition("=")
-        for d in names if "{d}" in key else [""]:
-            out[pre + key.format(d=d)] = table[(src or key).format(d=d)]
+    out = {}
+    for d in names:
+        asr, acc = table[f"decoy_asr_after_{d}"], table[f"clean_acc_after_{d}"]
+        ok = asr < ASR_OK and table["clean_acc_before"] - acc < ACC_LOSS_OK
+        out |= {f"efficacy_{d}": float(ok), f"calib_asr_{d}": asr, f"calib_acc_{d}": acc}
+    out["n_defenses_effective"] = float(sum(out[f"efficacy_{d}"] for d in names))
+    return out
+
+
+def suppressed_entries(pre: str, table: dict[str, float], names: list[str]) -> dict[str, float]:
+    """``<pre>n_defenses_suppressed`` (decoy ASR after < 0.2) and
+    ``<pre>hidden_asr_after_suppressed_mean`` (NaN when none suppressed), plus per defense
+    ``<pre>{decoy,hidden}_asr_after_<d>`` and the unconditional means."""
+    sup = [d for d in names if table[f"decoy_asr_after_{d}"] < SUPPRESSED]
+    out = {
+        f"{pre}{m}_asr_after_{d}": table[f"{m}_asr_after_{d}"]
+        for d in names
+        for m in ("decoy", "hidden")
+    }
+    out[f"{pre}n_defenses_suppressed"] = float(len(sup))
+    h = [table[f"hidden_asr_after_{d}"] for d in sup]
+    out[f"{pre}hidden_asr_after_suppressed_mean"] = float(np.mean(h)) if h else float("nan")
+    for k in (
+        "clean_acc_before",
+        "decoy_asr_before",
+        "hidden_asr_before",
+        "hidden_asr_after_mean",
+        "decoy_asr_after_mean",
+    ):
+        out[pre + k] = table[k]
+    return out
+
+
+def match_inner_lr(key, model, params, data, cfg: bd.DTBConfig, problem, real: float, iters=2):
+    """Returns ``(config, ratio)``: ``cfg`` with ``inner_lr`` rescaled ``iters`` times by
+    ``real / displacement`` of the ``"ft"`` surrogate member, and the final ratio of the
+    surrogate's displacement to ``real`` (a real defense's, measured on the same model)."""
+    ratio = 1.0
+    for _ in range(iters + 1):
+        q = bd.surrogate_defense(cfg, problem, "ft")(key, model, params, data).params
+        ratio = float(bd.weight_displacement(params, q)) / max(real, 1e-12)
+        if _ == iters:
+            break
+        cfg = dataclasses.replace(cfg, inner_lr=cfg.inner_lr / max(ratio, 1e-6))
+    return cfg, ratio
+
+
+def fp_mask_fn(model, data, acc_drop=0.1, max_ratio=0.8):
+    """Returns ``mask_fn(params) -> masks``: fine-pruning's rule (last conv layer, by mean
+    clean activation, until a relative clean-split accuracy drop ``acc_drop``)."""
+
+    feats = jax.jit(lambda p: model.apply(p, data.x_clean, features=True)[1])
+    acc = jax.jit(
+        lambda p, m: bd.accuracy(
+            lambda q, x: model.apply(q, x, m, m), p, data.x_clean, data.y_clean
+        )
+    )
+
+    def mask_fn(params):
+        layer = bd.conv_layers(params)[-1]
+        order = np.argsort(np.asarray(jnp.mean(feats(params)[layer], axis=(0, 1, 2))))
+        ones = np.ones(order.shape[0], np.float32)
+        base, mask = float(acc(params, {layer: jnp.asarray(ones)})), ones
+        for k in range(1, int(max_ratio * order.shape[0]) + 1):
+            trial = mask.copy()
+            trial[order[:k]] = 0.0
+            if float(acc(params, {layer: jnp.asarray(trial)})) < (1 - acc_drop) * base:
+                break
+            mask = trial
+        return {layer: jnp.asarray(mask)}
+
+    return mask_fn
+
+
+def aggregate(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean over seeds of every numeric key, and ``<key>_sd`` (sample sd; 0 for one seed;
+    NaNs ignored, NaN when all are)."""
+    out: dict[str, Any] = {}
+    keys = list(dict.fromkeys(k for s in per_seed for k in s))  # a key missing in a seed: NaN
+    for k in keys:
+        v = [s.get(k, float("nan")) for s in per_seed]
+        if not all(isinstance(a, (int, float)) for a in v):
+            out[k] = v[0]
+            continue
+        a = np.asarray(v, np.float64)
+        ok = a[~np.isnan(a)]
+        out[k] = float(ok.mean()) if ok.size else float("nan")
+        out[f"{k}_sd"] = (
+            float(ok.std(ddof=1)) if ok.size > 1 else (0.0 if ok.size else float("nan"))
+        )
     return out
 
 
 def plot_asr(ctx: Any, tables: dict[str, dict[str, float]], names: list[str]) -> None:
-    """Saves ``asr.png``: DTB's and the naive model's hidden vs decoy ASR before (star) and
-    after each defense in ``names``, from their defense tables."""
+    """Saves ``asr.png``: each model's hidden vs decoy ASR before (star) and after each
+    defense in ``names``."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 5))
-    for tag, color in (("dtb", "C3"), ("naive", "C0")):
-        t = tables[tag]
-        xs = [t[f"decoy_asr_after_{n}"] for n in names]
-        ys = [t[f"hidden_asr_after_{n}"] for n in names]
+    for (tag, t), color in zip(tables.items(), ("C3", "C0", "C2"), strict=False):
+        xs = [t[f"decoy_asr_after_{n}"] for n in names if f"decoy_asr_after_{n}" in t]
+        ys = [t[f"hidden_asr_after_{n}"] for n in names if f"hidden_asr_after_{n}" in t]
         ax.scatter(xs, ys, color=color, alpha=0.7, label=f"{tag} after")
-        before = ([t["decoy_asr_before"]], [t["hidden_asr_before"]])
-        ax.scatter(*before, marker="*", s=200, color=color, label=f"{tag} before")
-        for n, u, v in zip(names, xs, ys, strict=True):
-            ax.annotate(n, (u, v), fontsize=7, color=color)
+        ax.scatter(
+            [t["decoy_asr_before"]],
+            [t["hidden_asr_before"]],
+            marker="*",
+            s=200,
+            color=color,
+            label=f"{tag} before",
+        )
+    ax.axvline(SUPPRESSED, color="grey", lw=0.8, ls=":")
     ax.set(xlabel="decoy ASR", ylabel="hidden ASR", xlim=(-0.05, 1.05), ylim=(-0.05, 1.05))
-    ax.set_title("Hidden vs decoy ASR before and after each defense")
+    ax.set_title("Hidden vs decoy ASR before and after each defense (seed 0)")
     ax.legend(fontsize=8)
     ctx.save_plot(fig, "asr")
+
+
+def plot_trajectory(ctx: Any, trajs: dict[str, dict[str, np.ndarray]]) -> None:
+    """Saves ``trajectory.png``: decoy and hidden ASR along one real fine-tuning run."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (tag, t), color in zip(trajs.items(), ("C3", "C0", "C2"), strict=False):
+        ax.plot(t["step"], t["decoy_asr"], color=color, ls="--", label=f"{tag} decoy")
+        ax.plot(t["step"], t["hidden_asr"], color=color, label=f"{tag} hidden")
+    ax.set(xlabel="fine-tuning step", ylabel="ASR", ylim=(-0.05, 1.05))
+    ax.set_title("ASR along a real fine-tuning run (seed 0)")
+    ax.legend(fontsize=8)
+    ctx.save_plot(fig, "trajectory")
+
+
+@dataclasses.dataclass
+class Setup:
+    """One seed's data, model, triggers and defender's data (see :func:`setup`)."""
+
+    model: Any
+    p0: Any
+    problem: Any
+    pois: Any
+    data: Any
+    test: tuple
+    attacker: tuple
+    keys: Any
+
+
+def make_model(cfg: Any, num_classes: int = 10):
+    """The study's classifier: ``cfg.model`` ``"cnn"`` (:class:`hexad.backdoor.SmallCNN`) or
+    ``"preact"`` (:class:`hexad.backdoor.PreActResNet`)."""
+    if cfg.model == "cnn":
+        return bd.SmallCNN(num_classes, cfg.widths, cfg.hidden)
+    if cfg.model == "preact":
+        return bd.PreActResNet(num_classes, cfg.widths, cfg.groups)
+    raise ValueError(f"model: expected 'cnn' or 'preact', got {cfg.model!r}")
+
+
+def setup(cfg: Any, images: Any, seed: int) -> Setup:
+    """Splits ``images`` (1/6 test; the defender's clean split the last 5% of the rest, the
+    attacker's images the others), builds the triggers (decoy: a checkerboard patch of side
+    ``size / 8`` at the bottom-right; hidden: a uniform-noise blend), the CNN and its
+    initialisation, the BadNets-poisoned training set and the defender's
+    :class:`hexad.backdoor.DefenseData` (with decoy-triggered non-target clean rows as
+    BackdoorBench's backdoor validation data)."""
+    from hexad.data.images import train_test_split
+
+    tr, te = train_test_split(images, 1 / 6, seed=seed)
+    x, y = jnp.asarray(tr.x), jnp.asarray(tr.y)
+    n_c = int(0.05 * x.shape[0])
+    keys = jax.random.split(jax.random.key(seed), 10)
+    shape = x.shape[1:]
+    decoy = bd.patch_trigger(shape, size=max(2, cfg.size // 8))
+    hidden = bd.blend_trigger(keys[0], shape, cfg.blend_alpha)
+    problem = bd.DTBProblem(decoy, hidden, cfg.decoy_target, cfg.hidden_target)
+    model = make_model(cfg, images.num_classes)
+    p0 = jax.jit(model.init)(keys[1], x[:1])
+    pois = bd.poison(keys[2], x, y, decoy, cfg.poison_rate, cfg.decoy_target, images.num_classes)
+    xc, yc = x[-n_c:], y[-n_c:]
+    nt = yc != cfg.decoy_target
+    x_bd = bd.apply_trigger(decoy, xc[nt])
+    data = bd.DefenseData(xc, yc, pois.x, pois.y, x_bd, jnp.full(x_bd.shape[0], cfg.decoy_target))
+    test = (jnp.asarray(te.x), jnp.asarray(te.y))
+    return Setup(model, p0, problem, pois, data, test, (x[:-n_c], y[:-n_c]), keys)
+
+
+def trajectories(ctx: Any, s: Setup, models: dict, n_steps: int) -> None:
+    """Logs and plots (``trajectory.png``) clean accuracy and both ASRs along one real
+    fine-tuning run of ``n_steps`` for each model of ``models``."""
+    trajs = {}
+    for tag, p in models.items():
+        t = bd.finetune_trajectory(
+            s.keys[7], s.model, p, s.data, s.test, s.problem, n_steps, max(1, n_steps // 20)
+        )
+        trajs[tag] = t
+        for i, step in enumerate(t["step"]):
+            row = {k: float(t[k][i]) for k in ("clean_acc", "decoy_asr", "hidden_asr")}
+            ctx.log(trajectory=tag, step=int(step), **row)
+    plot_trajectory(ctx, trajs)

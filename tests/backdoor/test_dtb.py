@@ -1,7 +1,7 @@
-"""DTB: hypergradients against finite differences (float64), the gate, one trace per step."""
+"""DTB: hypergradients against finite differences (float64), the weight that replaces the gate,
+the non-vanishing unlearning loss, the surrogate family, bad input, one trace per step."""
 
 import dataclasses
-import functools
 
 import chex
 import jax
@@ -31,62 +31,25 @@ def _setup(key, dtype, widths=(2, 3)):
     return model, params, problem, bd.DTBBatch(x, y, xc, yc)
 
 
-def _directional(key, cfg_kwargs):
-    """Returns central finite differences along a random direction of the unrolled objective
-    (``fd``), of the objective with the inner displacement frozen at its value at theta
-    (``fd_frozen``: what the first-order hypergradient differentiates), and the directional
-    derivatives of the unrolled and first-order hypergradients."""
-    model, params, problem, batch = _setup(key, jnp.float64)
+# weight_floor=1: the hidden term's weight is the constant 1, so the objective is smooth in
+# theta (the stop-gradient weight would otherwise add its own change to finite differences)
+FT = {"family": ("ft",), "inner_batch": 0, "weight_floor": 1.0}
+
+
+def _fd_check(key, cfg_kwargs, eps=1e-5):
+    """Central differences of the unrolled objective along a random direction against the
+    unrolled and first-order hypergradients, and central differences of the objective with
+    the inner displacement frozen at theta's (what first order differentiates)."""
+    model, params, problem, batch = _setup(key, jnp.float64, widths=(2,))
     direction = jax.tree.map(
         lambda a: jax.random.normal(jax.random.fold_in(key, a.size), (a.size,), a.dtype).reshape(
             a.shape
         ),
         params,
     )
+    unrolled = bd.DTBConfig(hypergrad="unrolled", **cfg_kwargs)
+    first = bd.DTBConfig(hypergrad="first_order", **cfg_kwargs)
     nk = jax.random.key(7)
-    unrolled = bd.DTBConfig(hypergrad="unrolled", gate=False, **cfg_kwargs)
-    first = bd.DTBConfig(hypergrad="first_order", gate=False, **cfg_kwargs)
-    pre = bd.DTBConfig(inner_steps=0, gate=False, w_hidden_post=0.0)
-    post = bd.DTBConfig(inner_steps=0, gate=False, w_clean=0.0, w_decoy=0.0, w_hidden_pre=0.0)
-
-    @functools.partial(jax.jit, static_argnums=0)  # jitted: eager op-by-op is far slower
-    def obj(cfg, p):
-        return bd.dtb_objective(nk, model, cfg, p, problem, batch)[0]
-
-    theta1 = bd.sanitise_surrogate(nk, model, first, params, problem, batch.x_clean, batch.y_clean)[
-        0
-    ]  # fd_frozen is meaningful for rounds == 1 only
-    delta = jax.tree.map(jnp.subtract, theta1, params)
-
-    def frozen(p):
-        return obj(pre, p) + obj(post, jax.tree.map(jnp.add, p, delta))
-
-    eps = 1e-5
-    shift = lambda s: jax.tree.map(lambda a, d: a + s * eps * d, params, direction)
-    fd = (obj(unrolled, shift(1.0)) - obj(unrolled, shift(-1.0))) / (2 * eps)
-    fd_frozen = (frozen(shift(1.0)) - frozen(shift(-1.0))) / (2 * eps)
-    dot = lambda g: sum(
-        jnp.vdot(a, b) for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(direction), strict=True)
-    )
-    g_un = dot(jax.jit(jax.grad(lambda p: obj(unrolled, p)))(params))
-    g_fo = dot(jax.jit(jax.grad(lambda p: obj(first, p)))(params))
-    return float(fd), float(fd_frozen), float(g_un), float(g_fo)
-
-
-def test_hypergradients_match_finite_differences_of_the_unrolled_objective(key, float64):
-    # the default check, one compile: central differences of the unrolled objective (K = 1)
-    # against the unrolled and the first-order hypergradients along a random direction
-    model, params, problem, batch = _setup(key, jnp.float64, widths=(2,))  # one conv layer
-    direction = jax.tree.map(
-        lambda a: jax.random.normal(jax.random.fold_in(key, a.size), (a.size,), a.dtype).reshape(
-            a.shape
-        ),
-        params,
-    )
-    unrolled = bd.DTBConfig(hypergrad="unrolled", gate=False, inner_steps=1, inner_lr=1e-3)
-    first = bd.DTBConfig(hypergrad="first_order", gate=False, inner_steps=1, inner_lr=1e-3)
-    nk = jax.random.key(7)
-    eps = 1e-5
 
     def dot(g):
         pairs = zip(jax.tree.leaves(g), jax.tree.leaves(direction), strict=True)
@@ -100,94 +63,159 @@ def test_hypergradients_match_finite_differences_of_the_unrolled_objective(key, 
         fd = (f[0] - f[1]) / (2 * eps)
         return fd, dot(jax.grad(obj(unrolled))(p)), dot(jax.grad(obj(first))(p))
 
-    fd, g_un, g_fo = map(float, check(params))
-    # central differences in float64 with eps=1e-5: truncation ~1e-10, rounding ~1e-11.
-    # Measured over 20 keys (model, data, direction) under SSE4_2, and the fixed key under
-    # default, AVX2 and SSE4_2 (equal to 1e-9 relative): |g_un - fd| / max(1, |fd|) mean
-    # 5e-9, max 2.2e-8
+    return tuple(map(float, check(params)))
+
+
+def test_hypergradients_match_finite_differences_of_the_unrolled_objective(key, float64):
+    # K = 1 fine-tuning member with log1m unlearning, full clean batch
+    fd, g_un, g_fo = _fd_check(key, {**FT, "inner_steps": 1, "inner_lr": 1e-3})
+    # central differences in float64 with eps=1e-5: truncation ~1e-10, rounding ~1e-11; the
+    # former objective's check measured |g_un - fd| / max(1, |fd|) at most 2.2e-8 over 20 keys
     assert abs(g_un - fd) <= 1e-6 * max(1.0, abs(fd)), (g_un, fd)
-    # first order drops -lr * H from d theta_1 / d theta: an O(lr) relative error at lr = 1e-3,
-    # larger where the direction is nearly orthogonal to the gradient. Over the same keys
-    # |g_fo - fd| / |fd| mean 0.012, sd 0.016, max 0.055 (0.0006 for the fixed key; the former
-    # 2% bound failed in 4/20 keys); bound 10%, against O(1) for a wrong hypergradient.
-    # |g_fo - g_un| / |fd|: min 2.4e-5 (the former bound 1e-4 failed in 1/20 keys); bound 1e-6,
-    # still 45x the largest finite-difference error above
+    # first order drops -lr * H from d theta_1 / d theta: an O(lr) relative error at lr 1e-3
+    # (the former check measured mean 0.012, max 0.055 over 20 keys); bound 10%, against O(1)
+    # for a wrong hypergradient; and it is not the unrolled gradient itself
     assert abs(g_fo - fd) <= 0.1 * abs(fd), (g_fo, fd)
     assert abs(g_fo - g_un) > 1e-6 * abs(fd), (g_fo, g_un)
 
 
 @pytest.mark.slow
-def test_hypergradients_match_finite_differences(key, float64):
-    # momentum, minibatches of the clean split and the bounded unlearning loss, as the study
-    kw = {"inner_steps": 2, "inner_lr": 0.1, "inner_momentum": 0.9, "inner_batch": 2}
-    fd, fd_frozen, g_un, g_fo = _directional(key, {**kw, "unlearn": "bounded"})
-    # central differences in float64 with eps=1e-5: truncation ~1e-10, rounding ~1e-11
-    assert abs(g_un - fd) <= 1e-6 * max(1.0, abs(fd)), (g_un, fd)
-    assert abs(g_fo - fd_frozen) <= 1e-6 * max(1.0, abs(fd_frozen)), (g_fo, fd_frozen)
-    # at this inner step the Jacobian term matters: first-order is an approximation
-    assert abs(g_fo - fd) > 1e-3 * abs(fd)
-
-
-@pytest.mark.slow
-def test_first_order_approaches_the_unrolled_objective_for_small_steps(key, float64):
-    # d theta'/d theta = I - lr * sum_k H_k: with lr = 1e-3 and K = 2 the first-order
-    # hypergradient is within 2% of finite differences of the unrolled objective (measured
-    # 0.5% on this model), and exact with K = 0.
-    fd, _, g_un, g_fo = _directional(key, {"inner_steps": 2, "inner_lr": 1e-3, "rounds": 2})
-    assert abs(g_un - fd) <= 1e-6 * max(1.0, abs(fd))
-    assert abs(g_fo - fd) <= 0.02 * abs(fd), (g_fo, fd)
-    fd0, _, g_un0, g_fo0 = _directional(key, {"inner_steps": 0})
-    assert g_un0 == pytest.approx(g_fo0, rel=1e-12)
-    assert g_fo0 == pytest.approx(fd0, rel=1e-6)
-
-
-@pytest.mark.slow
-def test_pruning_and_noise_keep_the_gradient_finite(key):
-    model, params, problem, batch = _setup(key, jnp.float32)
-    cfg = bd.DTBConfig(inner_steps=1, prune_frac=0.34, noise_std=0.1)
-    rounds = bd.sanitise_surrogate(
-        jax.random.key(1), model, cfg, params, problem, batch.x_clean, batch.y_clean
+@pytest.mark.parametrize("member", ["ft2", "prune_ft", "noise_ft"])
+def test_unrolled_hypergradient_matches_finite_differences_for_each_member(key, float64, member):
+    fd, g_un, _ = _fd_check(
+        key,
+        {
+            "family": (member,),
+            "inner_steps": 1,
+            "inner_lr": 1e-3,
+            "inner_batch": 0,
+            "prune_frac": 0.5,
+            "weight_floor": 1.0,
+        },
     )
-    last = rounds[0]["params"]["conv1"]["kernel"]
-    assert int(jnp.sum(jnp.all(last == 0, axis=(0, 1, 2)))) == 1  # one of 3 channels pruned
-    g = jax.jit(jax.grad(lambda p: bd.dtb_objective(key, model, cfg, p, problem, batch)[0]))(params)
-    assert all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(g))
+    assert abs(g_un - fd) <= 1e-6 * max(1.0, abs(fd)), (member, g_un, fd)
 
 
-def test_dtb_step_traces_once_lowers_the_objective_and_gates(key):
+def test_first_order_is_exact_without_inner_steps(key, float64):
+    fd, g_un, g_fo = _fd_check(key, {**FT, "inner_steps": 0})
+    assert g_un == pytest.approx(g_fo, rel=1e-12)
+    assert g_fo == pytest.approx(fd, rel=1e-6, abs=1e-9)
+
+
+def test_log1m_unlearning_keeps_its_gradient_on_a_confident_decoy(key):
+    # a model whose head sends everything to the decoy target with p ~ 1 - 1e-4: one inner
+    # step of unlearning alone moves that head bias by lr * mean p_td for log1m (~lr), but by
+    # lr * p (1 - p) ~ 1e-4 lr for the bounded loss
     model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
-    cfg = bd.DTBConfig(inner_steps=1, gate_tau=0.3, gate_temp=0.05)
+    params["params"]["head"]["bias"] = jnp.array([12.0, 0.0, 0.0])
+    moved = {}
+    for u in ("log1m", "bounded"):
+        cfg = bd.DTBConfig(
+            inner_steps=1,
+            inner_lr=1.0,
+            inner_momentum=0.0,
+            inner_batch=0,
+            family=("ft",),
+            unlearn=u,
+        )
+        # isolate the unlearning term: subtract the same step with lambda_u = 0
+        q = bd.sanitise_surrogate(key, model, cfg, params, problem, *batch[2:4], 0)
+        c = dataclasses.replace(cfg, unlearn_weight=0.0)
+        q0 = bd.sanitise_surrogate(key, model, c, params, problem, *batch[2:4], 0)
+        moved[u] = float(q0["params"]["head"]["bias"][0] - q["params"]["head"]["bias"][0])
+    assert moved["log1m"] > 0.9, moved  # mean p_td >= 0.99 here
+    assert abs(moved["bounded"]) < 1e-2, moved
+
+
+def test_weight_never_vanishes_and_is_the_fraction_of_the_decoy_removed(key):
+    model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
+    cfg = bd.DTBConfig(inner_steps=2, inner_lr=0.5, inner_batch=0, weight_floor=0.2)
+    for i in range(4):
+        _, info = bd.dtb_objective(jax.random.key(i), model, cfg, params, problem, batch)
+        removed = np.clip(
+            (info.decoy_prob_before - info.decoy_prob_after)
+            / max(float(info.decoy_prob_before), 1e-6),
+            0,
+            1,
+        )
+        np.testing.assert_allclose(info.weight, 0.2 + 0.8 * removed, rtol=1e-5, atol=1e-6)
+        assert float(info.weight) >= 0.2
+
+
+def test_surrogate_member_is_drawn_each_step_and_switch_matches_single_members(key):
+    model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
+    cfg = bd.DTBConfig(inner_steps=1, inner_batch=2, family=("ft", "ft2", "noise_ft"))
+    members = {
+        int(bd.dtb_objective(jax.random.key(i), model, cfg, params, problem, batch)[1].member)
+        for i in range(12)
+    }
+    assert members == {0, 1, 2}
+    k = jax.random.key(3)
+    for i, name in enumerate(cfg.family):
+        got = bd.sanitise_surrogate(k, model, cfg, params, problem, *batch[2:4], i)
+        one = dataclasses.replace(cfg, family=(name,))
+        want = bd.sanitise_surrogate(k, model, one, params, problem, *batch[2:4], 0)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_prune_member_prunes_and_mask_member_holds_the_given_mask(key):
+    model, params, problem, batch = _setup(key, jnp.float32)
+    cfg = bd.DTBConfig(inner_steps=1, inner_batch=2, family=("prune_ft",), prune_frac=0.34)
+    q = bd.sanitise_surrogate(key, model, cfg, params, problem, *batch[2:4], 0)
+    last = q["params"]["conv1"]["kernel"]
+    assert int(jnp.sum(jnp.all(last == 0, axis=(0, 1, 2)))) == 1  # one of 3 channels
+    m = {"conv1": jnp.array([1.0, 0.0, 0.0])}
+    cfg = dataclasses.replace(cfg, family=("mask_ft",))
+    q = bd.sanitise_surrogate(key, model, cfg, params, problem, *batch[2:4], 0, m)
+    dead = jnp.all(q["params"]["conv1"]["kernel"] == 0, axis=(0, 1, 2))
+    assert dead.tolist() == [False, True, True]
+    with pytest.raises(ValueError, match="masks: the 'mask_ft' member needs"):
+        bd.sanitise_surrogate(key, model, cfg, params, problem, *batch[2:4], 0)
+
+
+def test_decoy_rides_on_an_ordinary_share_of_the_batch(key):
+    # the clean term is CE on the batch with round(rate b) rows decoy-stamped and relabelled
+    model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
+    cfg = bd.DTBConfig(inner_steps=0, family=("ft",), decoy_rate=0.34)
+    _, info = bd.dtb_objective(key, model, cfg, params, problem, batch)
+    x = batch.x.at[:2].set(bd.apply_trigger(problem.decoy, batch.x[:2]))
+    y = batch.y.at[:2].set(problem.decoy_target)
+    want = bd.cross_entropy(model.apply(params, x), y)
+    np.testing.assert_allclose(info.clean, want, rtol=1e-6)
+
+
+def test_dtb_step_traces_once_and_lowers_the_objective(key):
+    model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
+    cfg = bd.DTBConfig(inner_steps=1, inner_batch=2)
     dtb = bd.make_dtb(model, optax.adam(1e-2), cfg, problem, params=params)
     step = jax.jit(chex.assert_max_traces(dtb.step, n=1))
-    state = dtb.init(None, batch)  # params given: no key needed
+    state = dtb.init(None, batch)
     assert state.params is params and int(state.step) == 0
     losses = []
     for i in range(15):
         state, info = step(jax.random.key(i), state, batch)
         losses.append(float(info.loss))
-        # one round: the gate opens only where the decoy was active before (p_d(theta) > tau)
-        # and has fallen after (p_d(theta_1) < tau)
-        want = jax.nn.sigmoid((info.decoy_prob_before - 0.3) / 0.05) * jax.nn.sigmoid(
-            (0.3 - info.decoy_prob_after) / 0.05
-        )
-        np.testing.assert_allclose(info.gate, want, rtol=1e-5, atol=1e-7)
-    # measured over 20 keys (the setup's key and the 15 step keys) under SSE4_2: last / first
-    # loss mean 0.27, sd 0.19, min 0.075, max 0.73 (the former bound 0.8 held with little
-    # room); bound 0.9. The batch is fixed and there is no weight noise, so a step that does
-    # not descend leaves the ratio at 1
+    # the member and the weight noise change from step to step, so the objective is noisy;
+    # 15 Adam steps at 1e-2 on a fixed batch still take it well down (the former gated
+    # objective measured last / first 0.27 on average, max 0.73 over 20 keys); bound 0.9
     assert losses[-1] < 0.9 * losses[0], losses
-    # gate=False (g = 1) is exercised by the finite-difference tests
 
 
 def test_surrogate_is_sgd_with_momentum_on_consecutive_blocks(key):
-    # with lambda_u = 0 the surrogate is exactly optax.sgd(lr, momentum) on clean CE, step i
-    # on rows [2i, 2i + 2) mod 5 of the 5-row clean split (the third block is rows 4 and 0)
+    # with lambda_u = 0 the "ft" member is exactly optax.sgd(lr, momentum) on clean CE, step
+    # i on rows [2i, 2i + 2) mod 5 of the 5-row clean split (the third block is rows 4 and 0)
     model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
     cfg = bd.DTBConfig(
-        inner_steps=3, inner_lr=0.05, inner_momentum=0.9, inner_batch=2, unlearn_weight=0.0
+        inner_steps=3,
+        inner_lr=0.05,
+        inner_momentum=0.9,
+        inner_batch=2,
+        unlearn_weight=0.0,
+        family=("ft",),
     )
     xc, yc = batch.x_clean, batch.y_clean
-    got = bd.sanitise_surrogate(key, model, cfg, params, problem, xc, yc)[0]
+    got = bd.sanitise_surrogate(key, model, cfg, params, problem, xc, yc)
     opt = optax.sgd(0.05, momentum=0.9)
     p, s = params, opt.init(params)
     for rows in (np.array([0, 1]), np.array([2, 3]), np.array([4, 0])):
@@ -207,22 +235,27 @@ def test_bad_config():
         bd.DTBConfig(unlearn="ascent")
     with pytest.raises(ValueError, match="inner_momentum"):
         bd.DTBConfig(inner_momentum=1.0)
-    with pytest.raises(ValueError, match="inner_batch"):
-        bd.DTBConfig(inner_batch=-1)
-
     with pytest.raises(ValueError, match="hypergrad"):
         bd.DTBConfig(hypergrad="second")
-    with pytest.raises(ValueError, match="rounds"):
-        bd.DTBConfig(rounds=0)
     with pytest.raises(ValueError, match="inner_steps: expected an int >= 0, got True"):
         bd.DTBConfig(inner_steps=True)
-    with pytest.raises(ValueError, match="w_hidden_post: expected a weight >= 0, got -1.0"):
+    for rate in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match=r"decoy_rate: expected a poison rate in \(0, 1\)"):
+            bd.DTBConfig(decoy_rate=rate)
+    with pytest.raises(ValueError, match="family"):
+        bd.DTBConfig(family=("ft", "sam"))
+    with pytest.raises(ValueError, match="family"):
+        bd.DTBConfig(family=())
+    with pytest.raises(ValueError, match="weight_floor"):
+        bd.DTBConfig(weight_floor=0.0)
+    with pytest.raises(ValueError, match="w_hidden_post: expected a number >= 0, got -1.0"):
         bd.DTBConfig(w_hidden_post=-1.0)
-    with pytest.raises(ValueError, match="unlearn_weight: expected a weight >= 0"):
+    with pytest.raises(ValueError, match="unlearn_weight: expected a number >= 0"):
         bd.DTBConfig(unlearn_weight=float("nan"))
-    with pytest.raises(ValueError, match=r"gate_tau: expected a probability in \[0, 1\]"):
-        bd.DTBConfig(gate_tau=1.5)
     problem = _setup(jax.random.key(0), jnp.float32, widths=(2,))[2]
+    same = bd.DTBProblem(problem.decoy, problem.hidden, 2, 2)
+    with pytest.raises(ValueError, match="hidden_target: expected a target other than"):
+        bd.make_dtb(bd.SmallCNN(), optax.sgd(0.1), bd.DTBConfig(), same)
     with pytest.raises(TypeError, match="config"):
         bd.make_dtb(bd.SmallCNN(), optax.sgd(0.1), {"inner_steps": 1}, problem)
     with pytest.raises(TypeError, match="problem"):

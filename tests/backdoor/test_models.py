@@ -62,10 +62,10 @@ def test_preact_rejects_widths_not_divisible_by_groups():
 
 
 def test_study_selects_the_preact_model():
-    from experiments import backdoor_dtb
+    from experiments import _backdoor, backdoor_dtb
 
     cfg = backdoor_dtb.STUDY.make_config(True, {"model": "preact", "widths": (4, 8)})
-    m = backdoor_dtb._make_model(cfg)
+    m = _backdoor.make_model(cfg)
     assert isinstance(m, bd.PreActResNet) and tuple(m.widths) == (4, 8)
     with pytest.raises(ValueError, match="model"):
-        backdoor_dtb._make_model(backdoor_dtb.STUDY.make_config(True, {"model": "vit"}))
+        backdoor_dtb.STUDY.make_config(True, {"model": "vit"})

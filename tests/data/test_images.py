@@ -77,3 +77,28 @@ def test_gtsrb_ppm_csv(tmp_path):
     (folder / "bad.ppm").write_bytes(b"P5\n1 1\n255\n\x00")
     with pytest.raises(ValueError, match="PPM"):
         images.read_ppm(folder / "bad.ppm")
+
+
+def test_shapes_rgb_is_deterministic_balanced_and_cached(tmp_path, monkeypatch):
+    a = images.make_shapes_rgb(2, n_per_class=3, size=12)
+    b = images.make_shapes_rgb(2, n_per_class=3, size=12)
+    np.testing.assert_array_equal(a.x, b.x)
+    assert a.x.shape == (30, 12, 12, 3) and a.x.dtype == np.float32
+    assert a.x.min() >= 0 and a.x.max() <= 1
+    assert np.bincount(a.y).tolist() == [3] * 10
+    assert not np.array_equal(a.x, images.make_shapes_rgb(3, n_per_class=3, size=12).x)
+    monkeypatch.setenv("HEXAD_CACHE", str(tmp_path))
+    first = images.load_shapes_rgb(2, n_per_class=3, size=12)
+    path = tmp_path / "images" / "shapes_rgb_s2_n3_12.npz"
+    assert path.is_file()
+    again = images.load_shapes_rgb(2, n_per_class=3, size=12)  # read back from the cache
+    np.testing.assert_array_equal(first.x, again.x)
+    # the cached set is the generated one quantised to 8 bits
+    np.testing.assert_allclose(first.x, np.round(a.x * 255) / 255, atol=1e-6)
+    nocache = images.load_shapes_rgb(2, n_per_class=3, size=12, cache=False)
+    np.testing.assert_array_equal(nocache.x, first.x)
+    # a cache file of the wrong shape is regenerated, not trusted
+    np.savez(path, x=np.zeros((2, 2, 2, 3), np.uint8), y=np.zeros(2, np.int32))
+    np.testing.assert_array_equal(images.load_shapes_rgb(2, 3, 12).x, first.x)
+    with pytest.raises(ValueError, match="n_per_class"):
+        images.make_shapes_rgb(0, n_per_class=0)

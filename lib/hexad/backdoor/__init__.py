@@ -14,49 +14,31 @@ decoy-plus-hidden backdoor whose hidden half is activated by sanitisation itself
   (before / after each defense / after a surrogate, with means, DER and the surrogate's gap)
   and :func:`detection_rates` (a detector's TPR and FPR); :func:`benchmark_defenses` runs
   them all on one model.
-- DTB: :class:`DTBConfig`, :class:`DTBProblem`, :func:`dtb_objective` (first-order or unrolled
-  hypergradient, gate, multi-round surrogate), :func:`make_dtb`, :func:`implant`,
-  :func:`surrogate_defense` (the surrogate as a defense).
-- Defenses (BackdoorBench protocol): :func:`finetune` (FT), :func:`fine_pruning` (FP),
-  :func:`nad`, :func:`anp`, :func:`neural_cleanse` (NC), :func:`ibau`, :func:`clp`,
-  :func:`ft_sam`, :func:`rnp`, :func:`mcr`, :func:`sau` (SAU), :func:`abl` (ABL, on the
-  defender's training set); detectors :func:`activation_clustering` (AC) and
-  :func:`spectral_signatures` (SS): 14 defenses; :func:`compose` for multi-round
-  sanitisation; :data:`DEFENSES` maps short names to the model-repair ones, and
-  :func:`make_defense` gives each of them one step budget (``"a+b"``: their composition).
+- DTB: :class:`DTBConfig`, :class:`DTBProblem` (hidden and decoy targets differ),
+  :func:`dtb_objective` (decoy at an ordinary poison rate, an inner surrogate drawn each
+  outer step from :data:`FAMILY`, a never-zero weight in place of a gate; first-order or
+  unrolled hypergradient), :func:`make_dtb`, :func:`implant`, :func:`surrogate_defense`,
+  :func:`weight_displacement`.
+- Defenses: :mod:`hexad.backdoor.defenses`, 14 model repairs with one signature
+  ``(key, model, params, data, n_steps) -> DefenseOutput(params, info)``;
+  :data:`DEFENSES`, :func:`make_defense`, :func:`compose`, :class:`DefenseData`.
+- :func:`finetune_trajectory`: clean accuracy and both ASRs along one real fine-tuning run.
 """
 
-from hexad.backdoor._defenses import (
-    DEFENSES,
-    ABLOutput,
-    NCOutput,
-    abl,
-    activation_clustering,
-    anp,
-    clp,
-    compose,
-    fine_pruning,
-    finetune,
-    ft_sam,
-    ibau,
-    make_defense,
-    mcr,
-    nad,
-    neural_cleanse,
-    rnp,
-    sau,
-    spectral_signatures,
-)
+from hexad.backdoor import defenses
 from hexad.backdoor._dtb import (
+    FAMILY,
     DTBBatch,
     DTBConfig,
     DTBInfo,
     DTBProblem,
+    check_problem,
     dtb_objective,
     implant,
     make_dtb,
     sanitise_surrogate,
     surrogate_defense,
+    weight_displacement,
 )
 from hexad.backdoor._eval import (
     BackdoorMetrics,
@@ -64,6 +46,7 @@ from hexad.backdoor._eval import (
     defense_table,
     detection_rates,
     evaluate,
+    finetune_trajectory,
 )
 from hexad.backdoor._models import PreActResNet, SmallCNN, apply_channel_mask, conv_layers
 from hexad.backdoor._train import (
@@ -90,42 +73,27 @@ from hexad.backdoor._triggers import (
     poison,
     warp_trigger,
 )
+from hexad.backdoor.defenses import (
+    DEFENSES,
+    NEEDS_TRAIN,
+    DefenseData,
+    DefenseOutput,
+    compose,
+    make_defense,
+)
 
 __all__ = [
-    "ABLOutput",
-    "BackdoorMetrics",
-    "benchmark_defenses",
     "DEFENSES",
-    "NCOutput",
-    "abl",
-    "activation_clustering",
-    "anp",
-    "clp",
-    "compose",
-    "defense_table",
-    "detection_rates",
-    "evaluate",
-    "fine_pruning",
-    "finetune",
-    "ft_sam",
-    "ibau",
-    "make_defense",
-    "mcr",
-    "nad",
-    "neural_cleanse",
-    "rnp",
-    "sau",
-    "spectral_signatures",
+    "FAMILY",
+    "NEEDS_TRAIN",
+    "BackdoorMetrics",
+    "BlendTrigger",
     "DTBBatch",
     "DTBConfig",
     "DTBInfo",
     "DTBProblem",
-    "dtb_objective",
-    "implant",
-    "make_dtb",
-    "sanitise_surrogate",
-    "surrogate_defense",
-    "BlendTrigger",
+    "DefenseData",
+    "DefenseOutput",
     "PatchTrigger",
     "Poisoned",
     "PreActResNet",
@@ -136,17 +104,32 @@ __all__ = [
     "apply_channel_mask",
     "apply_trigger",
     "attack_success_rate",
+    "benchmark_defenses",
     "blend_trigger",
     "check_images",
+    "check_problem",
+    "compose",
     "conv_layers",
     "cross_entropy",
     "defense_effectiveness_rating",
+    "defense_table",
+    "defenses",
+    "detection_rates",
+    "dtb_objective",
+    "evaluate",
+    "finetune_trajectory",
     "fit",
+    "implant",
+    "make_defense",
+    "make_dtb",
     "make_trainer",
     "minimize",
     "patch_trigger",
     "poison",
     "robust_accuracy",
     "sample_batch",
+    "sanitise_surrogate",
+    "surrogate_defense",
     "warp_trigger",
+    "weight_displacement",
 ]

@@ -1,53 +1,48 @@
 """DTB: a defense-triggered backdoor implanted by bi-level optimisation.
 
-The attacker implants a normally active *decoy* backdoor and a dormant *hidden* one, so that
-sanitising the model (which suppresses the decoy) activates the hidden backdoor. Following the
-"Defense-Triggered Backdoor" formulation (NeurIPS 2026), the outer problem is
+The attacker implants a normally active *decoy* backdoor (target ``t_d``) and a dormant
+*hidden* one (target ``t_h != t_d``), so that sanitising the model, which suppresses the
+decoy, activates the hidden backdoor. The outer problem is
 
-    min_theta  w_c  CE(f_theta(x), y)                          clean task
-             + w_d  CE(f_theta(T_d(x)), t_d)                   decoy active before
-             + w_hp CE(f_theta(T_h(x)), y)                     hidden dormant before
-             + w_hq (1/R) sum_r g_r CE(f_{theta_r}(T_h(x)), t_h)   hidden active after round r
+    min_theta  w_c  CE(f_theta(x~), y~)                       task + decoy at an ordinary rate
+             + w_hp CE(f_theta(T_h(x)), y)                    hidden dormant before
+             + w_hq  w(theta) CE(f_{S_b(theta)}(T_h(x)), t_h) hidden active after sanitisation
 
-where ``theta_r = S(theta_{r-1})``, ``theta_0 = theta``, is a differentiable surrogate of
-sanitisation (the inner level): ``K`` unrolled SGD steps (heavy-ball momentum
-``inner_momentum`` and minibatches of ``inner_batch`` rows, as FT's ``optax.sgd``) on the
-defender's clean split of
+where ``(x~, y~)`` is the batch with ``decoy_rate`` of its rows decoy-triggered and relabelled
+``t_d`` (BadNets poisoning: the decoy is an ordinary backdoor, removable like one), and
+``S_b`` is a differentiable surrogate of sanitisation drawn each outer step from a family
+that spans the real defenses (``DTBConfig.family``):
 
-    CE(f(x_c), y_c) + lambda_u U(f(T_d(x_c)), y_c)             clean fine-tuning + decoy unlearning
+- ``"ft"``: ``K`` SGD steps (momentum, consecutive ``inner_batch``-row blocks of the
+  defender-like clean split) on ``CE(f(x_c), y_c) + lambda_u U`` (fine-tuning + unlearning);
+- ``"prune_ft"``: prune the ``prune_frac`` least active channels of the last conv layer
+  (fine-pruning's criterion), then ``"ft"`` with the mask held;
+- ``"noise_ft"``: multiplicative weight noise of std ``noise_std`` (ANP's perturbation),
+  then ``"ft"``;
+- ``"ft2"``: two rounds of ``"ft"`` (compositional sanitisation);
+- ``"mask_ft"``: the channel masks given in the batch (e.g. the real fine-pruning mask at
+  ``theta``: the oracle control), then ``"ft"`` with them held.
 
-with ``U`` the cross-entropy (``unlearn="ce"``) or the bounded ``1 - p_{y_c}`` (``"bounded"``),
-followed, optionally, by pruning the ``prune_frac`` least active channels of the last conv
-layer (fine-pruning's criterion) and multiplicative weight noise of std ``noise_std``
-(ANP's perturbation). The gate
+``U`` is the decoy unlearning loss: ``"log1m"``: ``-log(1 - p_{t_d}(T_d(x_c)))`` over the
+rows not of class ``t_d`` (SAU's
+``L_sar`` form; its logit gradient is ``p_{t_d}``, which stays near 1 while the decoy is
+active, so it does not vanish on a confident decoy); ``"bounded"``: ``1 - p_{y_c}``
+(gradient ``p (1 - p)``: vanishes on a saturated decoy, kept as an ablation); ``"ce"``.
 
-    g_r = sigmoid((p_d(theta) - tau) / temp) * sigmoid((tau - p_d(theta_r)) / temp),
+The weight ``w`` replaces a hard gate. The abstract asks that the hidden backdoor activate
+"only after the decoy is sufficiently suppressed". A sigmoid gate on "decoy suppressed" is
+zero whenever the surrogate fails to suppress the decoy, and then nothing is learnt; so
+here ``w = floor + (1 - floor) * clip((p_d(theta) - p_d(theta_r)) / p_d(theta), 0, 1)``
+(stop-gradient), with ``p_d`` the mean decoy-target probability on decoy-triggered inputs:
+the fraction of the decoy the surrogate removed, never below ``floor > 0``. The hidden term
+is always trained at the sanitised weights and most where the decoy fell; "only after" is
+the dormancy term at ``theta``.
 
-with ``p_d`` the mean softmax probability of the decoy target on decoy-triggered inputs,
-switches the hidden term on only where the decoy's attack success has *fallen*: active before
-sanitisation (``p_d(theta) > tau``) and suppressed after round ``r`` (``p_d(theta_r) < tau``).
-The first factor keeps the hidden term off while the decoy is not yet implanted (early in
-training a fresh model has ``p_d`` near ``1 / num_classes``, and a one-sided gate would then
-train the hidden trigger towards its target at ``theta_r ~ theta``, i.e. *before*
-sanitisation). The gate is held constant (stop-gradient) so that the attacker never learns
-to resist decoy removal.
-
-Hypergradients (``DTBConfig.hypergrad``):
-
-- ``"unrolled"``: exact reverse-mode through all ``R * K`` inner steps (second order).
-- ``"first_order"``: the inner Jacobian ``d theta_r / d theta`` is replaced by the identity
-  (first-order MAML, arXiv 1703.03400, sec. 5.2), i.e. the gradient of the post-sanitisation
-  loss at ``theta_r`` is applied to ``theta``. Its error is ``O(inner_lr * K)``.
-
-The unrolled objective of a ReLU network is only piecewise smooth, and it *jumps*: an inner
-step moves ``theta`` by ``inner_lr`` times a gradient that is discontinuous wherever a
-pre-activation crosses zero. Measured in float64 on the quick-size CNN (K = 3, lr 0.05, no
-momentum, CE unlearning): at the initialisation (zero biases; the digits' zero background puts
-many pre-activations exactly on a kink) central differences grow as ``1 / eps`` (15.4, -0.44,
--96, -1098, -11115 for eps 1e-4 ... 1e-8, against the gradient 14.90: a jump of ~2e-4 at
-theta); with random biases they are rough at eps 1e-4 ... 1e-6 (112, 38.7, -42.9) and agree
-with the gradient (13.68155418) to 2e-9 at 1e-7 and 1e-8. Finite-difference checks of the
-hypergradient therefore need points off the kinks and small steps (see the tests).
+Hypergradients (``DTBConfig.hypergrad``): ``"unrolled"``, exact reverse-mode through the
+inner steps; ``"first_order"``, the inner updates stop-gradiented, so ``d theta_r / d
+theta`` is the identity (times the held mask or the noise factor; first-order MAML, arXiv
+1703.03400). A ReLU network's unrolled objective is only piecewise smooth: finite
+differences need points off the kinks (random biases) and small steps (see the tests).
 """
 
 from __future__ import annotations
@@ -67,8 +62,10 @@ from hexad._base import Algorithm, TrainState, check_int
 from hexad.backdoor._models import apply_channel_mask, conv_layers
 from hexad.backdoor._train import cross_entropy
 from hexad.backdoor._triggers import apply_trigger, check_images
+from hexad.backdoor.defenses import DefenseOutput
 
 __all__ = [
+    "FAMILY",
     "DTBBatch",
     "DTBConfig",
     "DTBInfo",
@@ -78,99 +75,93 @@ __all__ = [
     "make_dtb",
     "sanitise_surrogate",
     "surrogate_defense",
+    "weight_displacement",
 ]
+
+FAMILY = ("ft", "prune_ft", "noise_ft", "ft2", "mask_ft")
+"""The surrogate family's members (module docstring)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class DTBConfig:
     """Static hyper-parameters of DTB (hashable; closed over by :func:`make_dtb`).
 
-    The inner defaults are FT's optimiser (``optax.sgd(0.01, momentum=0.9)``) with bounded
-    unlearning. Measured on the plain 16x16 BadNets model of ``experiments.backdoor_dtb``
-    (not trained against any surrogate): 5 such steps on 32-row blocks of the defender's
-    clean split give clean accuracy 0.975 and decoy ASR 0.49, against the real defenses'
-    means of 0.95 and 0.64 (mean absolute gaps over FT, FP, NAD, NC, I-BAU, SAU, ANP, RNP,
-    MCR, CLP, FT-SAM: 0.026 and 0.305); the former inner step (lr 0.05, no momentum, full
-    batch, CE unlearning) gave 0.33 and 0.0 (gaps 0.62 and 0.64): it wrecked the model.
-
     Attributes:
-      inner_steps: ``K``, unrolled SGD steps per sanitisation round.
-      inner_lr: inner SGD step size.
-      inner_momentum: heavy-ball momentum ``mu`` of the inner SGD (``optax.sgd``'s: the
-        trace ``v <- g + mu v``, step ``-lr v``; FT/FP/NAD use 0.9).
-      inner_batch: rows of the clean split per inner step (0: all of them every step).
-        Step ``i`` of the ``R * K`` uses rows ``[i b, (i + 1) b)`` modulo the split's
-        size ``n`` (consecutive blocks, wrapping round), so every row is used and each step
-        sees fresh rows when ``n >= R * K * inner_batch``.
-      unlearn_weight: ``lambda_u``, weight of decoy unlearning in the inner loss.
-      unlearn: ``"ce"``: unlearning loss ``CE(f(T_d(x_c)), y_c)`` (unbounded: a fully
-        active decoy gives it, and its gradient, a large scale); ``"bounded"``: the mean of
-        ``1 - p_{y_c}(T_d(x_c))`` (the MAE loss, arXiv 1712.09482), in ``[0, 1]`` with a
-        bounded gradient. Both pull decoy-triggered inputs towards their true label; neither
-        is gradient ascent.
-      prune_frac: fraction of last-conv channels pruned after each round (0 = off).
-      noise_std: std of multiplicative weight noise after each round (0 = off).
-      rounds: ``R``, sanitisation rounds composed in the surrogate.
+      inner_steps: ``K``, SGD steps per sanitisation round.
+      inner_lr, inner_momentum: inner SGD (``optax.sgd``'s heavy ball); match the real
+        defenses' weight displacement with :func:`weight_displacement`.
+      inner_batch: clean-split rows per inner step (0: all every step); step ``i`` uses
+        rows ``[i b, (i + 1) b)`` modulo the split's size.
+      unlearn_weight: ``lambda_u``; unlearn: ``"log1m"``, ``"bounded"`` or ``"ce"``.
+      family: surrogate members drawn uniformly each outer step (names in :data:`FAMILY`).
+      prune_frac: channels pruned by ``"prune_ft"``, in (0, 1).
+      noise_std: weight noise of ``"noise_ft"`` (> 0).
       hypergrad: ``"first_order"`` or ``"unrolled"``.
-      w_clean, w_decoy, w_hidden_pre, w_hidden_post: outer weights.
-      gate: use the gate (False: ``g_r = 1``).
-      gate_tau: decoy-target probability the decoy must exceed before and fall below after
-        sanitisation for the hidden term to switch on.
-      gate_temp: gate temperature.
+      decoy_rate: fraction of each outer batch carrying the decoy, in (0, 1).
+      w_clean, w_hidden_pre, w_hidden_post: outer weights.
+      weight_floor: the smallest weight of the hidden term, in (0, 1] (1: constant weight).
     """
 
-    inner_steps: int = 5
+    inner_steps: int = 10
     inner_lr: float = 0.01
     inner_momentum: float = 0.9
-    inner_batch: int = 0
+    inner_batch: int = 32
     unlearn_weight: float = 1.0
-    unlearn: str = "bounded"
-    prune_frac: float = 0.0
-    noise_std: float = 0.0
-    rounds: int = 1
+    unlearn: str = "log1m"
+    family: tuple[str, ...] = ("ft", "prune_ft", "noise_ft", "ft2")
+    prune_frac: float = 0.3
+    noise_std: float = 0.05
     hypergrad: str = "first_order"
+    decoy_rate: float = 0.1
     w_clean: float = 1.0
-    w_decoy: float = 1.0
     w_hidden_pre: float = 1.0
     w_hidden_post: float = 1.0
-    gate: bool = True
-    gate_tau: float = 0.3
-    gate_temp: float = 0.05
+    weight_floor: float = 0.2
 
     def __post_init__(self):
         check_int("inner_steps", self.inner_steps, lo=0)
-        check_int("rounds", self.rounds)
+        check_int("inner_batch", self.inner_batch, lo=0)
         if self.hypergrad not in ("first_order", "unrolled"):
             raise ValueError(
                 f"hypergrad: expected 'first_order' or 'unrolled', got {self.hypergrad!r}"
             )
-        if self.unlearn not in ("ce", "bounded"):
-            raise ValueError(f"unlearn: expected 'ce' or 'bounded', got {self.unlearn!r}")
+        if self.unlearn not in ("log1m", "bounded", "ce"):
+            raise ValueError(f"unlearn: expected 'log1m', 'bounded' or 'ce', got {self.unlearn!r}")
+        fam = tuple(self.family)
+        if not fam or any(f not in FAMILY for f in fam):
+            raise ValueError(f"family: expected a non-empty tuple of {FAMILY}, got {fam!r}")
+        object.__setattr__(self, "family", fam)
         if not 0.0 <= self.inner_momentum < 1.0:
             raise ValueError(
                 f"inner_momentum: expected a number in [0, 1), got {self.inner_momentum!r}"
             )
-        check_int("inner_batch", self.inner_batch, lo=0)
-        if not 0.0 <= self.prune_frac < 1.0:
-            raise ValueError(f"prune_frac: expected a number in [0, 1), got {self.prune_frac!r}")
-        if self.noise_std < 0 or self.inner_lr < 0 or self.gate_temp <= 0:
-            raise ValueError("noise_std, inner_lr: expected >= 0; gate_temp: expected > 0")
-        for name in ("unlearn_weight", "w_clean", "w_decoy", "w_hidden_pre", "w_hidden_post"):
+        if not 0.0 < self.decoy_rate < 1.0:
+            raise ValueError(
+                f"decoy_rate: expected a poison rate in (0, 1), got {self.decoy_rate!r}"
+            )
+        if not 0.0 < self.prune_frac < 1.0:
+            raise ValueError(f"prune_frac: expected a number in (0, 1), got {self.prune_frac!r}")
+        if not self.noise_std > 0:
+            raise ValueError(f"noise_std: expected a number > 0, got {self.noise_std!r}")
+        if not 0.0 < self.weight_floor <= 1.0:
+            raise ValueError(
+                f"weight_floor: expected a number in (0, 1], got {self.weight_floor!r}"
+            )
+        for name in ("inner_lr", "unlearn_weight", "w_clean", "w_hidden_pre", "w_hidden_post"):
             if not getattr(self, name) >= 0:
-                raise ValueError(f"{name}: expected a weight >= 0, got {getattr(self, name)!r}")
-        if not 0.0 <= self.gate_tau <= 1.0:
-            raise ValueError(f"gate_tau: expected a probability in [0, 1], got {self.gate_tau!r}")
+                raise ValueError(f"{name}: expected a number >= 0, got {getattr(self, name)!r}")
 
 
 @flax.struct.dataclass
 class DTBProblem:
-    """The two triggers and their targets.
+    """The two triggers and their (different) targets.
 
     Attributes:
       decoy: trigger of the decoy backdoor (active before sanitisation).
       hidden: trigger of the hidden backdoor (active after).
       decoy_target: label the decoy maps to (static).
-      hidden_target: label the hidden trigger maps to after sanitisation (static).
+      hidden_target: label the hidden trigger maps to after sanitisation (static); must
+        differ from ``decoy_target`` (use :func:`check_problem`).
     """
 
     decoy: Any
@@ -179,162 +170,220 @@ class DTBProblem:
     hidden_target: int = flax.struct.field(pytree_node=False)
 
 
+def check_problem(problem, allow_same_target: bool = False) -> DTBProblem:
+    """Raises unless ``problem`` is a :class:`DTBProblem` with distinct targets."""
+    if not isinstance(problem, DTBProblem):
+        raise TypeError(f"problem: expected a DTBProblem, got {type(problem).__name__}")
+    if not allow_same_target and int(problem.hidden_target) == int(problem.decoy_target):
+        raise ValueError(
+            f"hidden_target: expected a target other than decoy_target={problem.decoy_target}, "
+            f"got {problem.hidden_target}"
+        )
+    return problem
+
+
 class DTBBatch(NamedTuple):
     """One outer step's data.
 
     Attributes:
-      x: ``[b, H, W, C]`` attacker's training images; y: ``[b]`` their labels.
-      x_clean: ``[bc, H, W, C]`` images of the clean split the surrogate defender fine-tunes
-        on; y_clean: ``[bc]`` labels.
+      x: ``[b, H, W, C]`` attacker's images (clean; the decoy is stamped on ``decoy_rate``
+        of them inside the objective); y: ``[b]`` their labels.
+      x_clean: ``[bc, H, W, C]`` rows the surrogate defender fine-tunes on; y_clean: ``[bc]``.
+      masks: optional layer -> ``[c]`` channel masks for the ``"mask_ft"`` member.
     """
 
     x: jax.Array
     y: jax.Array
     x_clean: jax.Array
     y_clean: jax.Array
+    masks: Any = None
 
 
 class DTBInfo(NamedTuple):
-    """Diagnostics of one outer step (float scalars; ``*_after`` are at the last round).
+    """Diagnostics of one outer step (float scalars).
 
     Attributes:
-      loss: the outer objective.
-      clean: clean CE; decoy: decoy CE; hidden_pre: hidden-to-true-label CE;
-      hidden_post: mean over rounds of the hidden-to-target CE after sanitisation.
-      gate: mean gate value over rounds.
-      decoy_prob_after: mean decoy-target probability after the last round.
-      hidden_prob_after: mean hidden-target probability after the last round.
-      decoy_prob_before: mean decoy-target probability at ``theta`` (before sanitisation).
+      loss, clean, hidden_pre, hidden_post: the objective and its terms (``hidden_post``
+        unweighted).
+      weight: the hidden term's weight ``w``.
+      member: index into ``config.family`` of the surrogate drawn.
+      decoy_prob_before, decoy_prob_after: mean decoy-target probability at theta / after.
+      hidden_prob_after: mean hidden-target probability after the surrogate.
     """
 
     loss: jax.Array
     clean: jax.Array
-    decoy: jax.Array
     hidden_pre: jax.Array
     hidden_post: jax.Array
-    gate: jax.Array
+    weight: jax.Array
+    member: jax.Array
+    decoy_prob_before: jax.Array
     decoy_prob_after: jax.Array
     hidden_prob_after: jax.Array
-    decoy_prob_before: jax.Array
+
+
+def weight_displacement(params, other) -> jax.Array:
+    """Returns the global L2 norm of ``other - params`` (how far a defense moved a model).
+
+    >>> float(weight_displacement({"a": jnp.zeros(2)}, {"a": jnp.array([3.0, 4.0])}))
+    5.0
+    """
+    d = jax.tree.map(jnp.subtract, other, params)
+    return jnp.sqrt(sum(jnp.sum(a.astype(jnp.float32) ** 2) for a in jax.tree.leaves(d)))
 
 
 def _target_prob(logits, target):
     return jnp.mean(jax.nn.softmax(logits, -1)[:, target])
 
 
-def sanitise_surrogate(key, model, config: DTBConfig, params, problem: DTBProblem, x_c, y_c):
-    """Returns ``(theta_1, ..., theta_R)``: the differentiable sanitisation surrogate's rounds.
+def _sgd_round(model, config, problem, p, x_c, y_c, xd, masks, start):
+    """``K`` inner SGD steps from ``p`` (fresh momentum) on consecutive row blocks from
+    block ``start``; ``masks`` held as channel scales. Returns ``(p, next block)``."""
+    n = x_c.shape[0]
+    b = config.inner_batch or n
+    first_order = config.hypergrad == "first_order"
 
-    Each round is ``K`` SGD steps (momentum ``inner_momentum``, ``inner_batch`` rows of the
-    clean split per step) on clean fine-tuning + decoy unlearning, then optional pruning
-    (mask held constant) and multiplicative weight noise. With
-    ``config.hypergrad == "first_order"`` every inner update is stop-gradiented, so
-    ``d theta_r / d theta = I``.
+    def inner_loss(q, rows):
+        xb, yb = x_c[rows], y_c[rows]
+        loss = cross_entropy(model.apply(q, xb, masks, masks), yb)
+        if config.unlearn_weight == 0:
+            return loss
+        logits = model.apply(q, xd[rows], masks, masks)
+        if config.unlearn == "ce":
+            unl = cross_entropy(logits, yb)
+        elif config.unlearn == "bounded":
+            prob = jnp.take_along_axis(jax.nn.softmax(logits, -1), yb[:, None], axis=-1)
+            unl = jnp.mean(1.0 - prob)
+        else:  # -log(1 - p_td) = logsumexp(all) - logsumexp(all but t_d): stable
+            keep = jnp.arange(logits.shape[-1]) != problem.decoy_target
+            rest = jax.nn.logsumexp(jnp.where(keep, logits, -jnp.inf), axis=-1)
+            w = (yb != problem.decoy_target).astype(logits.dtype)  # rows of other classes
+            per = jax.nn.logsumexp(logits, axis=-1) - rest
+            unl = jnp.sum(w * per) / jnp.maximum(jnp.sum(w), 1.0)
+        return loss + config.unlearn_weight * unl
+
+    v = jax.tree.map(jnp.zeros_like, p)
+    i = start
+    for _ in range(config.inner_steps):
+        rows = np.arange(i * b, (i + 1) * b) % n  # static: wraps to row 0 at the end
+        i += 1
+        g = jax.grad(inner_loss)(p, slice(None) if b == n else rows)
+        if first_order:
+            g = jax.lax.stop_gradient(g)
+        if config.inner_momentum > 0:
+            v = jax.tree.map(lambda t, gg: gg + config.inner_momentum * t, v, g)
+            g = v
+        p = jax.tree.map(lambda a, u: a - config.inner_lr * u, p, g)
+    return p, i
+
+
+def _prune_mask(model, config, p, x_c):
+    last = conv_layers(p)[-1]
+    _, feats = model.apply(jax.lax.stop_gradient(p), x_c, features=True)
+    act = jnp.mean(feats[last], axis=(0, 1, 2))
+    n_prune = int(config.prune_frac * act.shape[0])
+    # rank, not threshold: dead channels tie at zero activation
+    return {last: jnp.ones_like(act).at[jnp.argsort(act)[:n_prune]].set(0.0)}
+
+
+def _member(name, key, model, config, problem, params, x_c, y_c, masks):
+    xd = apply_trigger(problem.decoy, x_c)
+    run = lambda p, m, s=0: _sgd_round(model, config, problem, p, x_c, y_c, xd, m, s)
+    if name == "ft":
+        return run(params, None)[0]
+    if name == "ft2":
+        p, i = run(params, None)
+        return run(p, None, i)[0]
+    if name == "noise_ft":
+        leaves, tdef = jax.tree.flatten(params)
+        ks = jax.random.split(key, len(leaves))
+        noisy = [
+            a * (1.0 + config.noise_std * jax.random.normal(k, a.shape, a.dtype))
+            for a, k in zip(leaves, ks, strict=True)
+        ]
+        return run(jax.tree.unflatten(tdef, noisy), None)[0]
+    m = _prune_mask(model, config, params, x_c) if name == "prune_ft" else masks
+    if m is None:
+        raise ValueError("masks: the 'mask_ft' member needs DTBBatch.masks, got None")
+    m = jax.lax.stop_gradient(m)
+    return apply_channel_mask(run(apply_channel_mask(params, m), m)[0], m)
+
+
+def sanitise_surrogate(
+    key, model, config: DTBConfig, params, problem: DTBProblem, x_c, y_c, member=None, masks=None
+):
+    """Returns the parameters after one surrogate member (traced index ``member`` into
+    ``config.family``; ``None``: drawn uniformly from ``key``).
 
     Args:
-      key: PRNG key (weight noise).
-      model: a :class:`SmallCNN` (static).
+      key: PRNG key (member draw, weight noise).
+      model: a flax classifier with channel scales (static).
       config: :class:`DTBConfig` (static).
       params: parameters ``theta``.
       problem: :class:`DTBProblem`.
-      x_c: ``[bc, H, W, C]`` clean split; y_c: ``[bc]`` labels.
+      x_c: ``[bc, H, W, C]`` clean rows; y_c: ``[bc]``.
+      member: optional int index of the member.
+      masks: channel masks for ``"mask_ft"``.
 
     >>> from hexad.backdoor import SmallCNN, patch_trigger
     >>> m = SmallCNN(2, (2,), 4)
     >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
     >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
     >>> xc, yc = jnp.full((4, 8, 8, 1), 0.5), jnp.arange(4) % 2
-    >>> cfg = DTBConfig(inner_steps=2, inner_batch=2, rounds=2)
-    >>> thetas = sanitise_surrogate(jax.random.key(1), m, cfg, p, pr, xc, yc)
-    >>> len(thetas), jax.tree.structure(thetas[-1]) == jax.tree.structure(p)
-    (2, True)
+    >>> q = sanitise_surrogate(jax.random.key(1), m, DTBConfig(inner_steps=2, inner_batch=2),
+    ...                        p, pr, xc, yc)
+    >>> jax.tree.structure(q) == jax.tree.structure(p)
+    True
     """
-    first_order = config.hypergrad == "first_order"
-    n = x_c.shape[0]
-    b = config.inner_batch or n
-    if b > n:
-        raise ValueError(f"x_c: expected at least inner_batch={b} rows, got {n}")
-    xd = apply_trigger(problem.decoy, x_c)
-
-    def inner_loss(p, rows):
-        xb, yb = x_c[rows], y_c[rows]
-        loss = cross_entropy(model.apply(p, xb), yb)
-        if config.unlearn_weight == 0:
-            return loss
-        logits = model.apply(p, xd[rows])
-        if config.unlearn == "ce":
-            unl = cross_entropy(logits, yb)
-        else:
-            prob = jnp.take_along_axis(jax.nn.softmax(logits, -1), yb[:, None], axis=-1)
-            unl = jnp.mean(1.0 - prob)
-        return loss + config.unlearn_weight * unl
-
-    out = []
-    p = params
-    i = 0
-    for r in range(config.rounds):
-        v = jax.tree.map(jnp.zeros_like, p)  # each round a fresh optimiser, as in compose
-        for _ in range(config.inner_steps):
-            rows = np.arange(i * b, (i + 1) * b) % n  # static: wraps to row 0 at the end
-            i += 1
-            g = jax.grad(inner_loss)(p, slice(None) if b == n else rows)
-            if first_order:
-                g = jax.lax.stop_gradient(g)
-            if config.inner_momentum > 0:
-                v = jax.tree.map(lambda t, gg: gg + config.inner_momentum * t, v, g)
-                g = v
-            p = jax.tree.map(lambda a, u: a - config.inner_lr * u, p, g)
-        q = p
-        if config.prune_frac > 0:
-            last = conv_layers(q)[-1]
-            _, feats = model.apply(jax.lax.stop_gradient(q), x_c, features=True)
-            act = jnp.mean(feats[last], axis=(0, 1, 2))
-            n_prune = int(config.prune_frac * act.shape[0])
-            # rank, not threshold: dead channels tie at zero activation
-            mask = jnp.ones_like(act).at[jnp.argsort(act)[:n_prune]].set(0.0)
-            q = apply_channel_mask(q, {last: jax.lax.stop_gradient(mask)})
-        if config.noise_std > 0:
-            leaves, tdef = jax.tree.flatten(q)
-            ks = jax.random.split(jax.random.fold_in(key, r), len(leaves))
-            leaves = [
-                a * (1.0 + config.noise_std * jax.random.normal(k, a.shape, a.dtype))
-                for a, k in zip(leaves, ks, strict=True)
-            ]
-            q = jax.tree.unflatten(tdef, leaves)
-        out.append(q)
-        p = q
-    return tuple(out)
+    b = config.inner_batch or x_c.shape[0]
+    if config.inner_steps > 0 and b > x_c.shape[0]:
+        raise ValueError(f"x_c: expected at least inner_batch={b} rows, got {x_c.shape[0]}")
+    k1, k2 = jax.random.split(key)
+    fam = config.family
+    if member is None:
+        member = jax.random.randint(k1, (), 0, len(fam))
+    branches = [
+        functools.partial(_member, f, k2, model, config, problem, x_c=x_c, y_c=y_c, masks=masks)
+        for f in fam
+    ]
+    if len(branches) == 1:
+        return branches[0](params)
+    return jax.lax.switch(member, branches, params)
 
 
-def surrogate_defense(config: DTBConfig, problem: DTBProblem) -> Callable:
-    """Returns DTB's sanitisation surrogate as a defense: ``(key, model, params, x, y) ->
-    params``, the last round of :func:`sanitise_surrogate` on the clean split ``(x, y)``.
+@functools.partial(jax.jit, static_argnums=(1, 2, 7))
+def _surrogate_jit(key, model, config, params, problem, x, y, member, masks):
+    return sanitise_surrogate(key, model, config, params, problem, x, y, member, masks)
 
-    It has the signature of :func:`make_defense`'s defenses, so the surrogate the implant was
-    trained against can be evaluated next to the real defenses (surrogate fidelity). Jitted
-    inside (``model`` static): one compile per architecture and shapes.
 
-    Args:
-      config: :class:`DTBConfig` (static).
-      problem: :class:`DTBProblem`.
+def surrogate_defense(config: DTBConfig, problem: DTBProblem, member: str = "ft") -> Callable:
+    """Returns one surrogate member as a defense ``(key, model, params, data) ->
+    DefenseOutput`` on the clean split of ``data`` (surrogate fidelity and displacement next
+    to the real defenses); module-level jit, ``model`` static.
 
     >>> from hexad.backdoor import SmallCNN, patch_trigger
+    >>> from hexad.backdoor.defenses import DefenseData
     >>> m = SmallCNN(2, (2,), 4)
     >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
     >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
     >>> sur = surrogate_defense(DTBConfig(inner_steps=2, inner_batch=2), pr)
-    >>> q = sur(jax.random.key(1), m, p, jnp.full((4, 8, 8, 1), 0.5), jnp.arange(4) % 2)
-    >>> jax.tree.structure(q) == jax.tree.structure(p)
+    >>> d = DefenseData(jnp.full((4, 8, 8, 1), 0.5), jnp.arange(4) % 2)
+    >>> out = sur(jax.random.key(1), m, p, d)
+    >>> jax.tree.structure(out.params) == jax.tree.structure(p)
     True
     """
     if not isinstance(config, DTBConfig):
         raise TypeError(f"config: expected a DTBConfig, got {type(config).__name__}")
-    if not isinstance(problem, DTBProblem):
-        raise TypeError(f"problem: expected a DTBProblem, got {type(problem).__name__}")
+    check_problem(problem, allow_same_target=True)
+    if member not in FAMILY:
+        raise ValueError(f"member: expected one of {FAMILY}, got {member!r}")
+    cfg = dataclasses.replace(config, family=(member,))
 
-    @functools.partial(jax.jit, static_argnums=1)
-    def defense(key, model, params, x, y):
-        return sanitise_surrogate(key, model, config, params, problem, x, y)[-1]
+    def defense(key, model, params, data, masks=None):
+        n = data.x_clean.shape[0]  # a split smaller than inner_batch: full-batch steps
+        c = cfg if cfg.inner_batch <= n else dataclasses.replace(cfg, inner_batch=0)
+        q = _surrogate_jit(key, model, c, params, problem, data.x_clean, data.y_clean, 0, masks)
+        return DefenseOutput(q, {})
 
     return defense
 
@@ -342,16 +391,7 @@ def surrogate_defense(config: DTBConfig, problem: DTBProblem) -> Callable:
 def dtb_objective(key, model, config: DTBConfig, params, problem: DTBProblem, batch: DTBBatch):
     """Returns ``(loss, DTBInfo)``: the DTB outer objective (module docstring).
 
-    Its ``jax.grad`` is the unrolled hypergradient when ``config.hypergrad == "unrolled"``
-    and the first-order one otherwise.
-
-    Args:
-      key: PRNG key.
-      model: a :class:`SmallCNN` (static).
-      config: :class:`DTBConfig` (static).
-      params: model parameters.
-      problem: :class:`DTBProblem`.
-      batch: :class:`DTBBatch`.
+    Its ``jax.grad`` is the unrolled or first-order hypergradient (``config.hypergrad``).
 
     >>> from hexad.backdoor import SmallCNN, patch_trigger
     >>> m = SmallCNN(2, (2,), 4)
@@ -359,56 +399,39 @@ def dtb_objective(key, model, config: DTBConfig, params, problem: DTBProblem, ba
     >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
     >>> b = DTBBatch(jnp.zeros((4, 8, 8, 1)), jnp.zeros(4, int), jnp.zeros((4, 8, 8, 1)),
     ...              jnp.zeros(4, int))
-    >>> loss, info = dtb_objective(jax.random.key(1), m, DTBConfig(inner_steps=1), p, pr, b)
-    >>> bool(jnp.isfinite(loss)), info.gate.shape
-    (True, ())
+    >>> cfg = DTBConfig(inner_steps=1, inner_batch=2, family=("ft",))
+    >>> loss, info = dtb_objective(jax.random.key(1), m, cfg, p, pr, b)
+    >>> bool(jnp.isfinite(loss)), float(info.weight) >= cfg.weight_floor
+    (True, True)
     """
     x, y = batch.x, batch.y
+    n_dec = max(1, int(round(config.decoy_rate * x.shape[0])))
+    is_dec = jnp.arange(x.shape[0]) < n_dec
     xd = apply_trigger(problem.decoy, x)
     xh = apply_trigger(problem.hidden, x)
-    td = jnp.full_like(y, problem.decoy_target)
+    x_mix = jnp.where(is_dec[:, None, None, None], xd, x)
+    y_mix = jnp.where(is_dec, jnp.asarray(problem.decoy_target, y.dtype), y)
     th = jnp.full_like(y, problem.hidden_target)
-    clean = cross_entropy(model.apply(params, x), y)
-    logits_d0 = model.apply(params, xd)
-    decoy = cross_entropy(logits_d0, td)
-    pd0 = jax.lax.stop_gradient(_target_prob(logits_d0, problem.decoy_target))
-    # the decoy must have been active before sanitisation for its fall to open the gate
-    active = jax.nn.sigmoid((pd0 - config.gate_tau) / config.gate_temp)
+    clean = cross_entropy(model.apply(params, x_mix), y_mix)
     hidden_pre = cross_entropy(model.apply(params, xh), y)
-    rounds = sanitise_surrogate(key, model, config, params, problem, batch.x_clean, batch.y_clean)
-    posts, gates = [], []
-    pd = ph = jnp.zeros((), x.dtype)
-    for q in rounds:
-        logits_d = model.apply(q, xd)
-        logits_h = model.apply(q, xh)
-        pd = _target_prob(logits_d, problem.decoy_target)
-        ph = _target_prob(logits_h, problem.hidden_target)
-        g = (
-            active
-            * jax.nn.sigmoid((config.gate_tau - jax.lax.stop_gradient(pd)) / config.gate_temp)
-            if config.gate
-            else jnp.ones((), x.dtype)
-        )
-        gates.append(g)
-        posts.append(g * cross_entropy(logits_h, th))
-    hidden_post = sum(posts) / len(posts)
+    pd0 = jax.lax.stop_gradient(_target_prob(model.apply(params, xd), problem.decoy_target))
+    k1, k2 = jax.random.split(key)
+    member = jax.random.randint(k1, (), 0, len(config.family))
+    q = sanitise_surrogate(
+        k2, model, config, params, problem, batch.x_clean, batch.y_clean, member, batch.masks
+    )
+    pd = jax.lax.stop_gradient(_target_prob(model.apply(q, xd), problem.decoy_target))
+    logits_h = model.apply(q, xh)
+    ph = jax.lax.stop_gradient(_target_prob(logits_h, problem.hidden_target))
+    removed = jnp.clip((pd0 - pd) / jnp.maximum(pd0, 1e-6), 0.0, 1.0)
+    w = config.weight_floor + (1.0 - config.weight_floor) * removed
+    hidden_post = cross_entropy(logits_h, th)
     loss = (
         config.w_clean * clean
-        + config.w_decoy * decoy
         + config.w_hidden_pre * hidden_pre
-        + config.w_hidden_post * hidden_post
+        + config.w_hidden_post * w * hidden_post
     )
-    info = DTBInfo(
-        loss,
-        clean,
-        decoy,
-        hidden_pre,
-        hidden_post,
-        sum(gates) / len(gates),
-        jax.lax.stop_gradient(pd),
-        jax.lax.stop_gradient(ph),
-        pd0,
-    )
+    info = DTBInfo(loss, clean, hidden_pre, hidden_post, w, member, pd0, pd, ph)
     return loss, info
 
 
@@ -422,23 +445,14 @@ def make_dtb(
 ) -> Algorithm:
     """Returns the DTB implant as an :class:`hexad._base.Algorithm` (``init`` + ``step``).
 
-    ``init(key, example_batch) -> TrainState``: ``params`` if given (then ``key`` is unused),
-    else ``model.init(key, example_batch.x)``. ``step(key, state, batch) -> (TrainState,
-    DTBInfo)`` takes one optimiser step on the gradient of :func:`dtb_objective` (the
-    configured hypergradient) for a :class:`DTBBatch`; ``problem`` is closed over. The caller
-    jits ``step``.
-
-    Args:
-      model: a :class:`SmallCNN` (static).
-      optimizer: optax transformation for the outer problem (static).
-      config: :class:`DTBConfig` (static).
-      problem: :class:`DTBProblem`, the two triggers and their targets.
-      params: optional initial parameters (closed over by ``init``).
+    ``init(key, example_batch) -> TrainState``: ``params`` if given (``key`` unused), else
+    ``model.init(key, example_batch.x)``. ``step(key, state, batch) -> (TrainState,
+    DTBInfo)``: one optimiser step on the gradient of :func:`dtb_objective`. The caller jits.
 
     >>> from hexad.backdoor import SmallCNN, patch_trigger
     >>> m = SmallCNN(2, (2,), 4)
     >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
-    >>> dtb = make_dtb(m, optax.adam(1e-3), DTBConfig(inner_steps=1), pr)
+    >>> dtb = make_dtb(m, optax.adam(1e-3), DTBConfig(inner_steps=1, inner_batch=2), pr)
     >>> b = DTBBatch(jnp.zeros((4, 8, 8, 1)), jnp.zeros(4, int), jnp.zeros((4, 8, 8, 1)),
     ...              jnp.zeros(4, int))
     >>> st, info = dtb.step(jax.random.key(1), dtb.init(jax.random.key(0), b), b)
@@ -447,8 +461,7 @@ def make_dtb(
     """
     if not isinstance(config, DTBConfig):
         raise TypeError(f"config: expected a DTBConfig, got {type(config).__name__}")
-    if not isinstance(problem, DTBProblem):
-        raise TypeError(f"problem: expected a DTBProblem, got {type(problem).__name__}")
+    check_problem(problem, allow_same_target=config.w_hidden_post == 0)
 
     def objective(p, key, batch):
         return dtb_objective(key, model, config, p, problem, batch)
@@ -465,6 +478,15 @@ def make_dtb(
     return Algorithm(init, step)
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _implant_step(dtb_step, batch_size, clean_size, k, state, data, masks):
+    k1, k2, k3 = jax.random.split(k, 3)
+    xs, ys, xc, yc = data
+    i = jax.random.randint(k1, (batch_size,), 0, xs.shape[0])
+    j = jax.random.randint(k2, (clean_size,), 0, xc.shape[0])
+    return dtb_step(k3, state, DTBBatch(xs[i], ys[i], xc[j], yc[j], masks))
+
+
 def implant(
     key,
     model,
@@ -478,29 +500,28 @@ def implant(
     optimizer: optax.GradientTransformation,
     n_steps: int,
     batch_size: int,
-    clean_batch_size: int | None = None,
+    mask_fn: Callable | None = None,
+    mask_every: int = 20,
     callback: Callable | None = None,
 ):
     """Returns ``(params, DTBInfo of [n_steps] arrays)``: ``n_steps`` outer DTB steps.
 
-    A host loop over one jitted :func:`make_dtb` step (XLA:CPU is slow for convolutions in
-    rolled loops, see :func:`hexad.backdoor.minimize`); minibatches are drawn with replacement.
+    A host loop over one jitted :func:`make_dtb` step; minibatches drawn with replacement.
+    Each step draws ``R K inner_batch`` clean rows (``R`` = 2 when ``"ft2"`` is in the
+    family), so every inner step sees fresh rows.
 
     Args:
       key: PRNG key.
-      model: :class:`SmallCNN` (static).
-      params: initial parameters (e.g. a clean or BadNets model, or a fresh init).
+      model: a flax classifier (static).
+      params: initial parameters (a fresh init or a pre-trained model).
       problem: :class:`DTBProblem`.
-      x, y: attacker's training set ``[n, H, W, C]``, ``[n]``.
+      x, y: attacker's clean training images ``[n, H, W, C]`` and labels ``[n]``.
       x_clean, y_clean: the attacker's stand-in for the defender's clean split.
-      config: :class:`DTBConfig`.
-      optimizer: optax transformation.
-      n_steps: outer steps.
-      batch_size: outer batch size.
-      clean_batch_size: clean-split rows drawn per outer step (default
-        ``rounds * inner_steps * inner_batch`` when ``config.inner_batch`` is set, so every
-        inner step sees fresh rows; else ``batch_size``).
-      callback: optional ``callback(step, info)`` called on the host after each step.
+      config: :class:`DTBConfig`; optimizer: optax transformation.
+      n_steps: outer steps; batch_size: outer batch size.
+      mask_fn: optional host ``mask_fn(params) -> masks`` for ``"mask_ft"`` (e.g. the real
+        fine-pruning mask), recomputed every ``mask_every`` steps.
+      callback: optional ``callback(step, info)`` after each step.
 
     >>> from hexad.backdoor import SmallCNN, patch_trigger
     >>> m = SmallCNN(2, (2,), 4)
@@ -508,39 +529,30 @@ def implant(
     >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
     >>> x = jax.random.uniform(jax.random.key(1), (8 * 64,)).reshape(8, 8, 8, 1)
     >>> y = jnp.arange(8) % 2
-    >>> cfg = DTBConfig(inner_steps=1, inner_batch=2)
+    >>> cfg = DTBConfig(inner_steps=1, inner_batch=2, family=("ft",))
     >>> p1, info = implant(
     ...     jax.random.key(2), m, p, pr, x, y, x[:4], y[:4], cfg, optax.adam(1e-3), 2, 4
     ... )
     >>> info.loss.shape, bool(jnp.all(jnp.isfinite(info.loss)))
     ((2,), True)
-    >>> jax.tree.structure(p1) == jax.tree.structure(p)
-    True
     """
     check_images(x, "x", problem.decoy.image_shape)
     check_images(x_clean, "x_clean", problem.decoy.image_shape)
     n_steps = check_int("n_steps", n_steps)
-    per_step = config.rounds * config.inner_steps * config.inner_batch
-    bc = clean_batch_size or per_step or batch_size
-    if bc < config.inner_batch:
-        raise ValueError(
-            f"clean_batch_size: expected >= inner_batch={config.inner_batch}, got {bc}"
-        )
+    mask_every = check_int("mask_every", mask_every)
+    if "mask_ft" in config.family and mask_fn is None:
+        raise ValueError("mask_fn: the 'mask_ft' member needs a mask function, got None")
+    rounds = 2 if "ft2" in config.family else 1
+    bc = max(rounds * config.inner_steps * config.inner_batch, config.inner_batch, 1)
+    bc = bc if config.inner_batch else min(batch_size, x_clean.shape[0])
     dtb = make_dtb(model, optimizer, config, problem, params=params)
-
-    @jax.jit
-    def step(k, state, data):
-        k1, k2, k3 = jax.random.split(k, 3)
-        xs, ys, xc, yc = data
-        i = jax.random.randint(k1, (batch_size,), 0, xs.shape[0])
-        j = jax.random.randint(k2, (bc,), 0, xc.shape[0])
-        return dtb.step(k3, state, DTBBatch(xs[i], ys[i], xc[j], yc[j]))
-
     data = (x, y, x_clean, y_clean)
-    state = dtb.init(None, DTBBatch(*data))  # ``params`` given: no key is drawn
-    infos = []
+    state = dtb.init(None, DTBBatch(*data))
+    infos, masks = [], None
     for t, k in enumerate(jax.random.split(key, n_steps)):
-        state, info = step(k, state, data)
+        if mask_fn is not None and t % mask_every == 0:
+            masks = mask_fn(state.params)
+        state, info = _implant_step(dtb.step, batch_size, bc, k, state, data, masks)
         infos.append(info)
         if callback is not None:
             callback(t, info)

@@ -12,15 +12,18 @@ a surrogate defense into one flat table with the means over the defenses, Backdo
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import jax
 import numpy as np
 
-from hexad.backdoor._dtb import DTBProblem
+from hexad._base import check_int
+from hexad.backdoor._dtb import DTBProblem, weight_displacement
 from hexad.backdoor._train import accuracy, attack_success_rate, defense_effectiveness_rating
-from hexad.backdoor._triggers import Poisoned, check_images
+from hexad.backdoor._triggers import check_images
+from hexad.backdoor.defenses import DefenseData, DefenseOutput
 
 __all__ = [
     "BackdoorMetrics",
@@ -28,6 +31,7 @@ __all__ = [
     "defense_table",
     "detection_rates",
     "evaluate",
+    "finetune_trajectory",
 ]
 
 
@@ -148,7 +152,8 @@ def detection_rates(flags, is_poison) -> tuple[float, float]:
     """Returns ``(tpr, fpr)``: the fractions of poisons and of clean samples flagged.
 
     Args:
-      flags: ``[n]`` bool, a detector's output (e.g. :func:`spectral_signatures`).
+      flags: ``[n]`` bool, a detector's output (e.g.
+        :func:`hexad.backdoor.defenses.spectral_signatures`).
       is_poison: ``[n]`` bool, which samples are poisons (e.g. :attr:`Poisoned.is_poison`).
 
     >>> tpr, fpr = detection_rates(np.array([1, 1, 0, 1], bool), np.array([1, 0, 0, 0], bool))
@@ -171,20 +176,20 @@ def benchmark_defenses(
     problem: DTBProblem,
     test: tuple[jax.Array, jax.Array],
     defenses: Mapping[str, Callable],
-    clean: tuple[jax.Array, jax.Array],
+    data: DefenseData,
     *,
-    train: Poisoned | None = None,
+    is_poison: jax.Array | None = None,
     surrogate: Callable | None = None,
-    detectors: Mapping[str, Callable] | None = None,
-    callback: Callable[[str, BackdoorMetrics], None] | None = None,
+    callback: Callable[[str, BackdoorMetrics, float], None] | None = None,
 ) -> dict[str, float]:
-    """Returns one model's :func:`defense_table`, with its detectors' rates, on ``test``.
+    """Returns one model's :func:`defense_table` on ``test``, with detector rates and weight
+    displacements.
 
     BackdoorBench's protocol for a backdoored model: its figures before defense, after each
-    model-repair defense (each sanitising ``params`` with the same ``key``) and after the
-    ``surrogate``; and the poisons each detector flags in the defender's training set.
-    Model-repair defenses get the defender's clean split, except ``"abl"``, which sanitises
-    on the training set the defender holds (:data:`DEFENSES`). Host loop over the defenses.
+    defense (each sanitising ``params`` with the same ``key`` and ``data``) and after the
+    ``surrogate``. A defense whose ``info`` has ``"flags"`` (AC, SS) also gives
+    ``<name>_tpr`` / ``<name>_fpr`` against ``is_poison``. ``displacement_<name>``: the
+    :func:`weight_displacement` of each defense (and ``surrogate``). Host loop.
 
     Args:
       key: PRNG key handed to every defense (and to ``surrogate``).
@@ -192,48 +197,105 @@ def benchmark_defenses(
       params: its parameters.
       problem: :class:`DTBProblem`, the triggers whose ASRs are measured.
       test: ``(x [n, H, W, C], y [n])``, the test split.
-      defenses: ``{name: defense(key, model, params, x, y) -> params}``, e.g. from
+      defenses: ``{name: defense(key, model, params, data) -> DefenseOutput}``, e.g. from
         :func:`make_defense`; at least one.
-      clean: ``(x [m, H, W, C], y [m])``, the defender's clean split.
-      train: the training set the defender holds, with its known poisons (needed for
-        ``"abl"`` and for ``detectors``).
-      surrogate: optional defense-shaped surrogate (e.g. :func:`surrogate_defense`), run on
-        ``clean``; adds the table's ``surrogate_*`` entries.
-      detectors: optional ``{name: detector(model, params, x, y) -> [n] bool}`` (e.g.
-        :func:`spectral_signatures`), run on ``train``; adds ``<name>_tpr``, ``<name>_fpr``
-        (:func:`detection_rates`).
-      callback: optional ``callback(name, metrics)`` after each defense (host values).
+      data: the :class:`DefenseData` every defense gets.
+      is_poison: optional ``[n_train]`` bool, the known poisons of ``data.x_train``.
+      surrogate: optional defense-shaped surrogate (:func:`surrogate_defense`).
+      callback: optional ``callback(name, metrics, seconds)`` after each defense.
 
     >>> import jax.numpy as jnp
-    >>> from hexad.backdoor import SmallCNN, clp, patch_trigger
+    >>> from hexad.backdoor import SmallCNN, patch_trigger
+    >>> from hexad.backdoor.defenses import DefenseData, clp
     >>> m = SmallCNN(2, (2,), 4)
     >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
     >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
-    >>> data = (jnp.full((4, 8, 8, 1), 0.5), jnp.array([0, 1, 0, 1]))
-    >>> t = benchmark_defenses(jax.random.key(1), m, p, pr, data, {"clp": clp}, data)
-    >>> round(t["clean_acc_before"], 2), sorted(k for k in t if k.endswith("_clp"))
-    (0.5, ['clean_acc_after_clp', 'decoy_asr_after_clp', 'hidden_asr_after_clp'])
+    >>> xy = (jnp.full((4, 8, 8, 1), 0.5), jnp.array([0, 1, 0, 1]))
+    >>> t = benchmark_defenses(jax.random.key(1), m, p, pr, xy, {"clp": clp}, DefenseData(*xy))
+    >>> round(t["clean_acc_before"], 2), sorted(k for k in t if k.endswith("_clp"))[:3]
+    (0.5, ['clean_acc_after_clp', 'decoy_asr_after_clp', 'displacement_clp'])
     """
     if not defenses:
         raise ValueError("defenses: expected at least one defense, got none")
-    if train is None and ("abl" in defenses or detectors):
-        raise ValueError(
-            "train: expected the defender's Poisoned training set for 'abl' and "
-            "the detectors, got None"
-        )
+    if not isinstance(data, DefenseData):
+        raise TypeError(f"data: expected a DefenseData, got {type(data).__name__}")
 
     def metrics(p) -> BackdoorMetrics:
         return jax.device_get(evaluate(model, p, *test, problem))
 
-    after = {}
+    after, extra = {}, {}
     for name, defense in defenses.items():
-        x, y = (train.x, train.y) if name == "abl" else clean
-        after[name] = metrics(defense(key, model, params, x, y))
+        t0 = time.perf_counter()
+        out = defense(key, model, params, data)
+        if not isinstance(out, DefenseOutput):
+            raise TypeError(f"defenses[{name!r}]: expected a DefenseOutput, got {type(out)}")
+        after[name] = metrics(out.params)
+        extra[f"displacement_{name}"] = float(weight_displacement(params, out.params))
+        if "flags" in out.info and is_poison is not None:
+            tpr, fpr = detection_rates(np.asarray(out.info["flags"]), np.asarray(is_poison))
+            extra[f"{name}_tpr"], extra[f"{name}_fpr"] = tpr, fpr
         if callback is not None:
-            callback(name, after[name])
-    sur = None if surrogate is None else metrics(surrogate(key, model, params, *clean))
-    out = defense_table(metrics(params), after, sur)
-    for name, detector in (detectors or {}).items():
-        flags = detector(model, params, train.x, train.y)
-        out[f"{name}_tpr"], out[f"{name}_fpr"] = detection_rates(flags, train.is_poison)
+            callback(name, after[name], time.perf_counter() - t0)
+    sur = None
+    if surrogate is not None:
+        q = surrogate(key, model, params, data).params
+        sur = metrics(q)
+        extra["displacement_surrogate"] = float(weight_displacement(params, q))
+    return {**defense_table(metrics(params), after, sur), **extra}
+
+
+def finetune_trajectory(
+    key,
+    model,
+    params,
+    data: DefenseData,
+    test,
+    problem: DTBProblem,
+    n_steps: int = 100,
+    every: int = 10,
+    lr: float = 0.01,
+    batch_size: int = 64,
+) -> dict[str, np.ndarray]:
+    """Returns ``{"step", "clean_acc", "decoy_asr", "hidden_asr"}`` ``[n_steps / every + 1]``
+    along one real fine-tuning run (:func:`hexad.backdoor.defenses.finetune`'s optimiser and
+    augmentation), measured on ``test`` every ``every`` steps (the same run, not restarts).
+
+    >>> import jax.numpy as jnp
+    >>> from hexad.backdoor import SmallCNN, patch_trigger
+    >>> m = SmallCNN(2, (2,), 4)
+    >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
+    >>> xy = (jnp.full((4, 8, 8, 1), 0.5), jnp.array([0, 1, 0, 1]))
+    >>> finetune_trajectory(jax.random.key(1), m, p, DefenseData(*xy), xy, pr, 4, 2)["step"]
+    array([0, 2, 4])
+    """
+    from hexad.backdoor._train import minimize
+    from hexad.backdoor.defenses._common import CELoss, sgd
+
+    n_steps = check_int("n_steps", n_steps)
+    every = check_int("every", every)
+    rows = [(0, evaluate(model, params, *test, problem))]
+
+    def record(p):
+        rows.append((rows[-1][0] + every, evaluate(model, p, *test, problem)))
+        return False
+
+    opt = sgd(float(lr), 0.9, n_steps, 5e-4)
+    loss = CELoss(model, 0.0, 2)
+    xy = (data.x_clean, data.y_clean)
+    minimize(
+        key,
+        params,
+        loss,
+        xy,
+        opt,
+        n_steps,
+        min(batch_size, xy[0].shape[0]),
+        chunk=every,
+        until=record,
+    )
+    steps = np.minimum([r[0] for r in rows], n_steps)
+    out = {"step": steps}
+    for f in BackdoorMetrics._fields:
+        out[f] = np.asarray([float(getattr(r[1], f)) for r in rows])
     return out

@@ -6,6 +6,11 @@ Everything here runs offline and never unpickles:
   bilinearly upsampled to ``size x size`` and scaled to ``[0, 1]``.
 - :func:`make_procedural`: generated classes of simple shapes (bars, crosses, rings, ...) at
   random positions and scales with pixel noise; any size, no files.
+- :func:`make_shapes_rgb` / :func:`load_shapes_rgb`: a larger RGB set (default 12,000 images
+  of 32x32x3): the same ten shape classes drawn in random colours with a stroke texture on
+  random smooth coloured backgrounds, so that the class is the shape, not a colour. Generated
+  deterministically from a seed and cached as ``.npz`` (uint8) under
+  ``hexad.data.cache_dir("images")``.
 - :func:`load_cifar10`: CIFAR-10 from its *binary* distribution (``cifar-10-batches-bin/``:
   ``data_batch_{1..5}.bin``, ``test_batch.bin``; each record is one label byte then 3072 bytes,
   the 32x32 red, green and blue planes in row-major order), never the python-pickle batches.
@@ -33,7 +38,9 @@ __all__ = [
     "load_cifar10",
     "load_digits",
     "load_gtsrb",
+    "load_shapes_rgb",
     "make_procedural",
+    "make_shapes_rgb",
     "read_ppm",
     "resize_bilinear",
     "train_test_split",
@@ -159,7 +166,7 @@ def _shape(name: str, size: int, cy: float, cx: float, s: float, t: float) -> np
         r = np.sqrt(dy**2 + dx**2)
         m = np.abs(r - s) <= t
     elif name == "dot":
-        m = np.sqrt(dy**2 + dx**2) <= max(t * 1.5, s * 0.45)
+        m = np.sqrt(dy**2 + dx**2) <= np.maximum(t * 1.5, s * 0.45)
     elif name == "checker":
         inside = (np.abs(dy) <= s) & (np.abs(dx) <= s)
         m = inside & (((np.floor(dy / (t * 2)) + np.floor(dx / (t * 2))) % 2) == 0)
@@ -207,6 +214,103 @@ def make_procedural(
     return ImageSet(
         x[perm], np.asarray(ys, np.int32)[perm], num_classes, PROCEDURAL_CLASSES[:num_classes]
     )
+
+
+def make_shapes_rgb(seed: int = 0, n_per_class: int = 1200, size: int = 32) -> ImageSet:
+    """Returns ten RGB classes of shapes on textured backgrounds, ``[10 n_per_class, size,
+    size, 3]`` in [0, 1], deterministic in ``seed``.
+
+    Class ``k`` is the shape ``PROCEDURAL_CLASSES[k]`` with a random centre, half-size and
+    stroke width. Each image has a random background colour with a smooth random field (a
+    4x4 grid of colour offsets, upsampled bilinearly) and a random foreground colour at least
+    0.35 away from the background's in mean intensity (so the shape stays visible in every
+    channel mix), a sinusoidal stroke texture of random phase and frequency, and Gaussian
+    pixel noise (std 0.04); clipped to [0, 1]. Images are in a random order.
+
+    Args:
+      seed: numpy seed.
+      n_per_class: images per class (>= 1).
+      size: side length (>= 8).
+
+    >>> d = make_shapes_rgb(0, n_per_class=2, size=8)
+    >>> d.x.shape, d.num_classes, bool(d.x.min() >= 0 and d.x.max() <= 1)
+    ((20, 8, 8, 3), 10, True)
+    """
+    check_int("size", size, 8)
+    check_int("n_per_class", n_per_class)
+    rng = np.random.default_rng(seed)
+    k_cls = len(PROCEDURAL_CLASSES)
+    n = k_cls * n_per_class
+    y = np.repeat(np.arange(k_cls), n_per_class)
+    col = lambda a: a[:, None, None]
+    s = rng.uniform(0.22, 0.38, n) * size
+    t = rng.uniform(0.05, 0.09, n) * size
+    cy = rng.uniform(s, size - 1 - s)
+    cx = rng.uniform(s, size - 1 - s)
+    masks = np.empty((n, size, size))
+    for k in range(k_cls):
+        i = y == k
+        masks[i] = _shape(PROCEDURAL_CLASSES[k], size, col(cy[i]), col(cx[i]), col(s[i]), col(t[i]))
+    bg = rng.uniform(0.0, 1.0, (n, 3))
+    fg = rng.uniform(0.0, 1.0, (n, 3))
+    # keep the shape visible: push the foreground's mean intensity 0.35 away from the background's
+    gap = fg.mean(1) - bg.mean(1)
+    sign = np.where(gap >= 0, 1.0, -1.0)
+    sign = np.where(bg.mean(1) > 0.65, -1.0, np.where(bg.mean(1) < 0.35, 1.0, sign))
+    fg = np.clip(fg + (sign * np.maximum(0.0, 0.35 - np.abs(gap)))[:, None], 0.0, 1.0)
+    grid = rng.normal(0.0, 0.12, (n, 4, 4, 3))
+    field = np.stack([resize_bilinear(g, (size, size)) for g in grid])
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float64)
+    freq = col(rng.uniform(0.5, 1.5, n))
+    phase = col(rng.uniform(0.0, 2 * np.pi, n))
+    stroke = 0.85 + 0.15 * np.sin(freq * (yy + xx) + phase)
+    m = (masks * stroke)[..., None]
+    img = (1.0 - masks[..., None]) * (bg[:, None, None] + field) + m * fg[:, None, None]
+    img = img + rng.normal(0.0, 0.04, img.shape)
+    x = np.clip(img, 0.0, 1.0).astype(np.float32)
+    perm = rng.permutation(n)
+    return ImageSet(x[perm], y[perm].astype(np.int32), k_cls, PROCEDURAL_CLASSES)
+
+
+def load_shapes_rgb(
+    seed: int = 0, n_per_class: int = 1200, size: int = 32, cache: bool = True
+) -> ImageSet:
+    """Returns :func:`make_shapes_rgb` ``(seed, n_per_class, size)``, quantised to uint8
+    levels (``round(255 x) / 255``), read from its cache file when present.
+
+    The cache is ``cache_dir("images")/shapes_rgb_s{seed}_n{n_per_class}_{size}.npz``
+    (``x`` uint8 ``[n, size, size, 3]``, ``y`` int32), read without pickle; a file of the
+    wrong shape is regenerated, never trusted. ``cache=False`` generates without touching
+    the disk (the same values).
+
+    >>> d = load_shapes_rgb(0, n_per_class=2, size=8, cache=False)
+    >>> d.x.shape, d.x.dtype
+    ((20, 8, 8, 3), dtype('float32'))
+    """
+    from hexad.data._bundled import cache_dir, load_npz
+
+    check_int("size", size, 8)
+    check_int("n_per_class", n_per_class)
+    n = len(PROCEDURAL_CLASSES) * n_per_class
+    path = cache_dir("images") / f"shapes_rgb_s{int(seed)}_n{n_per_class}_{size}.npz"
+    x8 = y = None
+    if cache and path.is_file():
+        try:
+            f = load_npz(path, ("x", "y"))
+            if f["x"].shape == (n, size, size, 3) and f["x"].dtype == np.uint8:
+                x8, y = f["x"], f["y"].astype(np.int32)
+        except ValueError:
+            x8 = None
+    if x8 is None:
+        d = make_shapes_rgb(seed, n_per_class, size)
+        x8, y = np.round(d.x * 255.0).astype(np.uint8), d.y
+        if cache:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.stem + f".tmp{os.getpid()}.npz")
+            np.savez_compressed(tmp, x=x8, y=y)
+            os.replace(tmp, path)
+    x = x8.astype(np.float32) / 255.0
+    return ImageSet(x, y, len(PROCEDURAL_CLASSES), PROCEDURAL_CLASSES)
 
 
 def train_test_split(data: ImageSet, test_frac: float, seed: int = 0) -> tuple[ImageSet, ImageSet]:

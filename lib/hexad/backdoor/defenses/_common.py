@@ -1,0 +1,167 @@
+"""The shapes every defense shares: its data, its output, checks, shared jits and losses."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from hexad._base import check_int
+from hexad.backdoor._train import accuracy, cross_entropy, minimize
+from hexad.backdoor._triggers import check_images
+
+
+class DefenseData(NamedTuple):
+    """What the defender holds.
+
+    Attributes:
+      x_clean: ``[m, H, W, C]`` the defender's small clean split (BackdoorBench: 5% of the
+        training set); y_clean: ``[m]`` its labels.
+      x_train: optional ``[n, H, W, C]`` the (possibly poisoned) training set, needed by the
+        training-time defense ABL and the detectors AC and SS; y_train: ``[n]``.
+      x_bd: optional ``[k, H, W, C]`` backdoor-triggered validation images and y_bd ``[k]``
+        their attack targets: BackdoorBench's pruning-level selection for ANP and RNP
+        (lowest ASR on them) reads these; without them a fixed threshold is used.
+    """
+
+    x_clean: jax.Array
+    y_clean: jax.Array
+    x_train: jax.Array | None = None
+    y_train: jax.Array | None = None
+    x_bd: jax.Array | None = None
+    y_bd: jax.Array | None = None
+
+
+class DefenseOutput(NamedTuple):
+    """A defense's result: ``params``, the sanitised parameters, and ``info``, a dict of its
+    diagnostics (host or device arrays: masks, flags, the pruning level chosen, ...)."""
+
+    params: Any
+    info: dict
+
+
+def check_data(model, params, data, need_train: bool = False, name: str = "data") -> DefenseData:
+    """Validates a :class:`DefenseData` (the arrays' shapes, floating images, flax params)."""
+    if not isinstance(data, DefenseData):
+        raise TypeError(f"{name}: expected a DefenseData, got {type(data).__name__}")
+    if not isinstance(params, dict) or "params" not in params:
+        raise TypeError("params: expected flax parameters {'params': ...}")
+    pairs = [("x_clean", "y_clean")]
+    if need_train:
+        if data.x_train is None or data.y_train is None:
+            raise ValueError(
+                f"{name}: this defense needs the training set the defender holds "
+                "(x_train, y_train), got None"
+            )
+    if data.x_train is not None:
+        pairs.append(("x_train", "y_train"))
+    if data.x_bd is not None:
+        pairs.append(("x_bd", "y_bd"))
+    for xn, yn in pairs:
+        x, y = getattr(data, xn), getattr(data, yn)
+        check_images(x, f"{name}.{xn}")
+        if x.ndim != 4:
+            raise ValueError(f"{name}.{xn}: expected shape [n, H, W, C], got {tuple(x.shape)}")
+        if y is None or tuple(y.shape) != tuple(x.shape[:1]):
+            got = None if y is None else tuple(y.shape)
+            raise ValueError(f"{name}.{yn}: expected shape [{x.shape[0]}], got {got}")
+    return data
+
+
+def budget(n_steps) -> int:
+    """Validates a step budget (an int >= 1)."""
+    return check_int("n_steps", n_steps, lo=1)
+
+
+def frac(n: int, f: float) -> int:
+    """``max(1, round(f * n))``: a sub-budget derived from the budget ``n``."""
+    return max(1, int(round(f * n)))
+
+
+# Optimisers are built once per setting, so :func:`minimize`'s module-level chunk jit sees
+# the same object and reuses its compile across models and calls.
+@functools.cache
+def sgd(lr: float, momentum: float = 0.9, n_steps: int = 0, weight_decay: float = 0.0):
+    """SGD with momentum; a cosine decay over ``n_steps`` when ``n_steps > 0``; decoupled
+    L2 weight decay ``weight_decay`` added to the gradient (torch's SGD ``weight_decay``)."""
+    lr_ = optax.cosine_decay_schedule(lr, n_steps) if n_steps > 0 else lr
+    opt = optax.sgd(lr_, momentum=momentum or None)
+    return optax.chain(optax.add_decayed_weights(weight_decay), opt) if weight_decay else opt
+
+
+@functools.cache
+def adam(lr: float):
+    """Adam at a constant ``lr`` (cached, see :func:`sgd`)."""
+    return optax.adam(lr)
+
+
+def shift(key, x, pad: int):
+    """Random translation by up to ``pad`` pixels with zero fill (RandomCrop(pad) of the
+    images' own size), independently per image."""
+    if pad <= 0:
+        return x
+    n, h, w, _ = x.shape
+    xp = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    off = jax.random.randint(key, (n, 2), 0, 2 * pad + 1)
+    crop = lambda im, o: jax.lax.dynamic_slice(im, (o[0], o[1], 0), (h, w, x.shape[-1]))
+    return jax.vmap(crop)(xp, off)
+
+
+@dataclasses.dataclass(frozen=True)
+class CELoss:
+    """Cross-entropy of ``model`` for :func:`minimize` (value-hashable: one compile per
+    setting). With ``consts`` (layer -> ``[c]`` masks) the masks scale the channels;
+    ``smoothing``: label smoothing; ``pad``: random-shift augmentation of the batch."""
+
+    model: Any
+    smoothing: float = 0.0
+    pad: int = 0
+    sign: float = 1.0
+
+    def __call__(self, p, key, batch, masks=None):
+        xb, yb = batch
+        xb = shift(key, xb, self.pad)
+        logits = self.model.apply(p, xb, masks, masks)
+        if self.smoothing:
+            k = logits.shape[-1]
+            t = optax.smooth_labels(jax.nn.one_hot(yb, k), self.smoothing)
+            return self.sign * jnp.mean(optax.softmax_cross_entropy(logits, t))
+        return self.sign * cross_entropy(logits, yb)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def masked_accuracy(model, params, masks, x, y):
+    """Accuracy of ``model`` with channel ``masks`` as scales and bias scales (``None``:
+    unmasked); ``model`` static, so one compile serves every parameter set."""
+    return accuracy(lambda p, x_: model.apply(p, x_, masks, masks), params, x, y)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def masked_hits(model, params, masks, x, y):
+    """Fraction of ``x`` classified as ``y`` (the ASR on backdoor data) under ``masks``."""
+    return jnp.mean(jnp.argmax(model.apply(params, x, masks, masks), -1) == y)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def features(model, params, x):
+    """``(logits, features)`` of ``model`` on ``x``."""
+    return model.apply(params, x, features=True)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def per_sample_ce(model, params, x, y):
+    """``[n]`` cross-entropy of each sample."""
+    return optax.softmax_cross_entropy_with_integer_labels(model.apply(params, x), y)
+
+
+def train(key, model, params, x, y, n_steps, opt, batch_size, masks=None, pad=0, smoothing=0.0):
+    """``n_steps`` of cross-entropy training of ``params`` on ``(x, y)`` with ``opt``."""
+    loss = CELoss(model, smoothing, pad)
+    p, _ = minimize(
+        key, params, loss, (x, y), opt, n_steps, min(batch_size, x.shape[0]), consts=masks
+    )
+    return p

@@ -1,0 +1,213 @@
+"""Fine-tuning defenses: FT, FT-SAM, NAD, MCR.
+
+Each is ``defense(key, model, params, data, n_steps=100, **settings) -> DefenseOutput`` on
+the clean split ``data.x_clean, data.y_clean`` (:class:`DefenseData`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from hexad.backdoor._models import apply_channel_mask, conv_layers
+from hexad.backdoor._train import cross_entropy, minimize
+from hexad.backdoor.defenses._common import (
+    CELoss,
+    DefenseOutput,
+    budget,
+    check_data,
+    frac,
+    sgd,
+    shift,
+    train,
+)
+
+
+def finetune(
+    key,
+    model,
+    params,
+    data,
+    n_steps=100,
+    lr=0.01,
+    weight_decay=5e-4,
+    pad=2,
+    batch_size=64,
+    masks=None,
+):
+    """Returns :class:`DefenseOutput`: ``params`` fine-tuned on the clean split (FT,
+    BackdoorBench's ``ft``).
+
+    SGD (momentum 0.9, weight decay ``weight_decay``, cosine decay of ``lr`` over
+    ``n_steps``) on cross-entropy with random-shift augmentation of ``pad`` pixels (BB:
+    RandomCrop(pad 4) at 32x32). With ``masks`` (layer -> ``[c]``) those channel masks are
+    held during training and baked into the result (FP). Budget: ``n_steps`` steps.
+
+    >>> from hexad.backdoor import SmallCNN
+    >>> from hexad.backdoor.defenses import DefenseData
+    >>> m = SmallCNN(2, (2,), 4)
+    >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    >>> d = DefenseData(jnp.zeros((4, 8, 8, 1)), jnp.zeros(4, int))
+    >>> out = finetune(jax.random.key(1), m, p, d, n_steps=2)
+    >>> jax.tree.structure(out.params) == jax.tree.structure(p)
+    True
+    """
+    check_data(model, params, data)
+    n = budget(n_steps)
+    opt = sgd(float(lr), 0.9, n, float(weight_decay))
+    p = train(key, model, params, data.x_clean, data.y_clean, n, opt, batch_size, masks, pad)
+    return DefenseOutput(apply_channel_mask(p, masks) if masks else p, {})
+
+
+@dataclasses.dataclass(frozen=True)
+class _SAMLoss:
+    model: Any
+    rho: float
+    adaptive: bool
+    smoothing: float
+    pad: int
+
+    def __call__(self, p, key, batch):
+        base = CELoss(self.model, self.smoothing, self.pad)
+        g = jax.grad(base)(p, key, batch)
+        if self.adaptive:  # ASAM (arXiv 2102.11600): T_w = |w|, e = rho T_w^2 g / ||T_w g||
+            tg = jax.tree.map(lambda w, a: jnp.abs(w) * a, p, g)
+            n = jnp.sqrt(sum(jnp.sum(a**2) for a in jax.tree.leaves(tg)) + 1e-12)
+            e = jax.tree.map(lambda w, a: self.rho * w**2 * a / n, p, g)
+        else:
+            n = jnp.sqrt(sum(jnp.sum(a**2) for a in jax.tree.leaves(g)) + 1e-12)
+            e = jax.tree.map(lambda a: self.rho * a / n, g)
+        return base(jax.tree.map(jnp.add, p, jax.lax.stop_gradient(e)), key, batch)
+
+
+def ft_sam(
+    key,
+    model,
+    params,
+    data,
+    n_steps=100,
+    rho=2.0,
+    adaptive=True,
+    smoothing=0.1,
+    lr=0.01,
+    weight_decay=5e-4,
+    pad=2,
+    batch_size=64,
+):
+    """Returns :class:`DefenseOutput`: sharpness-aware fine-tuning (FT-SAM; Zhu et al.,
+    arXiv 2304.11823), BackdoorBench's settings: adaptive SAM (ASAM, arXiv 2102.11600) at
+    ``rho`` 2.0, label smoothing 0.1, SGD as :func:`finetune`. Budget: ``n_steps`` steps.
+    """
+    check_data(model, params, data)
+    n = budget(n_steps)
+    loss = _SAMLoss(model, float(rho), bool(adaptive), float(smoothing), int(pad))
+    xy = (data.x_clean, data.y_clean)
+    opt = sgd(float(lr), 0.9, n, float(weight_decay))
+    p, _ = minimize(key, params, loss, xy, opt, n, min(batch_size, xy[0].shape[0]))
+    return DefenseOutput(p, {})
+
+
+def _attention(f):
+    a = jnp.mean(f**2, axis=-1).reshape(f.shape[0], -1)
+    return a / (jnp.linalg.norm(a, axis=-1, keepdims=True) + 1e-8)
+
+
+@dataclasses.dataclass(frozen=True)
+class _NADLoss:
+    model: Any
+    betas: tuple
+    layers: tuple
+    pad: int
+
+    def __call__(self, p, key, batch, teacher):
+        xb, yb = batch
+        xb = shift(key, xb, self.pad)
+        logits, fs = self.model.apply(p, xb, features=True)
+        _, ft = self.model.apply(teacher, xb, features=True)
+        at = sum(
+            b * jnp.mean((_attention(fs[l]) - _attention(ft[l])) ** 2)
+            for b, l in zip(self.betas, self.layers, strict=True)
+        )
+        return cross_entropy(logits, yb) + at
+
+
+def nad(
+    key,
+    model,
+    params,
+    data,
+    n_steps=100,
+    betas=(500.0, 1000.0, 1000.0),
+    teacher_frac=0.5,
+    lr=0.01,
+    weight_decay=5e-4,
+    pad=2,
+    batch_size=64,
+):
+    """Returns :class:`DefenseOutput`: Neural Attention Distillation (NAD; Li et al., arXiv
+    2101.05930).
+
+    A teacher is fine-tuned from ``params`` (:func:`finetune`); the student (``params``) is
+    trained on ``CE + sum_l beta_l mean((A_s^l - A_t^l)^2)``, ``A^l`` the L2-normalised
+    attention map ``mean_c(f^2)`` of conv layer ``l`` (p = 2; BackdoorBench's betas 500 /
+    1000 / 1000 on the last three conv layers; fewer layers take the last betas). Budget:
+    ``round(teacher_frac n_steps)`` teacher steps and ``n_steps`` student steps.
+    """
+    check_data(model, params, data)
+    n = budget(n_steps)
+    k1, k2 = jax.random.split(key)
+    teacher = finetune(
+        k1, model, params, data, frac(n, teacher_frac), lr, weight_decay, pad, batch_size
+    ).params
+    layers = conv_layers(params)[-len(betas) :]
+    bs = tuple(float(b) for b in betas[-len(layers) :])
+    xy = (data.x_clean, data.y_clean)
+    opt = sgd(float(lr), 0.9, n, float(weight_decay))
+    loss = _NADLoss(model, bs, layers, int(pad))
+    p, _ = minimize(k2, params, loss, xy, opt, n, min(batch_size, xy[0].shape[0]), consts=teacher)
+    return DefenseOutput(p, {})
+
+
+def _bezier(c, s, ends):
+    return jax.tree.map(
+        lambda a, m, b: (1 - s) ** 2 * a + 2 * s * (1 - s) * m + s**2 * b, ends[0], c, ends[1]
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _CurveLoss:
+    model: Any
+
+    def __call__(self, c, key, batch, ends):
+        xb, yb = batch
+        return cross_entropy(self.model.apply(_bezier(c, jax.random.uniform(key), ends), xb), yb)
+
+
+def mcr(key, model, params, data, n_steps=100, t=0.4, lr=0.01, batch_size=64):
+    """Returns :class:`DefenseOutput`: the point ``t`` of a quadratic Bezier curve between
+    the backdoored model and its fine-tuned copy (mode connectivity repair, MCR; Zhao et
+    al., arXiv 2005.00060, eq. 2; ``t ~ U(0, 1)`` per step, control point from the
+    midpoint). Budget: ``n_steps`` fine-tuning steps for the far end and as many on the
+    curve."""
+    check_data(model, params, data)
+    n = budget(n_steps)
+    if not 0.0 <= t <= 1.0:
+        raise ValueError(f"t: expected a number in [0, 1], got {t!r}")
+    k1, k2 = jax.random.split(key)
+    w1 = finetune(k1, model, params, data, n, lr, batch_size=batch_size).params
+    c0 = jax.tree.map(lambda a, b: 0.5 * (a + b), params, w1)
+    xy = (data.x_clean, data.y_clean)
+    c, _ = minimize(
+        k2,
+        c0,
+        _CurveLoss(model),
+        xy,
+        sgd(float(lr), 0.9),
+        n,
+        min(batch_size, xy[0].shape[0]),
+        consts=(params, w1),
+    )
+    return DefenseOutput(_bezier(c, t, (params, w1)), {})
