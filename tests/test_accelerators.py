@@ -996,6 +996,143 @@ def _():
     return fn, (jnp.exp(0.5 * jax.random.normal(jax.random.key(0), (32, 16), F32)),)
 
 
+# --- backdoor ------------------------------------------------------------------------------
+
+not_lowered(
+    TYPES,
+    "backdoor.DEFENSES",
+    "backdoor.FAMILY",
+    "backdoor.NEEDS_TRAIN",
+    "backdoor.BackdoorMetrics",
+    "backdoor.BlendTrigger",
+    "backdoor.DTBBatch",
+    "backdoor.DTBConfig",
+    "backdoor.DTBInfo",
+    "backdoor.DTBProblem",
+    "backdoor.DefenseData",
+    "backdoor.DefenseOutput",
+    "backdoor.PatchTrigger",
+    "backdoor.Poisoned",
+    "backdoor.TrainInfo",
+    "backdoor.WarpTrigger",
+    "backdoor.defenses",
+)
+not_lowered(
+    "host-driven loops over one module-level compiled training chunk (every defense, the "
+    "implant and fit loops, the study's evaluation tables), with stopping rules and pruning "
+    "levels chosen on the host between chunks; the chunk's step is lowered by the "
+    "backdoor.make_trainer and backdoor.make_dtb entries",
+    "backdoor.benchmark_defenses",
+    "backdoor.compose",
+    "backdoor.defense_table",
+    "backdoor.evaluate",
+    "backdoor.finetune_trajectory",
+    "backdoor.fit",
+    "backdoor.implant",
+    "backdoor.make_defense",
+    "backdoor.minimize",
+)
+not_lowered(
+    "host-side set-up and bookkeeping: triggers and poisoned sets built once with NumPy, "
+    "argument checks, detection and rating arithmetic on host floats, layer names",
+    "backdoor.blend_trigger",
+    "backdoor.check_images",
+    "backdoor.check_problem",
+    "backdoor.conv_layers",
+    "backdoor.defense_effectiveness_rating",
+    "backdoor.detection_rates",
+    "backdoor.patch_trigger",
+    "backdoor.poison",
+    "backdoor.warp_trigger",
+)
+
+
+def _bd_setup():
+    import optax
+
+    from hexad import backdoor as B
+
+    shape = (16, 16, 3)
+    model = B.SmallCNN(4, (4, 8), 16)
+    x = jax.random.uniform(jax.random.key(0), (16, *shape), F32)
+    y = jnp.arange(16) % 4
+    problem = B.DTBProblem(
+        B.patch_trigger(shape, 3), B.blend_trigger(jax.random.key(1), shape), 0, 1
+    )
+    return B, model, optax.sgd(0.01, momentum=0.9), x, y, problem
+
+
+@entry(
+    "backdoor.make_trainer and metrics",
+    (
+        "backdoor.make_trainer",
+        "backdoor.SmallCNN",
+        "backdoor.cross_entropy",
+        "backdoor.accuracy",
+        "backdoor.attack_success_rate",
+        "backdoor.robust_accuracy",
+        "backdoor.apply_trigger",
+        "backdoor.sample_batch",
+        "backdoor.weight_displacement",
+        "backdoor.apply_channel_mask",
+    ),
+)
+def _():
+    B, model, opt, x, y, problem = _bd_setup()
+    tr = B.make_trainer(model, opt)
+    state = tr.init(jax.random.key(2), (x, y))
+    masks = {n: jnp.ones(()) for n in ()}
+
+    def fn(key, state, x, y):
+        k1, k2 = jax.random.split(key)
+        bx, by = B.sample_batch(k1, (x, y), 8)
+        new, info = tr.step(k2, state, (bx, by))
+        apply = model.apply
+        return [
+            new,
+            info,
+            B.accuracy(apply, new.params, x, y),
+            B.attack_success_rate(apply, new.params, x, y, problem.decoy, 0),
+            B.robust_accuracy(apply, new.params, x, y, problem.hidden, 1),
+            B.apply_trigger(problem.decoy, x),
+            B.weight_displacement(new.params, state.params),
+            B.apply_channel_mask(new.params, masks),
+        ]
+
+    return fn, (jax.random.key(3), state, x, y)
+
+
+@entry("backdoor.PreActResNet", ("backdoor.PreActResNet", "backdoor.warp_trigger"))
+def _():
+    from hexad import backdoor as B
+
+    model = B.PreActResNet(4, (4, 8), 2)
+    x = jax.random.uniform(jax.random.key(0), (4, 16, 16, 3), F32)
+    warp = B.warp_trigger(jax.random.key(1), (16, 16, 3))
+    params = model.init(jax.random.key(2), x)
+    return (lambda p, x: model.apply(p, B.apply_trigger(warp, x))), (params, x)
+
+
+for _member in ("ft", "prune_ft", "noise_ft", "ft2"):
+
+    @entry(
+        f"backdoor.make_dtb surrogate={_member}",
+        (
+            "backdoor.make_dtb",
+            "backdoor.dtb_objective",
+            "backdoor.sanitise_surrogate",
+            "backdoor.surrogate_defense",
+        ),
+    )
+    def _(member=_member):
+        B, model, opt, x, y, problem = _bd_setup()
+        config = B.DTBConfig(inner_steps=2, inner_batch=8, family=(member,))
+        algo = B.make_dtb(model, opt, config, problem)
+        batch = B.DTBBatch(x, y, x, y)
+        state = algo.init(jax.random.key(2), batch)
+        return algo.step, (jax.random.key(3), state, batch)
+
+
 # --- the tests -----------------------------------------------------------------------------
 
 SUBPACKAGES = (
@@ -1006,6 +1143,7 @@ SUBPACKAGES = (
     "rwefm",
     "cvxclust",
     "policy",
+    "backdoor",
     "cachex",
     "data",
 )
