@@ -29,6 +29,7 @@ extensions = [
 # No intersphinx: the inventories of jax, optax, ott-jax, orbax and flax cannot be fetched
 # offline, and names from them are written as literals instead of cross-references.
 autosummary_generate = True
+templates_path = ["_templates"]
 autosummary_imported_members = True
 autosummary_ignore_module_all = False
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": False}

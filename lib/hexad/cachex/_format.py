@@ -256,8 +256,8 @@ def write_encoded(directory: Path, views: list[memoryview], manifest: bytes) -> 
 def write_rank_dir(directory: Path, snap: Snapshot, meta: Mapping[str, Any]) -> int:
     """T1 write of one rank's snapshot into the existing empty ``directory``; returns bytes.
 
-    ``data.bin`` (every shard back to back) is written and ``fsync``ed before the manifest, and
-    the directory is ``fsync``ed last: a directory without a valid manifest is, by
+    ``data.bin`` (every shard back to back) is written and fsynced before the manifest, and
+    the directory is fsynced last: a directory without a valid manifest is, by
     construction, an interrupted write.
 
     >>> import tempfile

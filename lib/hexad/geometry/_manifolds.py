@@ -394,7 +394,9 @@ def _wood_w(key: Array, kappa: Array, dim: int) -> Array:
 
 @struct.dataclass
 class Torus:
-    """The flat torus ``T^dim = (R / 2 pi Z)^dim``, points as angles in ``[-pi, pi)``.
+    """The flat torus of dimension ``dim``: points are angles, one per axis, in [-pi, pi).
+
+    ``T^dim = (R / 2 pi Z)^dim``.
 
     Attributes:
       dim: number of angles (static); ``Torus(2)`` holds Ramachandran (phi, psi) pairs.

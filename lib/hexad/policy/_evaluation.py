@@ -124,7 +124,9 @@ def paired_bootstrap_ci(
 
 
 def verdict(ci_ok: Sequence[float], margin: float, ci_bad: Sequence = ()) -> str:
-    """Returns ``"holds"``, ``"fails"`` or ``"undecided"`` for a "no worse than" claim.
+    """Decides a no-worse-than claim from intervals: holds, fails or undecided.
+
+    Returns ``"holds"``, ``"fails"`` or ``"undecided"``.
 
     The claim: a method loses at most ``margin`` against its reference, and each comparison
     that should be bad loses more. With ``ci_ok = (mean, lo, hi)`` the interval of the

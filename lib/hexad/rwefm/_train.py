@@ -672,9 +672,9 @@ def make_loss(
     arguments (no optimizer) and the same ``key``, without the gradient or the update: for
     evaluating a model on held-out clouds, or comparing fields. Pure; the caller jits.
 
-    Args:
-      manifold, model, noise, epsilon, scale_cost, sinkhorn_iterations, pairing, p_uncond,
-        mesh, axis: as for :func:`make_trainer` (all static but ``noise``).
+    Every argument (``manifold``, ``model``, ``noise``, ``epsilon``, ``scale_cost``,
+    ``sinkhorn_iterations``, ``pairing``, ``p_uncond``, ``mesh``, ``axis``) is as for
+    :func:`make_trainer` (all static but ``noise``).
 
     >>> from hexad.geometry import Torus
     >>> from hexad.rwefm import VectorField

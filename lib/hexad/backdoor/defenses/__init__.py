@@ -77,7 +77,8 @@ from typing import Any
 import jax
 
 from hexad._base import check_int
-from hexad.backdoor.defenses._common import DefenseData, DefenseOutput
+from hexad.backdoor.defenses._common import DefenseData as DefenseData  # noqa: F401 (re-export)
+from hexad.backdoor.defenses._common import DefenseOutput
 from hexad.backdoor.defenses.abl import abl
 from hexad.backdoor.defenses.adversarial import ibau, sau
 from hexad.backdoor.defenses.detectors import (
@@ -90,10 +91,9 @@ from hexad.backdoor.defenses.finetuning import finetune, ft_sam, mcr, nad
 from hexad.backdoor.defenses.nc import neural_cleanse
 from hexad.backdoor.defenses.pruning import anp, clp, fine_pruning, rnp
 
+# DefenseData and DefenseOutput are importable here and documented once, in hexad.backdoor.
 __all__ = [
     "DEFENSES",
-    "DefenseData",
-    "DefenseOutput",
     "abl",
     "ac",
     "activation_clustering",
