@@ -525,6 +525,28 @@ def _soft(v, t):
     return jnp.sign(v) * jnp.maximum(jnp.abs(v) - t, 0.0)
 
 
+def admm_residuals(x, z, z_prev, w, rho, it, adapt_every: int):
+    """Relative primal and dual residuals of a scaled-form ADMM iterate, and the penalty update.
+
+    ``x`` and ``z`` are the two blocks' iterates (constraint ``x = z``), ``z_prev`` the previous
+    ``z``, ``w`` the scaled dual ``y / rho``. Every ``adapt_every`` iterations (0: never) ``rho``
+    doubles where the primal residual is over 10x the dual and halves in the opposite case, and
+    ``w`` is rescaled so that ``y`` is unchanged. Returns ``(pres, dres, rho, w)``.
+    """
+    pres = jnp.linalg.norm(x - z) / jnp.maximum(
+        1.0, jnp.maximum(jnp.linalg.norm(x), jnp.linalg.norm(z))
+    )
+    dres = rho * jnp.linalg.norm(z - z_prev) / jnp.maximum(1.0, rho * jnp.linalg.norm(w))
+    if adapt_every:
+        tick = (it + 1) % adapt_every == 0
+        factor = jnp.where(
+            tick & (pres > 10 * dres), 2.0, jnp.where(tick & (dres > 10 * pres), 0.5, 1.0)
+        )
+        rho = rho * factor
+        w = w / factor
+    return pres, dres, rho, w
+
+
 @flax.struct.dataclass
 class NuclearSolver:
     """ADMM for :class:`NuclearProblem` (all settings static).
@@ -640,18 +662,7 @@ class NuclearSolver:
             lr = l if self.relaxation == 1.0 else self.relaxation * l + (1 - self.relaxation) * s.z
             z = z_step(lr + s.w, s.rho)
             w = s.w + lr - z
-            pres = jnp.linalg.norm(l - z) / jnp.maximum(
-                1.0, jnp.maximum(jnp.linalg.norm(l), jnp.linalg.norm(z))
-            )
-            dres = s.rho * jnp.linalg.norm(z - s.z) / jnp.maximum(1.0, s.rho * jnp.linalg.norm(w))
-            rho = s.rho
-            if self.adapt_every:
-                tick = (s.it + 1) % self.adapt_every == 0
-                factor = jnp.where(
-                    tick & (pres > 10 * dres), 2.0, jnp.where(tick & (dres > 10 * pres), 0.5, 1.0)
-                )
-                rho = rho * factor
-                w = w / factor  # the scaled dual is y / rho
+            pres, dres, rho, w = admm_residuals(l, z, s.z, w, s.rho, s.it, self.adapt_every)
             return _NState(
                 s.it + 1,
                 l,

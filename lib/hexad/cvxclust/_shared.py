@@ -43,7 +43,7 @@ import numpy as np
 from hexad._base import check_positive
 from hexad.cvxclust._fusion import _check_labels
 from hexad.cvxclust._graphs import check_adjacency
-from hexad.cvxclust._nuclear import _cost_matrix, psd_repair
+from hexad.cvxclust._nuclear import _cost_matrix, admm_residuals, psd_repair
 
 __all__ = [
     "SharedAtomCertificate",
@@ -442,18 +442,7 @@ class SharedAtomSolver:
             mr = m if self.relaxation == 1.0 else self.relaxation * m + (1 - self.relaxation) * s.z
             z = z_step(mr + s.w, s.rho)
             w = s.w + mr - z
-            pres = jnp.linalg.norm(m - z) / jnp.maximum(
-                1.0, jnp.maximum(jnp.linalg.norm(m), jnp.linalg.norm(z))
-            )
-            dres = s.rho * jnp.linalg.norm(z - s.z) / jnp.maximum(1.0, s.rho * jnp.linalg.norm(w))
-            rho = s.rho
-            if self.adapt_every:
-                tick = (s.it + 1) % self.adapt_every == 0
-                factor = jnp.where(
-                    tick & (pres > 10 * dres), 2.0, jnp.where(tick & (dres > 10 * pres), 0.5, 1.0)
-                )
-                rho = rho * factor
-                w = w / factor
+            pres, dres, rho, w = admm_residuals(m, z, s.z, w, s.rho, s.it, self.adapt_every)
             return _SState(
                 s.it + 1,
                 m,
