@@ -37,7 +37,7 @@ Command:  python -m experiments.policy_locomotion [--quick] [--out DIR] [--seed 
           checkpointed through hexad.cachex in ``--ckpt``/seed<s>; ``--resume`` restores them.
 Runtime:  --quick (3000 SAC steps, 64-wide, 1000 updates, 1 seed, 2 selection and 3 test
           episodes of 50 steps, budgets 0.3 and 3 x d only): about 2 min on 2 idle cores.
-          Full: about an hour on 2 CPU cores plus the data of seeds not yet cached (5-7 min per
+          Full: over an hour on 2 CPU cores plus the data of seeds not yet cached (5-7 min per
           seed), extrapolated from timed stages.
 
 summary.json keys: those of ``experiments.policy_pointmaze`` (``verdict_graceful_Q``,

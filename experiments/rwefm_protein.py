@@ -27,8 +27,8 @@ Command:  python -m experiments.rwefm_protein [--quick] [--out DIR] [--seed N] [
           [--resume] [--ckpt DIR]
 Runtime:  --quick (bundled sample, no simulation) about 2 minutes on 2 idle cores, mostly
           compilation; the full study first simulates 12 trajectories of 105k steps (cached
-          afterwards) and then trains 2 arms x 3 seeds x 5000 steps, sized for about an hour
-          on 2 cores with the data cached.
+          afterwards) and then trains 2 arms x 3 seeds x 5000 steps, about 1.5-2 hours on 2
+          cores with the data cached (extrapolated from a timed 100-step chunk).
 
 summary.json keys: every key of :func:`experiments._rwefm.compare` (``noise``,
 ``map_converged_frac_rwefm``, ``map_converged_frac_euclid``, ``eval_converged_frac``, the

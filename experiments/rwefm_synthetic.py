@@ -16,9 +16,10 @@ checkpoints through ``hexad.cachex`` (``checkpoints/<study>/<run>/<manifold>-<ar
 
 Command:  python -m experiments.rwefm_synthetic [--quick] [--out DIR] [--seed N] [--set k=v ...]
           [--resume] [--ckpt DIR]
-Runtime:  --quick about 2 minutes on 2 idle cores (mostly compilation); the full study
-          (2 manifolds x 2 arms x 3 seeds x 5000 steps) is sized for about an hour per
-          manifold on 2 cores (set ``manifolds=t2`` or ``manifolds=s2`` to run one).
+Runtime:  --quick about 3-4 minutes on 2 idle cores (mostly compilation); the full study
+          (2 manifolds x 2 arms x 3 seeds x 5000 steps) about 1.5-2 hours per manifold on 2
+          cores, extrapolated from a timed 100-step chunk (set ``manifolds=t2`` or
+          ``manifolds=s2`` to run one).
 
 summary.json keys: ``noise``, ``pairing``, ``n_seeds``; the worst case over the manifolds of
 ``map_converged_frac_rwefm``, ``map_converged_frac_euclid`` and ``eval_converged_frac``;
