@@ -61,9 +61,9 @@ def deterministic_action(mean, squashed):
       mean: ``[B, d]`` composed means.
       squashed: bool, scalar or ``[B]`` (one flag per row).
 
-    >>> deterministic_action(jnp.array([[2.0], [2.0]]), jnp.array([True, False])).round(3)
-    Array([[0.964],
-           [1.   ]], dtype=float32)
+    >>> a = deterministic_action(jnp.array([[2.0], [2.0]]), jnp.array([True, False]))
+    >>> [round(float(v), 3) for v in a[:, 0]]
+    [0.964, 1.0]
     """
     flag = jnp.asarray(squashed)
     flag = flag[:, None] if flag.ndim == 1 else flag

@@ -180,6 +180,7 @@ def make_defense(name: str, n_steps: int = 100, **settings: Any) -> Callable:
       n_steps: the step budget (an int >= 1).
       **settings: keyword settings of the defense (of every round of a composition).
 
+    >>> import jax.numpy as jnp
     >>> from hexad.backdoor import SmallCNN
     >>> m = SmallCNN(2, (2,), 4)
     >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
