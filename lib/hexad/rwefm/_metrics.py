@@ -61,6 +61,16 @@ def cloud_distances(
     return jax.vmap(row, in_axes=(0, 0, None, None))(xs, a, ys, b)
 
 
+def _pairwise(one, xs, a, ys, b):
+    """``[N, M]`` of ``one(x_i, a_i, y_j, b_j)``: rows one at a time (``lax.map``, memory
+    ``O(M)`` cost matrices), each vmapped over the ``ys``."""
+
+    def row(x, wa):
+        return jax.vmap(lambda y, wb: one(x, wa, y, wb))(ys, b)
+
+    return jax.lax.map(lambda xa: row(*xa), (xs, a))
+
+
 def chamfer_distances(manifold: Manifold, xs: Array, a: Array, ys: Array, b: Array) -> Array:
     """Returns ``[N, M]`` Chamfer costs (:func:`hexad.ot.chamfer`) between every pair of clouds.
 
@@ -74,10 +84,7 @@ def chamfer_distances(manifold: Manifold, xs: Array, a: Array, ys: Array, b: Arr
     (2, 2)
     """
 
-    def row(x, wa):
-        return jax.vmap(lambda y, wb: chamfer(manifold, x, y, wa, wb))(ys, b)
-
-    return jax.lax.map(lambda xa: row(*xa), (xs, a))
+    return _pairwise(lambda x, wa, y, wb: chamfer(manifold, x, y, wa, wb), xs, a, ys, b)
 
 
 def emd_distances(
@@ -116,10 +123,7 @@ def emd_distances(
             threshold=threshold,
         )
 
-    def row(x, wa):
-        return jax.vmap(lambda y, wb: one(x, wa, y, wb))(ys, b)
-
-    return jax.lax.map(lambda xa: row(*xa), (xs, a))
+    return _pairwise(one, xs, a, ys, b)
 
 
 def min_matching_distance(d_xy: Array) -> Array:
