@@ -360,8 +360,8 @@ class ReplicaServer:
                 self.rejected += 1
                 send_msg(sock, {"ok": False, "error": "authentication failed"})
                 return
-            session = bytes.fromhex(_proof(self._token, b"session", cn, sn, owner))
-            chan = _Channel(session, b"s2c", b"c2s")
+            mac_key = bytes.fromhex(_proof(self._token, b"channel-key", cn, sn, owner))
+            chan = _Channel(mac_key, b"s2c", b"c2s")
             send_msg(sock, {"ok": True, "proof": _proof(self._token, b"server", cn, sn, owner)})
             while True:
                 try:
@@ -573,8 +573,8 @@ class ReplicaClient:
         if not h.get("ok"):
             sock.close()
             raise ReplicaError(f"replica server {self.address}: {h.get('error')}")
-        session = bytes.fromhex(_proof(self._token, b"session", cn, sn, owner))
-        return sock, _Channel(session, b"c2s", b"s2c")
+        mac_key = bytes.fromhex(_proof(self._token, b"channel-key", cn, sn, owner))
+        return sock, _Channel(mac_key, b"c2s", b"s2c")
 
     def _call(self, conn, header, payload=b"") -> tuple[dict, bytearray]:
         sock, chan = conn
