@@ -101,3 +101,37 @@ def test_prefmh_run_chains_keeps_the_chains_split_over_the_mesh():
     assert out.state.position.sharding.spec == PartitionSpec("data")
     assert out.trace.sharding.spec[0] == "data"
     assert len(out.trace.sharding.device_set) == 8
+
+
+def test_rwefm_trainer_step_splits_the_clouds_over_the_mesh():
+    import optax
+
+    from hexad.geometry import Torus
+    from hexad.rwefm import CloudBatch, NoiseModel, VectorField, make_trainer
+
+    t2 = Torus(2)
+    model = VectorField(t2, width=8, depth=1, heads=1)
+    tr = make_trainer(
+        t2, model, optax.adam(1e-3), NoiseModel(t2), pairing="none", mesh=sharding.data_mesh()
+    )
+    batch = CloudBatch(t2.random_uniform(jax.random.key(0), (16, 4)), jnp.ones((16, 4)))
+    state = tr.init(jax.random.key(1), batch)
+    lowered = jax.jit(tr.step).lower(jax.random.key(2), state, batch)
+    assert _shards_batch(lowered), "the clouds are not split over the 8 devices"
+    # Documented: parameters are replicated.
+    out_state, _ = lowered.compile().output_shardings
+    assert all(s.is_fully_replicated for s in jax.tree.leaves(out_state.params))
+
+
+def test_backdoor_trainer_step_splits_the_batch_over_the_mesh():
+    import optax
+
+    from hexad.backdoor import SmallCNN, make_trainer
+
+    tr = make_trainer(SmallCNN(2, (2,), 4), optax.sgd(0.1), mesh=sharding.data_mesh())
+    batch = (jnp.zeros((16, 8, 8, 1)), jnp.zeros(16, int))
+    state = tr.init(jax.random.key(0), batch)
+    lowered = jax.jit(tr.step).lower(jax.random.key(1), state, batch)
+    assert _shards_batch(lowered), "the batch is not split over the 8 devices"
+    out_state, _ = lowered.compile().output_shardings
+    assert all(s.is_fully_replicated for s in jax.tree.leaves(out_state))

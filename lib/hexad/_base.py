@@ -11,6 +11,10 @@ libraries: a method package builds on these names instead of defining its own.
   ``axis`` and lets XLA propagate the rest (see :mod:`hexad.sharding`).
 - The boundary checks :func:`check_int`, :func:`check_positive`, :func:`check_unit` and
   :func:`is_traced`: one wording of "expected ..., got ..." across the packages.
+- The mixed-precision convention: a network module takes ``dtype`` (flax's compute dtype;
+  ``None`` computes in the parameters' dtype) while its parameters stay float32; its head and
+  its outputs are computed in :func:`head_dtype` of it, so ``jnp.bfloat16`` blocks feed a
+  float32 head, loss and optimiser.
 - :class:`Manifold`: the protocol the manifolds of :mod:`hexad.geometry` satisfy, used in
   signatures instead of ``Any``.
 """
@@ -32,6 +36,7 @@ __all__ = [
     "check_int",
     "check_positive",
     "check_unit",
+    "head_dtype",
     "is_traced",
 ]
 
@@ -78,6 +83,20 @@ def is_traced(x: Any) -> bool:
     (False, 1)
     """
     return isinstance(x, jax.core.Tracer)
+
+
+def head_dtype(dtype: Any) -> Any:
+    """Returns the dtype a network's head and outputs compute in for compute dtype ``dtype``.
+
+    ``None`` stays ``None`` (the parameters' dtype); a narrower float is widened to float32.
+
+    >>> import jax.numpy as jnp
+    >>> head_dtype(None), head_dtype(jnp.bfloat16).__name__, head_dtype(jnp.float32).__name__
+    (None, 'float32', 'float32')
+    """
+    if dtype is None:
+        return None
+    return np.promote_types(dtype, np.float32).type
 
 
 def _is_int(value: Any) -> bool:

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from hexad._base import head_dtype
 
 __all__ = ["PreActResNet", "SmallCNN", "apply_channel_mask", "conv_layers"]
 
@@ -40,6 +43,17 @@ def _chan(v):
     return jnp.reshape(v, (1, 1, 1, -1)) if jnp.ndim(v) else v
 
 
+def _scaled(z, scale, bias):
+    """``z * scale + bias`` per channel, in ``z``'s dtype (a bfloat16 layer stays bfloat16)."""
+    return z * _chan(jnp.asarray(scale, z.dtype)) + _chan(jnp.asarray(bias, z.dtype))
+
+
+def _widen(feats, dtype):
+    """The features a caller reads, in ``head_dtype(dtype)`` (float32 under bfloat16)."""
+    hd = head_dtype(dtype)
+    return feats if hd is None else {k: v.astype(hd) for k, v in feats.items()}
+
+
 class SmallCNN(nn.Module):
     """A small CNN: ``len(widths)`` 3x3 conv + ReLU layers (2x2 average pooling between them),
     flatten, a ReLU dense layer of ``hidden`` units and a linear head.
@@ -48,6 +62,9 @@ class SmallCNN(nn.Module):
       num_classes: number of classes (static).
       widths: channels of each conv layer (static).
       hidden: units of the dense layer (static).
+      dtype: compute dtype of the conv and dense layers (static; ``None``: the parameters'
+        float32, ``jnp.bfloat16``: mixed precision). Parameters stay float32; the head, the
+        logits and the returned features are float32 under bfloat16.
 
     Call as ``model.apply(params, x, scales=None, bias_scales=None, features=False)`` with
     ``x`` of shape ``[n, H, W, C]``; returns logits ``[n, num_classes]``, or
@@ -63,6 +80,7 @@ class SmallCNN(nn.Module):
     num_classes: int = 10
     widths: Sequence[int] = (16, 32, 32)
     hidden: int = 64
+    dtype: Any = None
 
     @nn.compact
     def __call__(
@@ -77,20 +95,26 @@ class SmallCNN(nn.Module):
         for i, w in enumerate(self.widths):
             name = f"conv{i}"
             z = nn.Conv(
-                w, (3, 3), padding="SAME", use_bias=False, kernel_init=_conv_kernel_init, name=name
+                w,
+                (3, 3),
+                padding="SAME",
+                use_bias=False,
+                kernel_init=_conv_kernel_init,
+                dtype=self.dtype,
+                name=name,
             )(h)
-            b = self.param(f"{name}_bias", nn.initializers.zeros, (w,), z.dtype)
+            b = self.param(f"{name}_bias", nn.initializers.zeros, (w,), jnp.float32)
             s = scales[name] if scales is not None and name in scales else 1.0
             bs = bias_scales[name] if bias_scales is not None and name in bias_scales else 1.0
-            h = nn.relu(z * _chan(s) + _chan(b * bs))
+            h = nn.relu(_scaled(z, s, b * bs))
             feats[name] = h
             if i < len(self.widths) - 1:
                 h = nn.avg_pool(h, (2, 2), (2, 2))
         h = h.reshape(h.shape[0], -1)
-        h = nn.relu(nn.Dense(self.hidden, name="fc")(h))
+        h = nn.relu(nn.Dense(self.hidden, dtype=self.dtype, name="fc")(h))
         feats["fc"] = h
-        logits = nn.Dense(self.num_classes, name="head")(h)
-        return (logits, feats) if features else logits
+        logits = nn.Dense(self.num_classes, dtype=head_dtype(self.dtype), name="head")(h)
+        return (logits, _widen(feats, self.dtype)) if features else logits
 
 
 class PreActResNet(nn.Module):
@@ -110,6 +134,8 @@ class PreActResNet(nn.Module):
       num_classes: number of classes (static).
       widths: channels of each stage (static); each a multiple of ``groups``.
       groups: GroupNorm groups per layer (static).
+      dtype: compute dtype, as in :class:`SmallCNN` (GroupNorm takes its statistics in
+        float32).
 
     Call as :class:`SmallCNN`: ``model.apply(params, x, scales=None, bias_scales=None,
     features=False)``, ``x`` ``[n, H, W, C]`` -> logits ``[n, num_classes]``; with
@@ -125,6 +151,7 @@ class PreActResNet(nn.Module):
     num_classes: int = 10
     widths: Sequence[int] = (8, 16, 32)
     groups: int = 4
+    dtype: Any = None
 
     @nn.compact
     def __call__(
@@ -148,17 +175,18 @@ class PreActResNet(nn.Module):
                 padding="SAME",
                 use_bias=False,
                 kernel_init=_conv_kernel_init,
+                dtype=self.dtype,
                 name=name,
             )(h)
-            b = self.param(f"{name}_bias", nn.initializers.zeros, (width,), z.dtype)
+            b = self.param(f"{name}_bias", nn.initializers.zeros, (width,), jnp.float32)
             s = scales[name] if scales is not None and name in scales else 1.0
             bs = bias_scales[name] if bias_scales is not None and name in bias_scales else 1.0
-            z = z * _chan(s) + _chan(b * bs)
+            z = _scaled(z, s, b * bs)
             feats[name] = nn.relu(z)
             return z
 
         def pre(h, name):
-            return nn.relu(nn.GroupNorm(num_groups=self.groups, name=name)(h))
+            return nn.relu(nn.GroupNorm(num_groups=self.groups, dtype=self.dtype, name=name)(h))
 
         h = conv(x, 0, self.widths[0], 1)
         for s_, w in enumerate(self.widths):
@@ -171,6 +199,7 @@ class PreActResNet(nn.Module):
                     (stride, stride),
                     use_bias=False,
                     kernel_init=_conv_kernel_init,
+                    dtype=self.dtype,
                     name=f"short{s_}",
                 )(a)
             else:
@@ -181,8 +210,8 @@ class PreActResNet(nn.Module):
         h = pre(h, "norm_out")
         h = jnp.mean(h, axis=(1, 2))
         feats["fc"] = h
-        logits = nn.Dense(self.num_classes, name="head")(h)
-        return (logits, feats) if features else logits
+        logits = nn.Dense(self.num_classes, dtype=head_dtype(self.dtype), name="head")(h)
+        return (logits, _widen(feats, self.dtype)) if features else logits
 
 
 def conv_layers(params) -> tuple[str, ...]:

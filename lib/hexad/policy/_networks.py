@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from hexad._base import head_dtype
 from hexad.policy._gaussian import DiagGaussian
 
 __all__ = [
@@ -28,16 +30,20 @@ class MLP(nn.Module):
     Attributes:
       hidden: widths of the hidden layers (static).
       out: output width (static).
+      dtype: compute dtype of the hidden layers (static; ``None``: the parameters' float32,
+        ``jnp.bfloat16``: mixed precision). Parameters stay float32; the output layer computes
+        in ``head_dtype(dtype)`` (float32 for bfloat16).
     """
 
     hidden: Sequence[int]
     out: int
+    dtype: Any = None
 
     @nn.compact
     def __call__(self, x):
         for h in self.hidden:
-            x = nn.relu(nn.Dense(h)(x))
-        return nn.Dense(self.out)(x)
+            x = nn.relu(nn.Dense(h, dtype=self.dtype)(x))
+        return nn.Dense(self.out, dtype=head_dtype(self.dtype))(x)
 
 
 class GaussianActor(nn.Module):
@@ -52,6 +58,8 @@ class GaussianActor(nn.Module):
       log_std_min, log_std_max: clip range of the log standard deviation (static).
       state_dependent_std: whether the std is a head of the network or a free parameter.
       squash: whether actions are ``tanh`` of the Gaussian variable (static).
+      dtype: compute dtype of the hidden layers, as in :class:`MLP`; the mean and log-std
+        heads, and so the returned Gaussian, are float32 under bfloat16.
     """
 
     action_dim: int
@@ -60,15 +68,17 @@ class GaussianActor(nn.Module):
     log_std_max: float = 2.0
     state_dependent_std: bool = True
     squash: bool = True
+    dtype: Any = None
 
     @nn.compact
     def __call__(self, obs) -> DiagGaussian:
         x = obs
         for h in self.hidden:
-            x = nn.relu(nn.Dense(h)(x))
-        mean = nn.Dense(self.action_dim, name="mean")(x)
+            x = nn.relu(nn.Dense(h, dtype=self.dtype)(x))
+        hd = head_dtype(self.dtype)
+        mean = nn.Dense(self.action_dim, dtype=hd, name="mean")(x)
         if self.state_dependent_std:
-            log_std = nn.Dense(self.action_dim, name="log_std")(x)
+            log_std = nn.Dense(self.action_dim, dtype=hd, name="log_std")(x)
         else:
             log_std = self.param("log_std", nn.initializers.zeros, (self.action_dim,))
             log_std = jnp.broadcast_to(log_std, mean.shape)
@@ -81,15 +91,17 @@ class TwinCritic(nn.Module):
 
     Attributes:
       hidden: hidden widths of each Q network (static).
+      dtype: compute dtype, as in :class:`MLP` (the Q values are float32 under bfloat16).
     """
 
     hidden: Sequence[int] = (256, 256)
+    dtype: Any = None
 
     @nn.compact
     def __call__(self, obs, act):
         x = jnp.concatenate([obs, act], axis=-1)
-        q1 = MLP(self.hidden, 1, name="q1")(x)[..., 0]
-        q2 = MLP(self.hidden, 1, name="q2")(x)[..., 0]
+        q1 = MLP(self.hidden, 1, self.dtype, name="q1")(x)[..., 0]
+        q2 = MLP(self.hidden, 1, self.dtype, name="q2")(x)[..., 0]
         return q1, q2
 
 
@@ -98,13 +110,15 @@ class ValueNet(nn.Module):
 
     Attributes:
       hidden: hidden widths (static).
+      dtype: compute dtype, as in :class:`MLP`.
     """
 
     hidden: Sequence[int] = (256, 256)
+    dtype: Any = None
 
     @nn.compact
     def __call__(self, obs):
-        return MLP(self.hidden, 1)(obs)[..., 0]
+        return MLP(self.hidden, 1, self.dtype)(obs)[..., 0]
 
 
 def gaussian_log_prob(dist: DiagGaussian, actions, squash: bool = True, eps: float = 1e-6):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from hexad._base import head_dtype
 from hexad.geometry import Manifold
 
 __all__ = ["VectorField", "time_embedding"]
@@ -45,6 +47,10 @@ class VectorField(nn.Module):
       depth: number of transformer blocks (static).
       heads: attention heads (static).
       num_classes: number of labels, 0 for an unconditional field (static).
+      dtype: compute dtype of the embeddings and transformer blocks (static). ``None``
+        computes in the parameters' float32; ``jnp.bfloat16`` is mixed precision for
+        accelerators: parameters stay float32, layer norms take their statistics in float32,
+        and the head and the returned field are float32.
 
     >>> from hexad.geometry import Sphere
     >>> f = VectorField(Sphere(3), width=16, depth=1, heads=2)
@@ -60,31 +66,34 @@ class VectorField(nn.Module):
     depth: int = 2
     heads: int = 4
     num_classes: int = 0
+    dtype: Any = None
 
     @nn.compact
     def __call__(
         self, x: jax.Array, mask: jax.Array, t: jax.Array, labels: jax.Array | None = None
     ) -> jax.Array:
+        dt = self.dtype
         feats = self.manifold.features(x)
-        h = nn.Dense(self.width, name="embed")(feats)
+        h = nn.Dense(self.width, dtype=dt, name="embed")(feats)
         temb = time_embedding(t, self.width)
-        temb = nn.Dense(self.width)(nn.gelu(nn.Dense(self.width)(temb)))
+        temb = nn.Dense(self.width, dtype=dt)(nn.gelu(nn.Dense(self.width, dtype=dt)(temb)))
         h = h + temb[:, None, :]
         if self.num_classes > 0:
             if labels is None:
                 labels = jnp.full(x.shape[:1], self.num_classes, jnp.int32)
-            h = h + nn.Embed(self.num_classes + 1, self.width)(labels)[:, None, :]
+            h = h + nn.Embed(self.num_classes + 1, self.width, dtype=dt)(labels)[:, None, :]
         attn_mask = mask[:, None, None, :]  # keys only: padded queries stay finite
         for _ in range(self.depth):
-            y = nn.LayerNorm()(h)
-            y = nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=self.width)(
-                y, y, mask=attn_mask
-            )
+            y = nn.LayerNorm(dtype=dt)(h)
+            y = nn.MultiHeadDotProductAttention(
+                num_heads=self.heads, qkv_features=self.width, dtype=dt
+            )(y, y, mask=attn_mask)
             h = h + y
-            y = nn.LayerNorm()(h)
-            y = nn.Dense(self.width)(nn.gelu(nn.Dense(2 * self.width)(y)))
+            y = nn.LayerNorm(dtype=dt)(h)
+            y = nn.Dense(self.width, dtype=dt)(nn.gelu(nn.Dense(2 * self.width, dtype=dt)(y)))
             h = h + y
-        out = nn.Dense(x.shape[-1], kernel_init=nn.initializers.zeros, name="head")(
-            nn.LayerNorm()(h)
+        hd = head_dtype(dt)
+        out = nn.Dense(x.shape[-1], kernel_init=nn.initializers.zeros, dtype=hd, name="head")(
+            nn.LayerNorm(dtype=hd)(h)
         )
         return self.manifold.proj_tangent(x, out) * mask[..., None].astype(out.dtype)
