@@ -2,6 +2,7 @@
 the non-vanishing unlearning loss, the surrogate family, bad input, one trace per step."""
 
 import dataclasses
+import functools
 
 import chex
 import jax
@@ -145,16 +146,18 @@ def test_weight_never_vanishes_and_is_the_fraction_of_the_decoy_removed(key):
 def test_surrogate_member_is_drawn_each_step_and_switch_matches_single_members(key):
     model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
     cfg = bd.DTBConfig(inner_steps=1, inner_batch=2, family=("ft", "ft2", "noise_ft"))
-    members = {
-        int(bd.dtb_objective(jax.random.key(i), model, cfg, params, problem, batch)[1].member)
-        for i in range(12)
-    }
-    assert members == {0, 1, 2}
+    # Jitted once each (eagerly, every call dispatches and compiles op by op: minutes on CPU).
+    member = jax.jit(lambda k: bd.dtb_objective(k, model, cfg, params, problem, batch)[1].member)
+    assert {int(member(jax.random.key(i))) for i in range(12)} == {0, 1, 2}
     k = jax.random.key(3)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def sanitise(c, i):
+        return bd.sanitise_surrogate(k, model, c, params, problem, *batch[2:4], i)
+
     for i, name in enumerate(cfg.family):
-        got = bd.sanitise_surrogate(k, model, cfg, params, problem, *batch[2:4], i)
-        one = dataclasses.replace(cfg, family=(name,))
-        want = bd.sanitise_surrogate(k, model, one, params, problem, *batch[2:4], 0)
+        got = sanitise(cfg, jnp.int32(i))
+        want = sanitise(dataclasses.replace(cfg, family=(name,)), jnp.int32(0))
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 

@@ -330,8 +330,9 @@ def sanitise_surrogate(
     >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
     >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
     >>> xc, yc = jnp.full((4, 8, 8, 1), 0.5), jnp.arange(4) % 2
-    >>> q = sanitise_surrogate(jax.random.key(1), m, DTBConfig(inner_steps=2, inner_batch=2),
-    ...                        p, pr, xc, yc)
+    >>> cfg = DTBConfig(inner_steps=2, inner_batch=2, family=("ft",))
+    >>> q = jax.jit(lambda k, p: sanitise_surrogate(k, m, cfg, p, pr, xc, yc))(
+    ...     jax.random.key(1), p)
     >>> jax.tree.structure(q) == jax.tree.structure(p)
     True
     """
@@ -400,7 +401,7 @@ def dtb_objective(key, model, config: DTBConfig, params, problem: DTBProblem, ba
     >>> b = DTBBatch(jnp.zeros((4, 8, 8, 1)), jnp.zeros(4, int), jnp.zeros((4, 8, 8, 1)),
     ...              jnp.zeros(4, int))
     >>> cfg = DTBConfig(inner_steps=1, inner_batch=2, family=("ft",))
-    >>> loss, info = dtb_objective(jax.random.key(1), m, cfg, p, pr, b)
+    >>> loss, info = jax.jit(lambda k, p: dtb_objective(k, m, cfg, p, pr, b))(jax.random.key(1), p)
     >>> bool(jnp.isfinite(loss)), float(info.weight) >= cfg.weight_floor
     (True, True)
     """
@@ -452,10 +453,11 @@ def make_dtb(
     >>> from hexad.backdoor import SmallCNN, patch_trigger
     >>> m = SmallCNN(2, (2,), 4)
     >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
-    >>> dtb = make_dtb(m, optax.adam(1e-3), DTBConfig(inner_steps=1, inner_batch=2), pr)
+    >>> cfg = DTBConfig(inner_steps=1, inner_batch=2, family=("ft",))
+    >>> dtb = make_dtb(m, optax.adam(1e-3), cfg, pr)
     >>> b = DTBBatch(jnp.zeros((4, 8, 8, 1)), jnp.zeros(4, int), jnp.zeros((4, 8, 8, 1)),
     ...              jnp.zeros(4, int))
-    >>> st, info = dtb.step(jax.random.key(1), dtb.init(jax.random.key(0), b), b)
+    >>> st, info = jax.jit(dtb.step)(jax.random.key(1), dtb.init(jax.random.key(0), b), b)
     >>> int(st.step), info.loss.shape
     (1, ())
     """
