@@ -251,8 +251,14 @@ def _bound(case: Case, roofline: Roofline, peer_median: float | None) -> tuple[f
         return case.bound_work * peer_median, note
     if case.bound_fn is not None:
         args = case.args if case.bound_args is None else case.bound_args
+        # The bound is a steady-state reference: at least one untimed call, so that a case
+        # timed with its compilation (warmup 0) is not held against a compiled bound.
         _, times = time_call(
-            case.bound_fn, args, jit=case.bound_jit, repeats=case.repeats, warmup=case.warmup
+            case.bound_fn,
+            args,
+            jit=case.bound_jit,
+            repeats=case.repeats,
+            warmup=max(case.warmup, 1),
         )
         note = case.bound_note or f"{case.bound_work:g} x {case.bound_fn.__name__}"
         return case.bound_work * statistics.median(times), note

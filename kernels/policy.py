@@ -32,6 +32,14 @@ Rows:
   ``n`` envs driven by a jitted actor. Peer: the same ``n`` envs stepped one by one in a Python
   loop (no vector env); both batch the actor call, the vector env adds its own bookkeeping.
 
+Bounds. ``policy/iql scan``: the roofline of its matmul FLOPs. The latency rows at batch 256,
+where compute dominates: equivalent work in frozen-actor passes (the peer), 2 for the composed
+actions (actor and prior), 1 for the PoE head, ``2 (M + 1)`` for SF + GPI (``M + 1`` policy and
+``M + 1`` psi passes), ``M + 1`` for the GPI head; the dispatch floor's own bound is the
+roofline of its bytes. At batch 1 every latency row is bounded by one jitted dispatch (the
+floor row's ``obs + 1``), since no jitted call can return sooner. The environment rows: the
+same ``n`` environments stepped with a fixed action and nothing else (no actor, no stacking).
+
 Run: ``python -m kernels policy [--quick]``.
 """
 
@@ -247,6 +255,12 @@ def _latency_cases(batch: int) -> list[Case]:
 
     alpha = jnp.float32(0.5)
     common = dict(unit="actions", items=float(batch), peer=own, peer_args=(ap, obs))
+
+    def bound(work: float) -> dict:
+        if batch == 1:
+            return dict(bound_fn=floor, bound_args=(obs,), bound_note="one jitted dispatch")
+        return dict(bound_fn=own, bound_work=work, bound_note=f"{work:g} frozen-actor passes")
+
     return [
         Case(
             name=f"policy/poe fused b={batch}",
@@ -257,6 +271,7 @@ def _latency_cases(batch: int) -> list[Case]:
             goal=_TWO_NETWORKS,
             repeats=50,
             **common,
+            **bound(2),
         ),
         Case(
             name=f"policy/dispatch floor b={batch}",
@@ -266,6 +281,8 @@ def _latency_cases(batch: int) -> list[Case]:
             peer_name="frozen actor forward",
             goal="none: the share of the actor's latency that is jit dispatch",
             repeats=50,
+            bytes=2.0 * obs.size * obs.dtype.itemsize,
+            bound_note="roofline of reading and writing obs",
             **common,
         ),
         Case(
@@ -277,6 +294,7 @@ def _latency_cases(batch: int) -> list[Case]:
             goal=_TWO_NETWORKS,
             repeats=50,
             **common,
+            **bound(2),
         ),
         Case(
             name=f"policy/poe head b={batch}",
@@ -287,6 +305,7 @@ def _latency_cases(batch: int) -> list[Case]:
             goal="overhead < 5% (ratio <= 1.05)",
             repeats=50,
             **common,
+            **bound(1),
         ),
     ]
 
@@ -317,6 +336,14 @@ def _sfgpi_cases(batch: int, n_cmd: int = 5) -> list[Case]:
     def own(ap, obs):
         return policy.squash(actor.apply(ap, obs))
 
+    def floor(obs):
+        return obs + 1.0
+
+    def bound(work: float) -> dict:
+        if batch == 1:
+            return dict(bound_fn=floor, bound_args=(obs,), bound_note="one jitted dispatch")
+        return dict(bound_fn=own, bound_work=work, bound_note=f"{work:g} frozen-actor passes")
+
     cands = jax.jit(library)(ap, pp, obs)
     goal = (
         "none in the issue (a baseline): ~M+1 policy passes + M+1 psi passes (M=5), "
@@ -338,6 +365,7 @@ def _sfgpi_cases(batch: int, n_cmd: int = 5) -> list[Case]:
             args=(ap, pp, sp, obs, w),
             shapes=f"[{batch},{OBS}] hid{HID}x2 K={n_lib} C={n_lib} F={n_cmd + 1}",
             **common,
+            **bound(2 * n_lib),
         ),
         Case(
             name=f"policy/gpi head b={batch}",
@@ -345,6 +373,7 @@ def _sfgpi_cases(batch: int, n_cmd: int = 5) -> list[Case]:
             args=(sp, obs, cands, w),
             shapes=f"[{batch},{n_lib},{ACT}] candidates K={n_lib} F={n_cmd + 1}",
             **common,
+            **bound(n_lib),
         ),
     ]
 
@@ -385,6 +414,15 @@ def _env_case(quick: bool, env_id: str = "PointMaze_UMaze-v3", label: str = "poi
             obs = [e.step(a[i])[0] for i, e in enumerate(envs)]
         return obs[0]["observation"]
 
+    fixed = np.zeros(act_dim, np.float32)
+
+    def envs_alone():
+        for i, e in enumerate(envs):
+            e.reset(seed=i)
+        for _ in range(steps):
+            for e in envs:
+                e.step(fixed)
+
     return Case(
         name=f"policy/{label} vec n={n}",
         fn=vec_rollout,
@@ -399,6 +437,10 @@ def _env_case(quick: bool, env_id: str = "PointMaze_UMaze-v3", label: str = "poi
         goal="throughput (no bar in the issue)",
         repeats=5,
         warmup=1,
+        bound_fn=envs_alone,
+        bound_args=(),
+        bound_jit=False,
+        bound_note="the environments alone, a fixed action, no actor",
     )
 
 
