@@ -33,10 +33,12 @@ Rows:
   loop (no vector env); both batch the actor call, the vector env adds its own bookkeeping.
 
 Bounds. ``policy/iql scan``: the roofline of its matmul FLOPs. The latency rows at batch 256,
-where compute dominates: equivalent work in frozen-actor passes (the peer), 2 for the composed
-actions (actor and prior), 1 for the PoE head, ``2 (M + 1)`` for SF + GPI (``M + 1`` policy and
-``M + 1`` psi passes), ``M + 1`` for the GPI head; the dispatch floor's own bound is the
-roofline of its bytes. At batch 1 every latency row is bounded by one jitted dispatch (the
+where compute dominates: the roofline of their matmul FLOPs, counted in frozen-actor forward
+passes (``2 B (o h + h h + 2 h d)`` each): 2 for the composed actions (actor and prior), 1 for
+the PoE head, ``2 (M + 1)`` for SF + GPI (``M + 1`` policy and ``M + 1`` psi passes), ``M + 1``
+for the GPI head. (A count of measured actor passes is no lower bound on 2 cores: XLA runs the
+actor's and the prior's independent layers concurrently.) The dispatch floor's own bound is
+the roofline of its bytes. At batch 1 every latency row is bounded by one jitted dispatch (the
 floor row's ``obs + 1``), since no jitted call can return sooner. The environment rows: the
 same ``n`` environments stepped with a fixed action and nothing else (no actor, no stacking).
 
@@ -175,6 +177,24 @@ def _peer_loop(k_steps: int, state, keys, data):
 # --------------------------------------------------------------------------------------------
 
 
+def _actor_flops(batch: int) -> float:
+    """Matmul FLOPs of one actor forward pass (two hidden layers, mean and log-std heads)."""
+    return 2.0 * batch * (OBS * HID + HID * HID + HID * 2 * ACT)
+
+
+def _dispatch(obs):
+    return obs + 1.0
+
+
+def _latency_bound(obs, work: float) -> dict:
+    """A latency row's bound: one jitted dispatch at batch 1, else the roofline of ``work``
+    actor passes."""
+    if obs.shape[0] == 1:
+        return dict(bound_fn=_dispatch, bound_args=(obs,), bound_note="one jitted dispatch")
+    flops = work * _actor_flops(obs.shape[0])
+    return dict(flops=flops, bound_note=f"roofline of {work:g} actor passes")
+
+
 def _iql_case(quick: bool) -> Case:
     k_steps = 50 if quick else 200
     data = _dataset(10_000)
@@ -250,16 +270,8 @@ def _latency_cases(batch: int) -> list[Case]:
         p = jax.tree.map(lambda x: x[1], both)
         return policy.squash(policy.poe(a, p, alpha))
 
-    def floor(obs):
-        return obs + 1.0
-
     alpha = jnp.float32(0.5)
     common = dict(unit="actions", items=float(batch), peer=own, peer_args=(ap, obs))
-
-    def bound(work: float) -> dict:
-        if batch == 1:
-            return dict(bound_fn=floor, bound_args=(obs,), bound_note="one jitted dispatch")
-        return dict(bound_fn=own, bound_work=work, bound_note=f"{work:g} frozen-actor passes")
 
     return [
         Case(
@@ -271,11 +283,11 @@ def _latency_cases(batch: int) -> list[Case]:
             goal=_TWO_NETWORKS,
             repeats=50,
             **common,
-            **bound(2),
+            **_latency_bound(obs, 2),
         ),
         Case(
             name=f"policy/dispatch floor b={batch}",
-            fn=floor,
+            fn=_dispatch,
             args=(obs,),
             shapes=f"[{batch},{OBS}]",
             peer_name="frozen actor forward",
@@ -294,7 +306,7 @@ def _latency_cases(batch: int) -> list[Case]:
             goal=_TWO_NETWORKS,
             repeats=50,
             **common,
-            **bound(2),
+            **_latency_bound(obs, 2),
         ),
         Case(
             name=f"policy/poe head b={batch}",
@@ -305,7 +317,7 @@ def _latency_cases(batch: int) -> list[Case]:
             goal="overhead < 5% (ratio <= 1.05)",
             repeats=50,
             **common,
-            **bound(1),
+            **_latency_bound(obs, 1),
         ),
     ]
 
@@ -336,14 +348,6 @@ def _sfgpi_cases(batch: int, n_cmd: int = 5) -> list[Case]:
     def own(ap, obs):
         return policy.squash(actor.apply(ap, obs))
 
-    def floor(obs):
-        return obs + 1.0
-
-    def bound(work: float) -> dict:
-        if batch == 1:
-            return dict(bound_fn=floor, bound_args=(obs,), bound_note="one jitted dispatch")
-        return dict(bound_fn=own, bound_work=work, bound_note=f"{work:g} frozen-actor passes")
-
     cands = jax.jit(library)(ap, pp, obs)
     goal = (
         "none in the issue (a baseline): ~M+1 policy passes + M+1 psi passes (M=5), "
@@ -365,7 +369,7 @@ def _sfgpi_cases(batch: int, n_cmd: int = 5) -> list[Case]:
             args=(ap, pp, sp, obs, w),
             shapes=f"[{batch},{OBS}] hid{HID}x2 K={n_lib} C={n_lib} F={n_cmd + 1}",
             **common,
-            **bound(2 * n_lib),
+            **_latency_bound(obs, 2 * n_lib),
         ),
         Case(
             name=f"policy/gpi head b={batch}",
@@ -373,7 +377,7 @@ def _sfgpi_cases(batch: int, n_cmd: int = 5) -> list[Case]:
             args=(sp, obs, cands, w),
             shapes=f"[{batch},{n_lib},{ACT}] candidates K={n_lib} F={n_cmd + 1}",
             **common,
-            **bound(n_lib),
+            **_latency_bound(obs, n_lib),
         ),
     ]
 
