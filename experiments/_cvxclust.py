@@ -20,7 +20,9 @@ _certificate = jax.jit(cc.nuclear_certificate)
 
 
 def solve_report(out) -> dict[str, Any]:
-    """Per-solve convergence record: iterations, last residuals, rank, min eigenvalue."""
+    """Per-solve convergence record: iterations, last residuals, rank, min eigenvalue, and for
+    the nuclear programs whether the rank-k step may have missed an eigenvalue
+    (``rank_saturated``) and the subspace size it reached (``subspace_rank``)."""
     it = int(out.n_iters)
     rep = {
         "iters": it,
@@ -31,6 +33,8 @@ def solve_report(out) -> dict[str, Any]:
     }
     if hasattr(out, "rank"):
         rep |= {"rank": int(out.rank), "rank_saturated": bool(out.rank_saturated)}
+    if hasattr(out, "subspace_rank"):
+        rep["subspace_rank"] = int(out.subspace_rank)
     return rep
 
 

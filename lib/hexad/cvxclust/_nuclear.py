@@ -68,7 +68,11 @@ Solver: ADMM on ``L = Z`` (Boyd et al. 2011): the ``L`` step thresholds eigenval
 ``A`` followed by the box projection (exact, because the entrywise problem is one-dimensional
 and convex), with residual-balancing penalty updates. For ``n`` in the thousands the eigen step
 can run on a rank-``k`` subspace warm-started across iterations (randomised subspace iteration,
-Halko, Martinsson & Tropp 2011, arXiv:0909.4061), reported as saturated if ``k`` was too small.
+Halko, Martinsson & Tropp 2011, arXiv:0909.4061, for the soft program; restarted block Krylov
+Rayleigh-Ritz for the PSD-hard one, which needs the largest rather than the largest-magnitude
+eigenvalues), optionally doubling ``k`` while it is too small (``max_rank``), with a Lanczos
+check at the end that no eigenvalue off the subspace should have been kept (else reported as
+saturated).
 """
 
 from __future__ import annotations
@@ -478,11 +482,13 @@ class NuclearOutput(NamedTuple):
       rho: final ADMM penalty.
       objective: ``nuclear_objective(problem, l)`` (NaN-free; 0 when not computed).
       rank: number of nonzero eigenvalues kept in the last ``L`` step.
-      rank_saturated: with a rank-``k`` eigen step, True if the last step was not the exact
-        prox: all ``k`` eigenvalues exceeded the threshold, or the spectral norm of the part of
-        ``Z - W`` outside the subspace (30 block power iterations) does. Then ``k`` was too
-        small and the answer may not be the optimum: re-solve with a larger ``rank`` or the
-        full ``eigh``.
+      rank_saturated: with a rank-``k`` eigen step, True if the last step may not have been
+        the exact prox: all ``k`` Ritz values exceeded the threshold ``mu / rho`` (in absolute
+        value for a soft problem), or the Lanczos estimate (``check_iters`` steps) of the
+        largest eigenvalue (PSD-hard) or spectral norm (soft) of ``Z - W`` off the subspace
+        does. Then ``k`` was too small and the answer may not be the optimum: re-solve with a
+        larger ``rank`` / ``max_rank`` or the full ``eigh``. Whatever it says, the duality gap
+        of :func:`nuclear_certificate` bounds the suboptimality of ``l``.
       primal_residuals: ``[max_iters]`` ``||L - Z|| / max(1, ||L||, ||Z||)``, -1 padded.
       dual_residuals: ``[max_iters]`` ``rho ||Z - Z_prev|| / max(1, rho ||W||)``, -1 padded.
       n_iters: iterations run.
@@ -490,6 +496,11 @@ class NuclearOutput(NamedTuple):
       min_eig: smallest eigenvalue of ``l``. For a PSD-hard problem ``l`` is the ``Z`` iterate
         made PSD by :func:`psd_repair` (``t = 0`` when it already is), so this is ``>= 0`` up
         to rounding.
+      subspace_rank: the subspace size ``k`` of the last step (``n`` for the full ``eigh``);
+        with ``max_rank`` the rank the adaptive path reached.
+      subspace: ``[n, max_rank]`` (``[n, rank]`` without ``max_rank``): the last step's Ritz
+        vectors in the first ``subspace_rank`` columns, zeros after; a warm start for the
+        next solve (``init``). ``[n, 1]`` zeros for the full ``eigh``.
     """
 
     l: jax.Array
@@ -504,6 +515,8 @@ class NuclearOutput(NamedTuple):
     n_iters: jax.Array
     converged: jax.Array
     min_eig: jax.Array
+    subspace_rank: jax.Array
+    subspace: jax.Array
 
 
 class _NState(NamedTuple):
@@ -513,6 +526,7 @@ class _NState(NamedTuple):
     w: jax.Array
     rho: jax.Array
     q: jax.Array
+    level: jax.Array
     rank: jax.Array
     sat: jax.Array
     pres: jax.Array
@@ -559,8 +573,21 @@ class NuclearSolver:
       rho: initial ADMM penalty.
       adapt_every: residual balancing (Boyd et al. 2011, Sec. 3.4.1) every this many
         iterations; 0 keeps ``rho`` fixed.
-      rank: ``None`` for a full ``eigh`` per step, or ``k`` for the rank-``k`` subspace step.
-      power_iters: subspace-iteration sweeps per ADMM step (rank-``k`` path only).
+      rank: ``None`` for a full ``eigh`` per step, or ``k`` for the rank-``k`` step: Ritz
+        pairs of the ADMM matrix on a ``k``-dimensional subspace warm-started from the previous
+        step's (``power_iters`` block Krylov sweeps, :meth:`_ritz_step`), for ``n`` in the
+        thousands, where a dense ``eigh`` is most of an iteration.
+      max_rank: with ``rank``, ``None`` keeps ``k = rank``; an int ``>= rank`` lets ``k``
+        double (``rank, 2 rank, ...``, capped at ``max_rank``, static sizes chosen by
+        ``lax.switch``) whenever a step is saturated (all ``k`` Ritz values kept) and whenever
+        the residuals meet ``tol`` but the outside check (below) fails; the solve then goes on
+        from the current iterate and subspace. (Under ``jax.vmap`` the check, a
+        ``lax.cond``, runs at every step.)
+      power_iters: sweeps per ADMM step of :meth:`_ritz_step` (rank-``k`` path only).
+      check_iters: Lanczos steps of the outside check (rank-``k`` path only): the largest
+        eigenvalue (PSD-hard) or the spectral norm (soft) of the ADMM matrix projected off the
+        subspace, which must not exceed the threshold ``mu / rho`` for the step to be the
+        exact prox (reported in ``rank_saturated``).
       compute_objective: evaluate ``nuclear_objective`` at the end (a full ``eigvalsh``).
       relaxation: over-relaxation ``alpha`` in ``(0, 2)`` (Boyd et al. 2011, Sec. 3.4.3;
         Eckstein & Bertsekas 1992): the ``Z`` and dual steps use
@@ -577,42 +604,127 @@ class NuclearSolver:
     rho: float = flax.struct.field(pytree_node=False, default=1.0)
     adapt_every: int = flax.struct.field(pytree_node=False, default=10)
     rank: int | None = flax.struct.field(pytree_node=False, default=None)
+    max_rank: int | None = flax.struct.field(pytree_node=False, default=None)
     power_iters: int = flax.struct.field(pytree_node=False, default=2)
+    check_iters: int = flax.struct.field(pytree_node=False, default=60)
     compute_objective: bool = flax.struct.field(pytree_node=False, default=True)
     relaxation: float = flax.struct.field(pytree_node=False, default=1.0)
 
-    def _outside_norm(self, m, q):
-        """Spectral norm of ``P m P``, ``P = I - q q^T``, by 30 block power iterations.
+    def _levels(self, n: int) -> tuple[int, ...]:
+        """The static ranks of the rank-``k`` path: ``rank`` doubled up to ``max_rank``."""
+        k = check_int("rank", self.rank, 1, n)
+        top = k if self.max_rank is None else check_int("max_rank", self.max_rank, k, n)
+        levels = [k]
+        while levels[-1] < top:
+            levels.append(min(2 * levels[-1], top))
+        return tuple(levels)
 
-        The rank-``k`` step is the exact prox iff this is below the threshold: it certifies
-        that no eigenvalue outside the subspace should have been kept.
+    def _ritz_step(self, m, q, psd: bool):
+        """``k`` Ritz pairs of ``m`` from the warm start ``q`` ``[n, k]``; ``(lam [k], vec)``.
+
+        PSD-hard: ``power_iters`` Rayleigh-Ritz sweeps on ``span[q, m q]``: each extends the
+        orthonormal ``q`` by its orthonormalised residual block ``(I - q q^T) m q`` (at most
+        ``n - k`` columns) and keeps the ``k`` largest Ritz pairs on that ``2k``-dimensional
+        space. A block Krylov method restarted from ``k`` Ritz vectors, it converges to the
+        largest eigenvalues, where subspace iteration converges to the largest in absolute
+        value and a large negative part of ``m`` would crowd the positive one out. Soft:
+        ``power_iters`` sweeps of subspace iteration (Halko, Martinsson & Tropp 2011), whose
+        target, the largest ``|eigenvalues|``, is the soft prox's.
         """
+        n, k = q.shape
+        if not psd:
+            # Soft: the prox needs the largest |eigenvalues|, which plain subspace iteration
+            # finds at half the cost of a sweep below.
+            for _ in range(self.power_iters):
+                q = jnp.linalg.qr(m @ q)[0]
+            b = q.T @ m @ q
+            lam, e = jnp.linalg.eigh(0.5 * (b + b.T))
+            return lam, q @ e
+        q = jnp.linalg.qr(q)[0]
+        lam = None
+        for _ in range(self.power_iters):
+            mq = m @ q
+            h = q.T @ mq
+            r = mq - q @ h
+            r = r - q @ (q.T @ r)
+            r = jnp.linalg.qr(r)[0][:, : n - k]
+            v = jnp.concatenate([q, r], axis=1)
+            # v^T m v from three k x k blocks: q^T m r = (r^T m q)^T, as m is symmetric.
+            c = r.T @ mq
+            b = jnp.block([[0.5 * (h + h.T), c.T], [c, r.T @ (m @ r)]])
+            theta, e = jnp.linalg.eigh(0.5 * (b + b.T))
+            if psd:
+                idx = jnp.arange(theta.shape[0] - k, theta.shape[0])
+            else:
+                idx = jnp.argsort(-jnp.abs(theta))[:k]
+            lam, q = theta[idx], v @ e[:, idx]
+        return lam, q
+
+    def _outside_spectrum(self, m, qa, psd: bool, steps: int):
+        """Estimates the largest eigenvalue (PSD-hard) or spectral norm (soft) of ``P m P``.
+
+        ``P = I - qa qa^T`` (``qa`` ``[n, j]`` with orthonormal or zero columns). Lanczos with
+        full reorthogonalisation, ``steps`` steps (static) from a fixed random start; its Ritz
+        values lie inside the spectrum and converge to both ends first (Kuczynski &
+        Wozniakowski 1992: for a PSD matrix the chance of a relative error over ``eps`` after
+        ``j`` steps is at most ``1.648 sqrt(n) exp(-sqrt(eps) (2 j - 1))``). The rank-``k``
+        step is the exact prox iff the true value is at most the threshold.
+        """
+        n = m.shape[0]
+        if steps <= 0:
+            return jnp.zeros((), m.dtype)
 
         def proj(v):
-            return v - q @ (q.T @ v)
+            return v - qa @ (qa.T @ v)
 
-        v0 = proj(jax.random.normal(jax.random.key(1), (m.shape[0], 4), m.dtype))
+        v0 = proj(jax.random.normal(jax.random.key(1), (n,), m.dtype))
+        v0 = v0 / jnp.linalg.norm(v0)
+        basis = jnp.zeros((steps + 1, n), m.dtype).at[0].set(v0)
 
-        def body(_, v):
-            return jnp.linalg.qr(proj(m @ proj(v)))[0]
+        def body(j, c):
+            basis, alpha, beta = c
+            v = basis[j]
+            w = proj(m @ proj(v))
+            a = v @ w
+            w = w - basis.T @ (basis @ w)  # full reorthogonalisation (unused rows are 0)
+            w = proj(w - basis.T @ (basis @ w))
+            b = jnp.linalg.norm(w)
+            ok = b > 1e-12 * jnp.maximum(1.0, jnp.abs(a))
+            nxt = jnp.where(ok, w / jnp.where(ok, b, 1.0), 0.0)
+            return (
+                basis.at[j + 1].set(nxt),
+                alpha.at[j].set(a),
+                beta.at[j].set(jnp.where(ok, b, 0.0)),
+            )
 
-        v = jax.lax.fori_loop(0, 30, body, jnp.linalg.qr(v0)[0])
-        b = v.T @ proj(m @ proj(v))
-        return jnp.max(jnp.abs(jnp.linalg.eigvalsh(0.5 * (b + b.T))))
+        zeros = jnp.zeros((steps,), m.dtype)
+        _, alpha, beta = jax.lax.fori_loop(0, steps, body, (basis, zeros, zeros))
+        tri = jnp.diag(alpha) + jnp.diag(beta[:-1], 1) + jnp.diag(beta[:-1], -1)
+        theta = jnp.linalg.eigvalsh(tri)
+        return theta[-1] if psd else jnp.maximum(theta[-1], -theta[0])
 
     def __call__(self, problem: NuclearProblem, init=None) -> NuclearOutput:
-        """Solves ``problem``; ``init`` is ``None``, an ``[n, n]`` start for ``Z``, or
-        ``(z, dual, rho)`` from an earlier output. Any start is valid (``Z`` is projected
-        onto ``B`` first)."""
+        """Solves ``problem``; ``init`` is ``None``, an ``[n, n]`` start for ``Z``,
+        ``(z, dual, rho)`` from an earlier output, or ``(z, dual, rho, subspace)`` with an
+        earlier output's ``subspace`` ``[n, j]`` (rank-``k`` path: its nonzero columns seed the
+        subspace, and the rank starts at the first level that holds them). Any start is valid
+        (``Z`` is projected onto ``B`` first)."""
         n = problem.n
         dt = problem.target.dtype
-        if self.rank is not None:
-            check_int("rank", self.rank, 1, n)
+        levels = None if self.rank is None else self._levels(n)
+        sub0 = None
+        if self.max_rank is not None and self.rank is None:
+            raise ValueError(f"max_rank: expected None without rank, got {self.max_rank!r}")
+        check_int("power_iters", self.power_iters)
+        check_int("check_iters", self.check_iters, 0)
         if not 0.0 < self.relaxation < 2.0:
             raise ValueError(f"relaxation: expected a float in (0, 2), got {self.relaxation!r}")
         if init is None:
             z0, w0, rho0 = jnp.eye(n, dtype=dt), jnp.zeros((n, n), dt), jnp.asarray(self.rho, dt)
         elif isinstance(init, tuple):
+            if len(init) == 4:
+                sub0 = jnp.asarray(init[3], dt)
+                init = init[:3]
             z0, w0, rho0 = (jnp.asarray(v, dt) for v in init)
         else:
             z0, w0, rho0 = jnp.asarray(init, dt), jnp.zeros((n, n), dt), jnp.asarray(self.rho, dt)
@@ -628,25 +740,57 @@ class NuclearSolver:
 
         z0 = project_b(0.5 * (z0 + z0.T))
         w0 = 0.5 * (w0 + w0.T)
-        k = self.rank if self.rank is not None else n
-        q0 = jnp.linalg.qr(jax.random.normal(jax.random.key(0), (n, k), dt))[0]
+        # The subspace buffer holds max_rank columns; level j uses the first levels[j] (the
+        # columns past them stay the random start, so a grown subspace starts independent).
+        kmax = 1 if levels is None else levels[-1]
+        q0 = jnp.linalg.qr(jax.random.normal(jax.random.key(0), (n, kmax), dt))[0]
+        last = 0 if levels is None else len(levels) - 1
+        level0 = jnp.zeros((), jnp.int32)
+        if sub0 is not None and levels is not None:
+            if sub0.ndim != 2 or sub0.shape[0] != n or sub0.shape[1] > kmax:
+                raise ValueError(
+                    f"init: expected a subspace [{n}, j] with j <= {kmax}, got {sub0.shape}"
+                )
+            j = sub0.shape[1]
+            live = jnp.linalg.norm(sub0, axis=0) > 0
+            # Live columns first, so that the first levels[level0] columns hold them all.
+            order = jnp.argsort(~live, stable=True)
+            seeded = jnp.where(live[order][None, :], sub0[:, order], q0[:, :j])
+            q0 = q0.at[:, :j].set(seeded)
+            count = jnp.sum(live).astype(jnp.int32)
+            level0 = jnp.minimum(
+                jnp.searchsorted(jnp.asarray(levels, jnp.int32), count), last
+            ).astype(jnp.int32)
 
-        def eig_step(m, q, t):
-            if self.rank is None:
-                lam, vec = jnp.linalg.eigh(m)
-            else:
-                for _ in range(self.power_iters):
-                    q = jnp.linalg.qr(m @ q)[0]
-                b = q.T @ m @ q
-                lam_b, e = jnp.linalg.eigh(0.5 * (b + b.T))
-                lam, vec = lam_b, q @ e
+        def prox(lam, vec, t):
             # prox of mu ||.||_* (soft) or of mu tr(.) + indicator of the PSD cone (PSD-hard).
             s = jnp.maximum(lam - t, 0.0) if problem.psd else _soft(lam, t)
-            l = (vec * s[None, :]) @ vec.T
-            rank = jnp.sum(s != 0).astype(jnp.int32)
-            kept = lam > t if problem.psd else jnp.abs(lam) > t
-            sat = jnp.all(kept) if self.rank is not None else jnp.array(False)
-            return l, vec, rank, sat
+            return (vec * s[None, :]) @ vec.T, jnp.sum(s != 0).astype(jnp.int32)
+
+        def eig_step(m, q, level, t):
+            if levels is None:
+                lam, vec = jnp.linalg.eigh(m)
+                l, rank = prox(lam, vec, t)
+                return l, q, rank, jnp.array(False)
+
+            def at_level(k):
+                def step(m, q):
+                    lam, vec = self._ritz_step(m, q[:, :k], problem.psd)
+                    l, rank = prox(lam, vec, t)
+                    kept = lam > t if problem.psd else jnp.abs(lam) > t
+                    return l, q.at[:, :k].set(vec), rank, jnp.all(kept)
+
+                return step
+
+            return jax.lax.switch(level, [at_level(k) for k in levels], m, q)
+
+        def outside(m, q, level):
+            # Spectrum of m off the active subspace (the first levels[level] columns of q).
+            if levels is None:
+                return jnp.zeros((), dt)
+            mask = jnp.arange(kmax) < jnp.asarray(levels, jnp.int32)[level]
+            qa = q * mask[None, :].astype(dt)
+            return self._outside_spectrum(m, qa, problem.psd, min(self.check_iters, n - kmax))
 
         def z_step(v, rho):
             v = v + problem.linear / rho
@@ -658,11 +802,21 @@ class NuclearSolver:
 
         def body(s: _NState):
             m = s.z - s.w
-            l, q, rank, sat = eig_step(m, s.q, problem.mu / s.rho)
+            t = problem.mu / s.rho
+            l, q, rank, sat = eig_step(m, s.q, s.level, t)
             lr = l if self.relaxation == 1.0 else self.relaxation * l + (1 - self.relaxation) * s.z
             z = z_step(lr + s.w, s.rho)
             w = s.w + lr - z
             pres, dres, rho, w = admm_residuals(l, z, s.z, w, s.rho, s.it, self.adapt_every)
+            level = s.level
+            if last > 0:
+                # Grow on a saturated step, and when the residuals meet tol but the step was
+                # not the exact prox (then the solve goes on rather than stops).
+                done = (pres <= self.tol) & (dres <= self.tol)
+                short = jax.lax.cond(done & ~sat, lambda: outside(m, q, s.level) > t, lambda: sat)
+                grow = short & (level < last)
+                level = jnp.where(grow, level + 1, level)
+                pres = jnp.where(grow & done, jnp.inf, pres)
             return _NState(
                 s.it + 1,
                 l,
@@ -670,6 +824,7 @@ class NuclearSolver:
                 w,
                 rho,
                 q,
+                level,
                 rank,
                 sat,
                 pres,
@@ -687,6 +842,7 @@ class NuclearSolver:
             w0,
             rho0,
             q0,
+            level0,
             jnp.zeros((), jnp.int32),
             jnp.array(False),
             inf,
@@ -696,8 +852,9 @@ class NuclearSolver:
         )
         s = jax.lax.while_loop(cond, body, s)
         sat = s.sat
-        if self.rank is not None:
-            sat = sat | (self._outside_norm(s.z - s.w, s.q) > problem.mu / s.rho)
+        if levels is not None:
+            # The exact-prox check of the next step's matrix on the last subspace.
+            sat = sat | (outside(s.z - s.w, s.q, s.level) > problem.mu / s.rho)
         if problem.psd:
             l_out, min_eig = psd_repair(s.z)
         else:
@@ -716,6 +873,9 @@ class NuclearSolver:
             n_iters=s.it,
             converged=(s.pres <= self.tol) & (s.dres <= self.tol),
             min_eig=min_eig,
+            subspace_rank=jnp.asarray(levels or (n,), jnp.int32)[s.level],
+            subspace=s.q
+            * (jnp.arange(kmax) < jnp.asarray(levels or (0,), jnp.int32)[s.level])[None, :],
         )
 
 

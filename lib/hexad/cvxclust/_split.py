@@ -117,7 +117,10 @@ class SplitNuclearSolver:
     the host from its eigen-thresholded iterate); ``rank_saturated`` and ``converged`` are the
     any / all over blocks; ``n_iters`` the largest block count; the residual histories the
     largest residual among the blocks still running at each iteration (-1 padded);
-    ``objective`` the full :func:`nuclear_objective` if ``solver.compute_objective``.
+    ``objective`` the full :func:`nuclear_objective` if ``solver.compute_objective``;
+    ``subspace_rank`` the largest over blocks (a small block's padded size); ``subspace`` is
+    ``[n, 1]`` zeros (the blocks' subspaces are not assembled). ``rank`` and
+    ``max_rank`` of ``solver`` are capped at each large block's size.
 
     Attributes:
       solver: the :class:`~hexad.cvxclust.NuclearSolver` for large blocks.
@@ -161,6 +164,7 @@ class SplitNuclearSolver:
         a, c, s = (np.asarray(v) for v in (problem.target, problem.cost, problem.linear))
         l_full, lr_full, y_full = np.zeros((n, n)), np.zeros((n, n)), np.zeros((n, n))
         ranks, sats, convs, iters, hp, hd, eigs = [], [], [], [], [], [], []
+        subspaces = []
 
         def sub(m, idx, size, pad=0.0):
             # Padding nodes: diagonal 1 (as in B), zero cost and reward towards every node.
@@ -182,8 +186,10 @@ class SplitNuclearSolver:
         small = [idx for idx in members if len(idx) <= self.small_max]
         for idx in large:
             m = len(idx)
+            cap = lambda r: None if r is None else min(r, m)  # noqa: E731
             solver = self.solver.replace(
-                rank=None if self.solver.rank is None else min(self.solver.rank, m),
+                rank=cap(self.solver.rank),
+                max_rank=cap(self.solver.max_rank),
                 compute_objective=False,
             )
             p = NuclearProblem(
@@ -195,6 +201,7 @@ class SplitNuclearSolver:
             rho = float(out.rho)
             keep(idx, np.asarray(out.l), np.asarray(out.low_rank), rho * np.asarray(out.dual))
             ranks.append(int(out.rank))
+            subspaces.append(int(out.subspace_rank))
             eigs.append(float(out.min_eig))
             sats.append(bool(out.rank_saturated))
             convs.append(bool(out.converged))
@@ -227,6 +234,7 @@ class SplitNuclearSolver:
                 eigs.append(float(np.linalg.eigvalsh(ls[j][: len(idx), : len(idx)])[0]))
                 lam = np.linalg.eigvalsh(lrs[j][: len(idx), : len(idx)])
                 ranks.append(int(np.sum(np.abs(lam) > 1e-10 * max(1.0, np.abs(lam).max()))))
+            subspaces.append(size)
             sats.append(bool(np.any(np.asarray(out.rank_saturated))))
             convs.append(bool(np.all(np.asarray(out.converged))))
             iters.append(int(np.max(np.asarray(out.n_iters))))
@@ -253,4 +261,6 @@ class SplitNuclearSolver:
             n_iters=jnp.asarray(max(iters), jnp.int32),
             converged=jnp.asarray(all(convs)),
             min_eig=jnp.asarray(min(eigs), dt),
+            subspace_rank=jnp.asarray(max(subspaces), jnp.int32),
+            subspace=jnp.zeros((n, 1), dt),
         )
