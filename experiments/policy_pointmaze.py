@@ -55,8 +55,8 @@ Command:  python -m experiments.policy_pointmaze [--quick] [--out DIR] [--seed N
           Seeds ``N .. N + n_seeds - 1``; each seed's networks are checkpointed through
           hexad.cachex in ``--ckpt``/seed<s>; ``--resume`` restores them.
 Runtime:  --quick (20k transitions, 64-wide, 1000 updates, 1 seed, 2 selection and 3 test
-          episodes of 100 steps): about 2 min on 2 idle CPU cores. Full: about an hour on 2
-          CPU cores (extrapolated from timed stages, see the results' provenance).
+          episodes of 100 steps): about 2 min on 2 idle CPU cores. Full (3 seeds): about
+          17 min on 2 CPU cores shared with other work (measured: results/policy_pointmaze).
 
 summary.json keys, for Q in ``priors``; every key also exists with the prefix ``action_`` for
 the second likelihood space (the first space of ``spaces`` has no prefix):
