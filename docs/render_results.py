@@ -138,6 +138,19 @@ def _cachex(summaries: Summaries) -> tuple[str, str]:
     return ("partly" if ratio < 1.0 else "not reproduced"), reason
 
 
+def _cachex_faults(summaries: Summaries) -> tuple[str, str]:
+    s = summaries["cachex_durability"]
+    runs, exact = int(s["fault_runs"]), int(s["fault_exact_restores"])
+    corrupt = int(s["fault_corrupt_restores"])
+    reason = (
+        f"cachex_durability: {exact} of {runs} fault runs restored the newest complete step "
+        f"bit-exact, {corrupt} returned corrupt bytes"
+    )
+    if corrupt == 0 and exact == runs:
+        return "reproduced", reason
+    return ("partly" if corrupt == 0 else "not reproduced"), reason
+
+
 PAPERS = (
     Paper(
         "rwefm",
@@ -227,6 +240,13 @@ PAPERS = (
                 "reproduced if the measured blocked time is at most 0.2x orbax's own async "
                 "save; partly if below 1x",
                 _cachex,
+            ),
+            Claim(
+                "After a crash, a lost node, a dead neighbour, a full disk, a corrupt file or "
+                "a PFS outage, a restore returns the newest complete step, never corrupt bytes.",
+                "reproduced if every fault run restores the newest complete step bit-exact and "
+                "none returns corrupt bytes; partly if none is corrupt",
+                _cachex_faults,
             ),
         ),
     ),
