@@ -91,7 +91,7 @@ def make_trainer(
     >>> m = SmallCNN(2, (2,), 4)
     >>> tr = make_trainer(m, optax.sgd(0.1))
     >>> batch = (jnp.zeros((4, 8, 8, 1)), jnp.zeros(4, int))
-    >>> st, info = tr.step(jax.random.key(1), tr.init(jax.random.key(0), batch), batch)
+    >>> st, info = jax.jit(tr.step)(jax.random.key(1), tr.init(jax.random.key(0), batch), batch)
     >>> int(st.step), round(float(info.loss), 3)
     (1, 0.693)
     """

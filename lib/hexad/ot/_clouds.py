@@ -73,7 +73,7 @@ def entropic_emd(
 
     >>> from hexad.geometry import Torus
     >>> x = Torus(2).random_uniform(jax.random.key(0), (8,))
-    >>> d, ok = entropic_emd(Torus(2), x, x, jnp.ones(8), jnp.ones(8))
+    >>> d, ok = jax.jit(entropic_emd, static_argnums=0)(Torus(2), x, x, jnp.ones(8), jnp.ones(8))
     >>> bool(ok), float(d) < 0.2
     (True, True)
     """

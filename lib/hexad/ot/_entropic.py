@@ -154,7 +154,7 @@ class EntropicMap:
     >>> from hexad.geometry import Sphere
     >>> s = Sphere(3)
     >>> x = s.random_uniform(jax.random.key(0), (16,))
-    >>> out = EntropicMap(s, epsilon=0.05)(x, x)
+    >>> out = jax.jit(EntropicMap(s, epsilon=0.05))(x, x)
     >>> bool(out.converged), out.mapped.shape
     (True, (16, 3))
     """
@@ -275,7 +275,7 @@ def entropic_map(
     >>> from hexad.geometry import Torus
     >>> t = Torus(2)
     >>> x = t.random_uniform(jax.random.key(0), (8,))
-    >>> entropic_map(t, x, x, epsilon=0.01).mapped.shape
+    >>> jax.jit(lambda x: entropic_map(t, x, x, epsilon=0.01))(x).mapped.shape
     (8, 2)
     """
     solver = EntropicMap(
@@ -351,7 +351,7 @@ def sinkhorn_divergence(
 
     >>> from hexad.geometry import Sphere
     >>> x = Sphere(3).random_uniform(jax.random.key(0), (32,))
-    >>> abs(float(sinkhorn_divergence(Sphere(3), x, x))) < 1e-4
+    >>> abs(float(jax.jit(sinkhorn_divergence, static_argnums=0)(Sphere(3), x, x))) < 1e-4
     True
     """
     _validate_pair(manifold, x, y, a, b)
@@ -395,7 +395,7 @@ def sinkhorn_w2(manifold: Manifold, x: Array, y: Array, a=None, b=None, **kwargs
 
     >>> from hexad.geometry import Torus
     >>> x = Torus(2).random_uniform(jax.random.key(0), (32,))
-    >>> float(sinkhorn_w2(Torus(2), x, x)) < 1e-2
+    >>> float(jax.jit(sinkhorn_w2, static_argnums=0)(Torus(2), x, x)) < 1e-2
     True
     """
     div = sinkhorn_divergence(manifold, x, y, a, b, **kwargs)

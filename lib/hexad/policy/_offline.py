@@ -226,7 +226,7 @@ def bc(actor: nn.Module, optimizer: optax.GradientTransformation) -> Algorithm:
     >>> algo = bc(GaussianActor(1, hidden=(8,)), optax.adam(1e-3))
     >>> b = Batch(jnp.zeros((4, 2)), jnp.zeros((4, 1)), jnp.zeros(4), jnp.zeros((4, 2)),
     ...           jnp.zeros(4))
-    >>> state, info = algo.step(jax.random.key(1), algo.init(jax.random.key(0), b), b)
+    >>> state, info = jax.jit(algo.step)(jax.random.key(1), algo.init(jax.random.key(0), b), b)
     >>> int(state.step)
     1
     """
@@ -321,7 +321,7 @@ def iql(
     ...            optax.adam(1e-3), optax.adam(1e-3), optax.adam(1e-3))
     >>> b = Batch(jnp.zeros((4, 2)), jnp.zeros((4, 1)), jnp.ones(4), jnp.zeros((4, 2)),
     ...           jnp.zeros(4))
-    >>> state, info = algo.step(jax.random.key(1), algo.init(jax.random.key(0), b), b)
+    >>> state, info = jax.jit(algo.step)(jax.random.key(1), algo.init(jax.random.key(0), b), b)
     >>> info.value_loss.shape
     ()
     """
@@ -465,7 +465,7 @@ def cql(
     >>> algo = cql(GaussianActor(1, (8,)), TwinCritic((8,)), optax.adam(1e-3), optax.adam(1e-3))
     >>> b = Batch(jnp.zeros((4, 2)), jnp.zeros((4, 1)), jnp.ones(4), jnp.zeros((4, 2)),
     ...           jnp.zeros(4))
-    >>> state, info = algo.step(jax.random.key(1), algo.init(jax.random.key(0), b), b)
+    >>> state, info = jax.jit(algo.step)(jax.random.key(1), algo.init(jax.random.key(0), b), b)
     >>> info.cql_gap.shape
     ()
     """

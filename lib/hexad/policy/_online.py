@@ -107,7 +107,7 @@ def sac(
     ...            optax.adam(1e-3))
     >>> b = Batch(jnp.zeros((4, 2)), jnp.zeros((4, 1)), jnp.ones(4), jnp.zeros((4, 2)),
     ...           jnp.zeros(4))
-    >>> state, info = algo.step(jax.random.key(1), algo.init(jax.random.key(0), b), b)
+    >>> state, info = jax.jit(algo.step)(jax.random.key(1), algo.init(jax.random.key(0), b), b)
     >>> info.alpha.shape
     ()
     """

@@ -141,7 +141,7 @@ def sf_td(
     >>> algo = sf_td(net, optax.adam(1e-3), lambda s: jnp.zeros((s.shape[0], 2, 1)))
     >>> b = SFBatch(jnp.zeros((4, 2)), jnp.zeros((4, 1)), jnp.ones((4, 3)), jnp.zeros((4, 2)),
     ...             jnp.zeros(4))
-    >>> state, info = algo.step(jax.random.key(1), algo.init(jax.random.key(0), b), b)
+    >>> state, info = jax.jit(algo.step)(jax.random.key(1), algo.init(jax.random.key(0), b), b)
     >>> info.loss.shape
     ()
     """

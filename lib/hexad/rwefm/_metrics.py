@@ -50,7 +50,8 @@ def cloud_distances(
 
     >>> from hexad.geometry import Torus
     >>> x = Torus(2).random_uniform(jax.random.key(0), (2, 8))
-    >>> cloud_distances(Torus(2), x, jnp.ones((2, 8)), x, jnp.ones((2, 8))).shape
+    >>> w = jnp.ones((2, 8))
+    >>> jax.jit(cloud_distances, static_argnums=0)(Torus(2), x, w, x, w).shape
     (2, 2)
     """
 
@@ -106,7 +107,8 @@ def emd_distances(
 
     >>> from hexad.geometry import Sphere
     >>> x = Sphere(3).random_uniform(jax.random.key(0), (2, 8))
-    >>> d, ok = emd_distances(Sphere(3), x, jnp.ones((2, 8)), x, jnp.ones((2, 8)))
+    >>> w = jnp.ones((2, 8))
+    >>> d, ok = jax.jit(emd_distances, static_argnums=0)(Sphere(3), x, w, x, w)
     >>> d.shape, bool(ok.all())
     ((2, 2), True)
     """

@@ -608,7 +608,7 @@ def make_trainer(
     ...                   NoiseModel(t2), pairing="none")
     >>> batch = CloudBatch(t2.random_uniform(jax.random.key(0), (2, 4)), jnp.ones((2, 4)))
     >>> state = tr.init(jax.random.key(1), batch)
-    >>> state, info = tr.step(jax.random.key(2), state, batch)
+    >>> state, info = jax.jit(tr.step)(jax.random.key(2), state, batch)
     >>> int(state.step), info.loss.shape
     (1, ())
     """
