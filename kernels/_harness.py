@@ -76,6 +76,10 @@ class Case:
       bound_work: how many ``bound_fn`` calls one call of ``fn`` must do at least.
       bound_jit: whether to wrap ``bound_fn`` in ``jax.jit``.
       bound_note: how the bound is computed, in words (printed with the row).
+      setup: optional ``setup()`` run before every call of ``fn`` (warm-up and timed), outside
+        the timer: e.g. letting the background work of earlier calls finish, so that each
+        timed call starts on a quiet host.
+      peer_setup: the same for ``peer``.
     """
 
     name: str
@@ -101,6 +105,8 @@ class Case:
     bound_work: float = 1.0
     bound_jit: bool = True
     bound_note: str = ""
+    setup: Callable[[], Any] | None = None
+    peer_setup: Callable[[], Any] | None = None
 
 
 @dataclasses.dataclass
@@ -150,12 +156,19 @@ def _block(out: Any) -> Any:
 
 
 def time_call(
-    fn: Callable, args: Sequence, *, jit: bool, repeats: int, warmup: int
+    fn: Callable,
+    args: Sequence,
+    *,
+    jit: bool,
+    repeats: int,
+    warmup: int,
+    setup: Callable[[], Any] | None = None,
 ) -> tuple[float | None, list[float]]:
     """Returns ``(compile_seconds or None, [seconds of each timed call])``.
 
     With ``jit``, ``fn`` is lowered and compiled ahead of time and the compiled executable is
-    what gets timed, so the timed calls can never include a retrace.
+    what gets timed, so the timed calls can never include a retrace. ``setup()``, if given,
+    runs before every call, untimed.
     """
     compile_s = None
     call = fn
@@ -167,9 +180,13 @@ def time_call(
         call = jax.jit(fn).lower(*args).compile()
         compile_s = time.perf_counter() - t0
     for _ in range(max(warmup, 1)):
+        if setup is not None:
+            setup()
         _block(call(*args))
     times = []
     for _ in range(max(repeats, 5)):
+        if setup is not None:
+            setup()
         t0 = time.perf_counter()
         _block(call(*args))
         times.append(time.perf_counter() - t0)
@@ -203,7 +220,12 @@ def measure_roofline(quick: bool = False) -> Roofline:
 def time_case(case: Case, roofline: Roofline) -> Row:
     """Times ``case`` (and its peer, in the same run) and returns its row."""
     compile_s, times = time_call(
-        case.fn, case.args, jit=case.jit, repeats=case.repeats, warmup=case.warmup
+        case.fn,
+        case.args,
+        jit=case.jit,
+        repeats=case.repeats,
+        warmup=case.warmup,
+        setup=case.setup,
     )
     median = statistics.median(times)
     frac = None
@@ -226,7 +248,12 @@ def time_case(case: Case, roofline: Roofline) -> Row:
     if case.peer is not None:
         peer_args = case.args if case.peer_args is None else case.peer_args
         p_compile, p_times = time_call(
-            case.peer, peer_args, jit=case.peer_jit, repeats=case.repeats, warmup=case.warmup
+            case.peer,
+            peer_args,
+            jit=case.peer_jit,
+            repeats=case.repeats,
+            warmup=case.warmup,
+            setup=case.peer_setup,
         )
         row.peer_name = case.peer_name or getattr(case.peer, "__name__", "peer")
         row.peer_compile_s = p_compile

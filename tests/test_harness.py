@@ -30,6 +30,24 @@ def test_time_call_counts_runs_and_compiles():
     assert len(calls) == 1  # traced once: the compiled executable is what gets timed
 
 
+def test_setup_runs_before_every_call_and_is_not_timed():
+    import time
+
+    log = []
+
+    def setup():
+        log.append("setup")
+        time.sleep(0.2)  # would dominate a 1 ms call if it were timed
+
+    def f():
+        log.append("call")
+        time.sleep(0.001)
+
+    _, times = _harness.time_call(f, (), jit=False, repeats=5, warmup=1, setup=setup)
+    assert log == ["setup", "call"] * 6  # one warm-up, five timed calls
+    assert max(times) < 0.2
+
+
 def test_time_case_ratio_against_peer(roofline):
     x = np.ones((64, 64), np.float32)
     case = _harness.Case(

@@ -15,12 +15,13 @@ can restore from its own node-local copy without reading another node's files.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import queue
 import threading
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -203,13 +204,8 @@ def _views(snap: Snapshot) -> list[memoryview]:
     return out
 
 
-def encode_rank(snap: Snapshot, meta: Mapping[str, Any]) -> tuple[list[memoryview], bytes]:
-    """Returns ``(data views, manifest bytes)`` of one rank's snapshot (CRC-32 computed here).
-
-    ``data.bin`` is the concatenation of the views; the manifest records each shard's offset
-    and the file's size and CRC-32, plus the CRC-32 of the manifest's own canonical JSON.
-    """
-    views = _views(snap)
+def _manifest(snap: Snapshot, views: list[memoryview], meta: Mapping[str, Any]) -> bytes:
+    """The manifest of ``snap`` whose data file is the concatenation of ``views`` (CRC-32 here)."""
     shards, crc, offset = [], 0, 0
     for s, view in zip(snap.shards, views, strict=True):
         crc = zlib.crc32(view, crc)
@@ -231,11 +227,47 @@ def encode_rank(snap: Snapshot, meta: Mapping[str, Any]) -> tuple[list[memoryvie
         "shards": shards,
     }
     manifest = dict(body, manifest_crc32=_manifest_crc(body))
-    return views, json.dumps(manifest, sort_keys=True).encode()
+    return json.dumps(manifest, sort_keys=True).encode()
 
 
-def write_encoded(directory: Path, views: list[memoryview], manifest: bytes) -> int:
-    """T1: writes ``data.bin`` and ``fsync``s it, then the manifest, then the directory."""
+def encode_rank(snap: Snapshot, meta: Mapping[str, Any]) -> tuple[list[memoryview], bytes]:
+    """Returns ``(data views, manifest bytes)`` of one rank's snapshot (CRC-32 computed here).
+
+    ``data.bin`` is the concatenation of the views; the manifest records each shard's offset
+    and the file's size and CRC-32, plus the CRC-32 of the manifest's own canonical JSON.
+    """
+    views = _views(snap)
+    return views, _manifest(snap, views, meta)
+
+
+# Below this much data the CRC-32 (about 1 ms per 3 MB here) costs less than handing the
+# fsync to another thread on a busy host (measured: no gain at 4 MiB, 28% at 256 MiB).
+_OVERLAP_MIN_BYTES = 16 << 20
+_FSYNC_POOL: list[concurrent.futures.ThreadPoolExecutor] = []
+_FSYNC_POOL_LOCK = threading.Lock()
+
+
+def _fsync_pool() -> concurrent.futures.ThreadPoolExecutor:
+    # Long-lived threads: a thread start per write would cost more than it saves on a busy
+    # host.
+    with _FSYNC_POOL_LOCK:
+        if not _FSYNC_POOL:
+            _FSYNC_POOL.append(
+                concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="cachex-fsync")
+            )
+        return _FSYNC_POOL[0]
+
+
+def write_encoded(
+    directory: Path, views: list[memoryview], manifest: bytes | Callable[[], bytes]
+) -> int:
+    """T1: writes ``data.bin`` and ``fsync``s it, then the manifest, then the directory.
+
+    ``manifest`` is the manifest's bytes, or a function that computes them (the CRC-32 of
+    the data): for a large file it is then called while the data's ``fsync`` waits on the
+    disk, so the checksum costs no time of its own. The manifest is written only after that
+    ``fsync`` has returned either way.
+    """
     directory = Path(directory)
     total = 0
     fd = os.open(directory / DATA_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -245,7 +277,16 @@ def write_encoded(directory: Path, views: list[memoryview], manifest: bytes) -> 
             while done < len(view):
                 done += os.write(fd, view[done:])
             total += len(view)
-        os.fsync(fd)
+        if callable(manifest) and total < _OVERLAP_MIN_BYTES:
+            manifest = manifest()
+        if callable(manifest):
+            synced = _fsync_pool().submit(os.fsync, fd)
+            try:
+                manifest = manifest()
+            finally:
+                synced.result()  # the fd stays open until the fsync is done
+        else:
+            os.fsync(fd)
     finally:
         os.close(fd)
     _fsio.write_file_durable(directory / MANIFEST_FILE, manifest)
@@ -258,15 +299,16 @@ def write_rank_dir(directory: Path, snap: Snapshot, meta: Mapping[str, Any]) -> 
 
     ``data.bin`` (every shard back to back) is written and fsynced before the manifest, and
     the directory is fsynced last: a directory without a valid manifest is, by
-    construction, an interrupted write.
+    construction, an interrupted write. The data's CRC-32 is computed while its ``fsync``
+    waits on the disk (:func:`write_encoded`).
 
     >>> import tempfile
     >>> slot, snap = StagingPool(1).stage({"w": np.arange(3, dtype=np.float32)})
     >>> write_rank_dir(Path(tempfile.mkdtemp()), snap, {"step": 0, "rank": 0})
     12
     """
-    views, manifest = encode_rank(snap, meta)
-    return write_encoded(directory, views, manifest)
+    views = _views(snap)
+    return write_encoded(directory, views, lambda: _manifest(snap, views, meta))
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:

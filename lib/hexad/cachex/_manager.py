@@ -13,7 +13,10 @@ first waits for the previous save's commit (T1 + T2 + finalize). So a ``save`` c
 ``stall ~ max(T0, T1 + T2 - interval)`` (``interval``: the time since the previous ``save``
 returned), and :meth:`CacheXManager.stall_seconds` reports exactly that measured blocking
 time; the T0 copy alone is :meth:`CacheXManager.stage_seconds`. A second staging slot is
-therefore only used while a save fails over.
+therefore only used while a save fails over. Besides T0, the blocking part holds only orbax's
+own bookkeeping: the step folders are made by the commit (:class:`_TemporaryPath`), the
+commits run on one long-lived thread per manager (:class:`_CommitWorker`) that starts
+writing once the save call has returned, and the previous step's ``fsync``s run there too.
 
 ``CacheXManager`` wraps ``orbax.checkpoint.CheckpointManager`` with that handler, a
 preservation policy that never deletes the newest PFS-durable step nor any newer step still
@@ -23,10 +26,10 @@ replica -> PFS, with all processes agreeing on the newest step every one of them
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import os
+import queue
 import shutil
 import threading
 import time
@@ -40,6 +43,9 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_args
 from orbax.checkpoint._src import asyncio_utils
 from orbax.checkpoint._src.handlers import async_checkpoint_handler
+from orbax.checkpoint._src.metadata import checkpoint as checkpoint_metadata
+from orbax.checkpoint._src.metadata import step_metadata_serialization
+from orbax.checkpoint._src.path import atomicity
 
 from hexad._base import check_int
 from hexad.cachex import _format, _fsio, _pfs, _replica
@@ -58,6 +64,9 @@ __all__ = [
 ]
 
 ITEM = "state"
+# A commit waits this long at most for its save call to return (a bound, never reached when
+# the save goes through CacheXManager, which opens the gate as orbax's save returns).
+_GATE_TIMEOUT_S = 5.0
 TIERS = ("local", "replica", "pfs")
 FAULT_POINTS = ("staging", "local_write", "local_written", "replica_acked", "commit")
 
@@ -100,6 +109,12 @@ class _Node:
         self.events: list[dict] = []
         self.replica_retries = 0
         self.replica_backoff_s = 0.0
+        self.worker = _CommitWorker(f"cachex-commit-rank{rank}")
+        # Set once the save call that staged a step has returned (see CacheXHandler._commit).
+        self.gate = threading.Event()
+        self.gate.set()
+        self.after_commit: Callable[[], None] | None = None
+        self.pending_dirs: list[tuple] = []  # recorded by _TemporaryPath.create
 
     def event(self, kind: str, step: int | None = None, **info: Any) -> None:
         """Appends an event (a drainer restart, degraded durability, ...) to the node's log."""
@@ -127,8 +142,8 @@ def _await_dir(path: Path, timeout_s: float = 300.0) -> None:
         time.sleep(0.002)
 
 
-class _ThreadFuture:
-    """An orbax commit future: runs one coroutine on its own thread; ``result`` joins it.
+class _CommitFuture:
+    """An orbax commit future: ``result`` waits for one job of the node's commit worker.
 
     Unlike orbax's ``CommitFutureAwaitingContractedSignals`` it waits on no signal from the
     jax.distributed key-value store: CacheX managers create their step directories
@@ -137,27 +152,116 @@ class _ThreadFuture:
     jax.distributed job could wait on each other's keys.
     """
 
-    def __init__(self, coro, name: str):
+    def __init__(self, name: str):
+        self.name = name
+        self._done = threading.Event()
         self._error: list[BaseException] = []
 
-        def target():
-            try:
-                asyncio.run(coro)
-            except BaseException as e:  # noqa: BLE001 - re-raised by result()
-                self._error.append(e)
-
-        self._thread = threading.Thread(target=target, name=name, daemon=True)
-        self._thread.start()
-
     def result(self, timeout: float | None = None):
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise TimeoutError(f"{self._thread.name}: commit still running after {timeout} s")
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"{self.name}: commit still running after {timeout} s")
         if self._error:
             raise self._error[0]
 
     def cancel(self):
         return False
+
+
+class _CommitWorker:
+    """One long-lived thread that runs a node's commits (T1 + T2) in order.
+
+    orbax keeps one save in flight, so one thread is enough; starting a thread per save
+    would cost the training loop a thread start (the caller waits until the new thread runs,
+    a scheduling delay on a loaded host) on every save. The thread starts with the first
+    save and exits on :meth:`stop` (the manager's ``close``); a save after that starts it
+    again.
+    """
+
+    def __init__(self, name: str):
+        self._name = name
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue | None = None  # the running thread's own queue
+
+    def submit(self, job: Callable[[], None]) -> _CommitFuture:
+        fut = _CommitFuture(self._name)
+        with self._lock:
+            if self._jobs is None:
+                self._jobs = queue.SimpleQueue()
+                threading.Thread(
+                    target=self._run, args=(self._jobs,), name=self._name, daemon=True
+                ).start()
+            self._jobs.put((job, fut))
+        return fut
+
+    @staticmethod
+    def _run(jobs: queue.SimpleQueue) -> None:
+        while True:
+            item = jobs.get()
+            if item is None:
+                return
+            job, fut = item
+            try:
+                job()
+            except BaseException as e:  # noqa: BLE001 - re-raised by fut.result()
+                fut._error.append(e)
+            finally:
+                fut._done.set()
+
+    def stop(self) -> None:
+        """Lets the thread exit once the jobs already submitted are done."""
+        with self._lock:
+            if self._jobs is not None:
+                self._jobs.put(None)
+                self._jobs = None
+
+
+class _TemporaryPath(atomicity.AtomicRenameTemporaryPath):
+    """orbax's atomic-rename temporary path, its folder made by the CacheX commit.
+
+    orbax (with synchronous directory creation) calls ``create`` for the step folder and
+    the item folder in the blocking part of a save, and its own ``create`` runs every check,
+    removal and ``mkdir`` through ``asyncio.to_thread`` on a fresh event loop: a thread
+    start each, and an ``mkdir`` that can wait on the file system's journal while other
+    writers ``fsync``. Here ``create`` only records the folder; the save's commit job makes
+    it first, on the node's commit worker, with what orbax's ``create`` does (remove an
+    unfinalized leftover, ``mkdir``, write the step metadata). Nothing in the blocking part
+    of an orbax save touches the folder, and orbax renames it only after the commit future
+    (which made it) has returned; unlike orbax's asynchronous directory creation this needs
+    no signal through the jax.distributed key-value store (see :class:`_CommitFuture`).
+
+    :class:`CacheXManager` gives orbax a subclass bound to its node (``_node``).
+    """
+
+    _node: _Node | None = None
+
+    async def create(self):
+        node = self._node
+        if node is None or self._snapshot is not None:
+            return await super().create()
+        node.pending_dirs.append(
+            (
+                self.get(),
+                self._path_permission_mode,
+                self._checkpoint_metadata_store,
+                time.time_ns(),
+            )  # fmt: skip
+        )
+        return self.get()
+
+
+def _make_dirs(pending) -> None:
+    """Makes the folders :meth:`_TemporaryPath.create` recorded, in order (orbax's steps)."""
+    for path, mode, store, init_ns in pending:
+        if os.path.lexists(path):  # an unfinalized leftover (orbax removes it too)
+            shutil.rmtree(path)
+        os.makedirs(path, **({} if mode is None else {"mode": mode}))
+        if store is not None:
+            store.write(
+                file_path=checkpoint_metadata.step_metadata_file_path(path),
+                metadata=step_metadata_serialization.serialize(
+                    checkpoint_metadata.StepMetadata(init_timestamp_nsecs=init_ns)
+                ),
+            )
 
 
 class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
@@ -180,9 +284,12 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
         node.fault("staging", args.step)
         slot, snap = node.pool.stage(args.state)
         node.stages[args.step] = time.perf_counter() - t0
-        return [_ThreadFuture(self._commit(directory, slot, snap, args.step, t0), "cachex_commit")]
+        node.gate.clear()
+        step, dirs = args.step, list(node.pending_dirs)
+        node.pending_dirs.clear()
+        return [node.worker.submit(lambda: self._commit(directory, slot, snap, step, t0, dirs))]
 
-    async def _commit(self, directory, slot, snap, step, t0):
+    def _commit(self, directory, slot, snap, step, t0, dirs=()):
         # T1 (local write + fsyncs) and T2 (push of the same staged bytes to the neighbour)
         # run concurrently; the step is committed when both are done.
         node = self._node
@@ -190,9 +297,18 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
         pusher = None
         t_replica: list[float] = []
         try:
+            # The previous step's orbax renames are fsynced here, and nothing is written
+            # until the training loop's save call has returned (the gate): the background
+            # work never competes with the blocking part of the save.
+            node.gate.wait(_GATE_TIMEOUT_S)
+            if node.after_commit is not None:
+                node.after_commit()
+            _make_dirs(dirs)  # the step and item folders orbax asked for (_TemporaryPath)
             d = Path(directory)
-            _await_dir(d)  # orbax creates the item directory; never race it with our own mkdir
-            views, manifest = _format.encode_rank(snap, {"step": int(step), "rank": node.rank})
+            _await_dir(d)  # made just above (a _TemporaryPath); never write before it exists
+            meta = {"step": int(step), "rank": node.rank}
+            if node.neighbour is not None:  # both tiers need the CRC-32: computed once, first
+                views, manifest = _format.encode_rank(snap, meta)
             replica_err: list[BaseException] = []
 
             def push():
@@ -222,7 +338,10 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
                 pusher = threading.Thread(target=push, name="cachex-replica-push", daemon=True)
                 pusher.start()
             node.fault("local_write", step)
-            nbytes = _format.write_encoded(d, views, manifest)
+            if node.neighbour is not None:
+                nbytes = _format.write_encoded(d, views, manifest)
+            else:  # the CRC-32 is computed while the data's fsync waits on the disk
+                nbytes = _format.write_rank_dir(d, snap, meta)
             node.fault("local_written", step)
             t_local = time.perf_counter() - t0
             _pfs.record_tier(node.records_dir, step, "staged", seconds=node.stages.get(step))
@@ -263,7 +382,9 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
 
     def save(self, directory, args: CacheXSave | None = None, **kwargs):
         async def run():
-            for f in await self.async_save(directory, args=args) or []:
+            futures = await self.async_save(directory, args=args) or []
+            self._node.gate.set()
+            for f in futures:
                 f.result()
 
         asyncio_utils.run_sync(run())
@@ -471,9 +592,16 @@ class CacheXManager:
         self._node.replica_retries = replica_retries
         self._node.replica_backoff_s = float(replica_backoff_s)
         self.handler = CacheXHandler(self._node)
+        # orbax's blocking part of a save is kept to its bookkeeping and the handler's T0: the
+        # step and item folders are made by the commit (_TemporaryPath), and the destination's
+        # existence check is skipped (skip_sync_file_validations): ``save`` has already
+        # refused a step orbax lists, and the final rename fails rather than replace a folder
+        # that exists (orbax's default removes such a folder first).
         options = ocp.CheckpointManagerOptions(
             enable_async_checkpointing=True,
             async_options=ocp.AsyncOptions(create_directories_asynchronously=False),
+            file_options=ocp.options.FileOptions(skip_sync_file_validations=True),
+            temporary_path_class=type("_TemporaryPath", (_TemporaryPath,), {"_node": self._node}),
             create=False,
             preservation_policy=_Preserve(self, max_to_keep),
             multiprocessing_options=ocp.options.MultiprocessingOptions(
@@ -489,6 +617,8 @@ class CacheXManager:
         self._drainer_restarts = 0
         self._neighbour_down = False
         self._fsynced: set[int] = set()
+        self._fsync_lock = threading.Lock()
+        self._node.after_commit = self._fsync_committed
         if self.pfs_dir is not None:
             self.pfs_dir.mkdir(parents=True, exist_ok=True)
             stop = self.records_dir / "drainer.stop"
@@ -523,12 +653,22 @@ class CacheXManager:
         t0 = time.perf_counter()
         self._check_services()
         self._check_pinned()
-        saved = self._mngr.save(
-            int(step), args=ocp.args.Composite(**{ITEM: CacheXSave(state, int(step))}), force=force
-        )
+        saved = self._orbax_save(int(step), state, force)
         self._node.stalls[int(step)] = time.perf_counter() - t0
-        self._fsync_committed()
         return saved
+
+    def _orbax_save(self, step: int, state: Any, force: bool) -> bool:
+        # The commit starts writing once orbax's save has returned (CacheXHandler._commit);
+        # it also fsyncs the previous step's orbax renames, off the training loop's path.
+        # Waits for this manager's previous commit first (orbax would, inside its save).
+        self._mngr.wait_until_finished()
+        try:
+            return self._mngr.save(
+                step, args=ocp.args.Composite(**{ITEM: CacheXSave(state, step)}), force=force
+            )
+        finally:
+            self._node.pending_dirs.clear()  # folders no handler claimed (a failed save)
+            self._node.gate.set()
 
     def _check_services(self) -> None:
         """Restarts an exited drainer (recording a ``drainer_restart`` event); after a save
@@ -583,6 +723,10 @@ class CacheXManager:
 
     def _fsync_committed(self) -> None:
         """``fsync``s orbax's unsynced files and renames of every newly committed step."""
+        with self._fsync_lock:
+            self._fsync_committed_locked()
+
+    def _fsync_committed_locked(self) -> None:
         steps = [s for s in self.all_steps() if s not in self._fsynced]
         if not steps:
             return
@@ -836,11 +980,7 @@ class CacheXManager:
                 os.rename(bad, trash)
                 shutil.rmtree(trash, ignore_errors=True)
                 self._mngr.reload()
-            self._mngr.save(
-                result.step,
-                args=ocp.args.Composite(**{ITEM: CacheXSave(result.state, result.step)}),
-                force=True,
-            )
+            self._orbax_save(result.step, result.state, force=True)
             self.wait_until_finished()
         except Exception as e:  # noqa: BLE001 - the restore itself succeeded
             self._node.event("restore_rewrite_failed", result.step, error=f"{e}")
@@ -858,6 +998,8 @@ class CacheXManager:
         """
         self._mngr.wait_until_finished()
         self._mngr.close()
+        self._fsync_committed()
+        self._node.worker.stop()
         if self.pfs_dir is not None:
             (self.records_dir / "drainer.stop").write_bytes(b"")
         if self._drainer is not None and wait_for_drain:
