@@ -665,7 +665,10 @@ class Study:
         """Runs the study with ``cfg`` and writes config.json, summary.json (and metrics)."""
         _configure_matplotlib()
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        # Absolute paths: orbax (checkpoints, the CacheX studies' storage) refuses relative
+        # ones, and a study may change directory.
         out_dir = Path(out_dir) if out_dir is not None else REPO_ROOT / "runs" / self.name / stamp
+        out_dir = out_dir.resolve()
         out_dir.mkdir(parents=True, exist_ok=True)
         if checkpoint_dir is None:
             checkpoint_dir = checkpoint_root() / self.name / out_dir.name
@@ -674,7 +677,7 @@ class Study:
             out_dir=out_dir,
             seed=seed,
             quick=quick,
-            checkpoint_dir=Path(checkpoint_dir),
+            checkpoint_dir=Path(checkpoint_dir).resolve(),
             resume=resume,
             show_progress=show_progress,
         )

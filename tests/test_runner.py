@@ -4,6 +4,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -320,6 +321,27 @@ def test_checkpoint_root_follows_env(tmp_path, monkeypatch):
         show_progress=False,
     )
     assert seen["ckpt"] == tmp_path / "mine"
+
+
+def test_relative_out_and_checkpoint_dirs_are_made_absolute(tmp_path, monkeypatch):
+    # orbax refuses relative checkpoint paths: `--out results/x` must reach a study absolute.
+    seen = {}
+
+    def run(cfg, ctx):
+        seen["out"], seen["ckpt"] = ctx.out_dir, ctx.checkpoint_dir
+        return {}
+
+    study = _runner.Study("toyrel", _Cfg, run)
+    monkeypatch.chdir(tmp_path)
+    study.execute(
+        study.make_config(True, {}),
+        out_dir=Path("rel/out"),
+        checkpoint_dir=Path("rel/ck"),
+        show_progress=False,
+    )
+    assert seen["out"].is_absolute() and seen["ckpt"].is_absolute()
+    assert seen["out"] == (tmp_path / "rel" / "out").resolve()
+    assert (tmp_path / "rel" / "out" / "summary.json").is_file()
 
 
 def _count_chunk():
