@@ -23,6 +23,10 @@ Run: ``python -m kernels cvxclust [--quick]``.
   (``sat=False``) and the compile seconds (these rows are timed as pre-compiled calls under a
   one-thread BLAS limit, see ``fn``).
 
+Bounds: the fusion rows, the roofline of the bytes every iteration must move (the edge duals
+``[E, 2]`` and the points ``[n, 2]``, read and written once, float32) times the iterations run;
+the nuclear rows have no bound yet (listed as such by `python -m kernels`).
+
 Goals: at least as fast as Clarabel at n = 1000; n = 100000 in minutes; the nuclear-norm
 program at least 50x faster than SCS at n = 100 at equal accuracy.
 """
@@ -99,6 +103,9 @@ def _fusion_cases(n: int, peers: bool, once: bool = False) -> list[Case]:
     ours = float(out.objective)
     it = int(out.n_iters)
     base = f"cvxclust/fusion n={n} E={len(edges)} iters={it} conv={bool(out.converged)}"
+    # Bound: every iteration reads and writes the edge duals [E, 2] and the points [n, 2] at
+    # least once (float32), so the roofline of those bytes times the iterations run.
+    nbytes = it * 4.0 * 2 * (2 * len(edges) + 2 * n)
     common = dict(
         fn=solver,
         args=(problem,),
@@ -107,6 +114,8 @@ def _fusion_cases(n: int, peers: bool, once: bool = False) -> list[Case]:
         unit="points",
         repeats=5,
         warmup=1,
+        bytes=nbytes,
+        bound_note="roofline of the edge duals' and points' bytes per iteration",
     )
     if not peers:
         tag = "(peer skipped)"
