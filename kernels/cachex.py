@@ -103,12 +103,12 @@ class _OneShotSaves:
 
     def __init__(self, make, save, calls: int):
         self._make, self._save, self._calls = make, save, calls
+        self._managers: list = []
         self._it = None
         self.__name__ = "save"
 
     def __call__(self, tree):
         if self._it is None:
-            self._managers = []
             for i in range(self._calls):
                 m = self._make(i)
                 self._save(m, 0, tree)
@@ -121,7 +121,7 @@ class _OneShotSaves:
         """The harness's untimed per-call setup: every earlier save of this row committed, so
         a timed save never runs beside another manager's commit (in a real job each rank is
         its own process and saves every few minutes, long after its last commit)."""
-        for m in getattr(self, "_managers", ()):
+        for m in self._managers:
             m.wait_until_finished()
 
 
