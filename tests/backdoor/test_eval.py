@@ -98,9 +98,9 @@ def test_surrogate_defense_is_the_single_member_surrogate(trained):
     k = jax.random.key(3)
     got = bd.surrogate_defense(cfg, pr, "ft2")(k, trained.model, trained.bad, data).params
     one = dataclasses.replace(cfg, family=("ft2",))
-    want = jax.jit(
-        lambda p: bd.sanitise_surrogate(k, trained.model, one, p, pr, *data[:2], 0)
-    )(trained.bad)
+    want = jax.jit(lambda p: bd.sanitise_surrogate(k, trained.model, one, p, pr, *data[:2], 0))(
+        trained.bad
+    )
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="member: expected one of"):
