@@ -12,6 +12,7 @@ import optax
 import pytest
 
 from hexad import backdoor as bd
+from hexad.backdoor import _dtb as _dtb_mod
 
 SHAPE = (8, 8, 1)
 
@@ -160,6 +161,26 @@ def test_surrogate_member_is_drawn_each_step_and_switch_matches_single_members(k
         want = sanitise(dataclasses.replace(cfg, family=(name,)), jnp.int32(0))
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_implant_draws_the_member_on_the_host_as_the_traced_switch_does(key):
+    # implant runs one single-member step per draw (no lax.switch); the reference is the
+    # family's own make_dtb step, whose objective draws the member with a traced switch
+    model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
+    cfg = bd.DTBConfig(inner_steps=1, inner_batch=2, family=("ft", "ft2", "noise_ft"))
+    opt, n = optax.adam(1e-2), 6
+    x, y, xc, yc = batch[:4]
+    got, info = bd.implant(key, model, params, problem, x, y, xc, yc, cfg, opt, n, 4)
+    dtb = bd.make_dtb(model, opt, cfg, problem, params=params)
+    state = dtb.init(None, batch)
+    bc = 2 * cfg.inner_steps * cfg.inner_batch
+    members = []
+    for k in jax.random.split(key, n):
+        state, i = _dtb_mod._implant_step(dtb.step, 4, bc, k, state, (x, y, xc, yc), None)
+        members.append(int(i.member))
+    assert info.member.tolist() == members and len(set(members)) > 1
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(state.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_prune_member_prunes_and_mask_member_holds_the_given_mask(key):
