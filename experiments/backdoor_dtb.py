@@ -18,9 +18,10 @@ seed, from one initialisation of a CNN (``widths`` conv channels, ``hidden`` den
 5. Seed 0: decoy and hidden ASR along one real fine-tuning run of 4 ``defense_steps``.
 
 Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [--set k=v ...]
-Runtime:  --quick (16x16 images, 2,000 of them, small CNN, two seeds, budget 6) about 2.5
-          minutes on 2 CPU cores from an empty cache, mostly compilation; full (3 seeds,
-          32x32, budget 200) not yet timed.
+Runtime:  --quick (16x16 images, 2,000 of them, small CNN, two seeds, budget 6) about 4.5
+          minutes on 2 CPU cores from an empty cache, mostly compilation (each surrogate
+          member's outer step compiles on its own, once per implant); full (3 seeds, 32x32,
+          budget 200) not yet timed: several hours at the default widths.
 summary.json (means over ``n_seeds`` seeds; every numeric key also as ``<key>_sd``):
   ``efficacy_<d>`` (1 if the defense brings BadNets' ASR below 0.2 losing < 5 points of
   clean accuracy), ``calib_asr_<d>``, ``calib_acc_<d>``, ``n_defenses_effective``;
