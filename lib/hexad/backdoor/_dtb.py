@@ -389,6 +389,12 @@ def surrogate_defense(config: DTBConfig, problem: DTBProblem, member: str = "ft"
     return defense
 
 
+def _objective_keys(key, n_members: int):
+    """``(member index, surrogate key)``: what :func:`dtb_objective` draws from its key."""
+    k1, k2 = jax.random.split(key)
+    return jax.random.randint(k1, (), 0, n_members), k2
+
+
 def dtb_objective(key, model, config: DTBConfig, params, problem: DTBProblem, batch: DTBBatch):
     """Returns ``(loss, DTBInfo)``: the DTB outer objective (module docstring).
 
@@ -416,8 +422,7 @@ def dtb_objective(key, model, config: DTBConfig, params, problem: DTBProblem, ba
     clean = cross_entropy(model.apply(params, x_mix), y_mix)
     hidden_pre = cross_entropy(model.apply(params, xh), y)
     pd0 = jax.lax.stop_gradient(_target_prob(model.apply(params, xd), problem.decoy_target))
-    k1, k2 = jax.random.split(key)
-    member = jax.random.randint(k1, (), 0, len(config.family))
+    member, k2 = _objective_keys(key, len(config.family))
     q = sanitise_surrogate(
         k2, model, config, params, problem, batch.x_clean, batch.y_clean, member, batch.masks
     )
@@ -482,18 +487,22 @@ def make_dtb(
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2))
 def _implant_step(dtb_step, batch_size, clean_size, k, state, data, masks):
-    k1, k2, k3 = jax.random.split(k, 3)
+    k1, k2, k3 = _implant_keys(k)
     xs, ys, xc, yc = data
     i = jax.random.randint(k1, (batch_size,), 0, xs.shape[0])
     j = jax.random.randint(k2, (clean_size,), 0, xc.shape[0])
     return dtb_step(k3, state, DTBBatch(xs[i], ys[i], xc[j], yc[j], masks))
 
 
+def _implant_keys(k):
+    """``(outer rows key, clean rows key, step key)`` of one :func:`_implant_step`."""
+    return jax.random.split(k, 3)
+
+
 @functools.partial(jax.jit, static_argnums=1)
 def _draw_member(k, n):
     """The member index :func:`dtb_objective` draws in :func:`_implant_step`'s step."""
-    k3 = jax.random.split(k, 3)[2]
-    return jax.random.randint(jax.random.split(k3)[0], (), 0, n)
+    return _objective_keys(_implant_keys(k)[2], n)[0]
 
 
 def implant(
