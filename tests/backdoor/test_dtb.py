@@ -183,6 +183,28 @@ def test_implant_draws_the_member_on_the_host_as_the_traced_switch_does(key):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_implant_compiles_each_member_once_across_calls(key):
+    # a study implants per seed with its own triggers, parameters and matched inner_lr: one
+    # compile per member must serve them all (module-level jit, inner_lr traced)
+    model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
+    cfg = bd.DTBConfig(inner_steps=1, inner_batch=2, family=("ft", "noise_ft"))
+    opt = optax.adam(1e-2)
+    x, y, xc, yc = batch[:4]
+    before = _dtb_mod._member_step._cache_size()
+    p1, _ = bd.implant(key, model, params, problem, x, y, xc, yc, cfg, opt, 6, 4)
+    first = _dtb_mod._member_step._cache_size()
+    assert first - before == 2
+    other = problem.replace(hidden=problem.hidden.replace(pattern=1.0 - problem.hidden.pattern))
+    cfg2 = dataclasses.replace(cfg, inner_lr=0.5)
+    p2, _ = bd.implant(jax.random.key(9), model, p1, other, x, y, xc, yc, cfg2, opt, 6, 4)
+    assert _dtb_mod._member_step._cache_size() == first
+    # the traced step size is used: a larger one moves the parameters differently
+    p3, _ = bd.implant(jax.random.key(9), model, p1, other, x, y, xc, yc, cfg, opt, 6, 4)
+    assert not all(
+        bool(jnp.allclose(a, b)) for a, b in zip(jax.tree.leaves(p2), jax.tree.leaves(p3))
+    )
+
+
 def test_prune_member_prunes_and_mask_member_holds_the_given_mask(key):
     model, params, problem, batch = _setup(key, jnp.float32)
     cfg = bd.DTBConfig(inner_steps=1, inner_batch=2, family=("prune_ft",), prune_frac=0.34)

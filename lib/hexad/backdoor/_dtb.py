@@ -47,6 +47,7 @@ differences need points off the kinks (random biases) and small steps (see the t
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from collections.abc import Callable
@@ -485,13 +486,29 @@ def make_dtb(
     return Algorithm(init, step)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2))
-def _implant_step(dtb_step, batch_size, clean_size, k, state, data, masks):
+def _implant_body(dtb_step, batch_size, clean_size, k, state, data, masks):
     k1, k2, k3 = _implant_keys(k)
     xs, ys, xc, yc = data
     i = jax.random.randint(k1, (batch_size,), 0, xs.shape[0])
     j = jax.random.randint(k2, (clean_size,), 0, xc.shape[0])
     return dtb_step(k3, state, DTBBatch(xs[i], ys[i], xc[j], yc[j], masks))
+
+
+# One outer step of ``dtb_step`` (static) on rows drawn from ``data``.
+_implant_step = jax.jit(_implant_body, static_argnums=(0, 1, 2))
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _member_step(model, optimizer, config, batch_size, clean_size, k, state, problem, data,
+                 masks, inner_lr):  # fmt: skip
+    """:func:`_implant_step` of one member's :func:`make_dtb` step, module-level: the
+    triggers (``problem``) and the step size ``inner_lr`` are traced, so that one compile
+    per member serves every seed and matched step size of a study (``config.inner_lr`` is a
+    placeholder)."""
+    cfg = copy.copy(config)
+    object.__setattr__(cfg, "inner_lr", inner_lr)  # a traced value the checks cannot see
+    step = make_dtb(model, optimizer, cfg, problem).step
+    return _implant_body(step, batch_size, clean_size, k, state, data, masks)
 
 
 def _implant_keys(k):
@@ -526,6 +543,8 @@ def implant(
 
     A host loop over jitted :func:`make_dtb` steps, one per family member (the member drawn
     on the host, as :func:`dtb_objective` would draw it); minibatches drawn with replacement.
+    Each member's step compiles once per ``model``, ``optimizer`` (pass the same object),
+    config and shapes: later calls with other parameters, triggers or ``inner_lr`` reuse it.
     Each step draws ``R K inner_batch`` clean rows (``R`` = 2 when ``"ft2"`` is in the
     family), so every inner step sees fresh rows.
 
@@ -568,18 +587,19 @@ def implant(
     # dtb_objective would draw it from (the same draws as the traced lax.switch, which
     # XLA:CPU runs as a conditional where convolutions are ~13x slower than straight-line).
     fam = config.family
-    steps = [
-        make_dtb(model, optimizer, dataclasses.replace(config, family=(f,)), problem, params=params)
-        for f in fam
-    ]
+    check_problem(problem, allow_same_target=config.w_hidden_post == 0)
+    members = [dataclasses.replace(config, family=(f,), inner_lr=0.0) for f in fam]
+    lr = jnp.asarray(config.inner_lr, jnp.float32)
     data = (x, y, x_clean, y_clean)
-    state = steps[0].init(None, DTBBatch(*data))
+    state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
     infos, masks = [], None
     for t, k in enumerate(jax.random.split(key, n_steps)):
         if mask_fn is not None and t % mask_every == 0:
             masks = mask_fn(state.params)
         m = int(_draw_member(k, len(fam))) if len(fam) > 1 else 0
-        state, info = _implant_step(steps[m].step, batch_size, bc, k, state, data, masks)
+        state, info = _member_step(
+            model, optimizer, members[m], batch_size, bc, k, state, problem, data, masks, lr
+        )
         info = info._replace(member=jnp.asarray(m, info.member.dtype))
         infos.append(info)
         if callback is not None:
