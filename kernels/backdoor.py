@@ -5,10 +5,10 @@ Rows:
 - ``backdoor/dtb first-order K=5``: one outer DTB step (first-order hypergradient, 5 inner
   steps of clean fine-tuning + log1m decoy unlearning, SGD with momentum 0.9, the ``"ft"``
   member of the surrogate family, so that every step does the same work) on the model and
-  data the DTB study uses: 32x32 RGB shapes (``load_shapes_rgb``), ``SmallCNN`` widths
-  32-64-64, hidden 128, outer batch 64, inner batch 32. Peer: one plain clean training step of
-  the same model and optimiser (optax adam) on the same batch, timed in the same run; the
-  ratio says how many clean steps one bi-level step costs.
+  data the DTB study's defaults use: 16x16 RGB shapes (``load_shapes_rgb``), the GroupNorm
+  ``PreActResNet`` of widths 16-32-32 (4 groups), outer batch 64, inner batch 32. Peer: one
+  plain clean training step of the same model and optimiser (optax adam) on the same batch,
+  timed in the same run; the ratio says how many clean steps one bi-level step costs.
   Bound (equivalent work): ``K + 2`` clean steps, the issue's pass count of a first-order
   outer step (K inner forward/backward passes, each on the inner batch of clean rows plus as
   many decoy-stamped rows, and the outer gradients at the original and the adapted
@@ -43,11 +43,11 @@ K = 5
 PASS_BOUND = {"first_order": K + 2, "unrolled": 3 * (K + 1)}
 
 
-def _step_cases(hypergrad: str, size: int = 32, batch: int = 64):
+def _step_cases(hypergrad: str, size: int = 16, batch: int = 64):
     data = load_shapes_rgb(0, n_per_class=2 * batch // 10 + 1, size=size)
     x, y = jnp.asarray(data.x[: 2 * batch]), jnp.asarray(data.y[: 2 * batch])
     shape = (size, size, 3)
-    model = bd.SmallCNN(10, (32, 64, 64), 128)
+    model = bd.PreActResNet(10, (16, 32, 32), 4)  # experiments.backdoor_dtb's defaults
     p0 = model.init(jax.random.key(0), x[:1])
     problem = bd.DTBProblem(
         bd.patch_trigger(shape, 3), bd.blend_trigger(jax.random.key(1), shape, 0.15), 0, 1
@@ -63,7 +63,7 @@ def _step_cases(hypergrad: str, size: int = 32, batch: int = 64):
         name=f"backdoor/dtb {hypergrad.replace('_', '-')} K={K}",
         fn=dtb.step,
         args=(jax.random.key(2), dtb.init(None, batch_), batch_),
-        shapes=f"x[{batch},{size},{size},3] inner[{batch // 2}] widths=32-64-64",
+        shapes=f"x[{batch},{size},{size},3] inner[{batch // 2}] preact 16-32-32",
         items=1.0,
         unit="steps",
         peer=trainer.step,
