@@ -23,11 +23,12 @@ cost of the CNN's at 32x32.
 5. Seed 0: decoy and hidden ASR along one real fine-tuning run of 4 ``defense_steps``.
 
 Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [--set k=v ...]
-Runtime:  --quick (2,000 images, widths 8-16, two seeds, budget 6) a few minutes on 2 CPU
-          cores from an empty cache, mostly compilation (once per defense and surrogate
-          member; the second seed reuses them); full (3 seeds, budget 200) about 30-45 min
-          a seed on 2 CPU cores: each of the three sanitisation suites (BadNets, DTB, naive)
-          is about 15,000 plain-step equivalents, the calibration suite alone about 11 min.
+Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) about 4-5
+          minutes on 2 CPU cores from an empty cache, mostly compilation (once per defense
+          and surrogate member; the second seed reuses them); full (3 seeds, budget 200)
+          about 30-45 min a seed on 2 CPU cores: each of the three sanitisation suites
+          (BadNets, DTB, naive) is about 15,000 plain-step equivalents, the calibration
+          suite alone about 11 min.
 summary.json (means over ``n_seeds`` seeds; every numeric key also as ``<key>_sd``):
   ``efficacy_<d>`` (1 if the defense brings BadNets' ASR below 0.2 losing < 5 points of
   clean accuracy), ``calib_asr_<d>``, ``calib_acc_<d>``, ``n_defenses_effective``;
@@ -112,9 +113,10 @@ class Config:
         return bd.DTBConfig(decoy_rate=self.poison_rate, **kw)
 
 
-QUICK = {"n_seeds": 2, "size": 16, "n_per_class": 200, "widths": (8, 16), "hidden": 32,
-         "train_steps": 200, "dtb_steps": 100, "inner_steps": 3, "defense_steps": 6,
-         "compositions": ("ft+ft",)}  # fmt: skip
+# quick is a smoke run, compile-bound: the norm-free CNN compiles about twice as fast
+QUICK = {"n_seeds": 2, "size": 16, "n_per_class": 200, "model": "cnn", "widths": (8, 16),
+         "hidden": 32, "train_steps": 200, "dtb_steps": 100, "inner_steps": 3,
+         "defense_steps": 6, "compositions": ("ft+ft",)}  # fmt: skip
 
 
 def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:

@@ -353,9 +353,18 @@ def sanitise_surrogate(
     return jax.lax.switch(member, branches, params)
 
 
+def _with_inner_lr(config: DTBConfig, inner_lr) -> DTBConfig:
+    """``config`` with ``inner_lr`` set to a (traced) value, past the checks, so that one
+    compile keyed on ``config`` serves every step size (pass the config with a placeholder)."""
+    cfg = copy.copy(config)
+    object.__setattr__(cfg, "inner_lr", inner_lr)
+    return cfg
+
+
 @functools.partial(jax.jit, static_argnums=(1, 2, 7))
-def _surrogate_jit(key, model, config, params, problem, x, y, member, masks):
-    return sanitise_surrogate(key, model, config, params, problem, x, y, member, masks)
+def _surrogate_jit(key, model, config, params, problem, x, y, member, masks, inner_lr):
+    cfg = _with_inner_lr(config, inner_lr)
+    return sanitise_surrogate(key, model, cfg, params, problem, x, y, member, masks)
 
 
 def surrogate_defense(config: DTBConfig, problem: DTBProblem, member: str = "ft") -> Callable:
@@ -379,12 +388,14 @@ def surrogate_defense(config: DTBConfig, problem: DTBProblem, member: str = "ft"
     check_problem(problem, allow_same_target=True)
     if member not in FAMILY:
         raise ValueError(f"member: expected one of {FAMILY}, got {member!r}")
-    cfg = dataclasses.replace(config, family=(member,))
+    cfg = dataclasses.replace(config, family=(member,), inner_lr=0.0)  # lr traced
+    lr = jnp.asarray(config.inner_lr, jnp.float32)
 
     def defense(key, model, params, data, masks=None):
         n = data.x_clean.shape[0]  # a split smaller than inner_batch: full-batch steps
         c = cfg if cfg.inner_batch <= n else dataclasses.replace(cfg, inner_batch=0)
-        q = _surrogate_jit(key, model, c, params, problem, data.x_clean, data.y_clean, 0, masks)
+        x, y = data.x_clean, data.y_clean
+        q = _surrogate_jit(key, model, c, params, problem, x, y, 0, masks, lr)
         return DefenseOutput(q, {})
 
     return defense
@@ -505,9 +516,7 @@ def _member_step(model, optimizer, config, batch_size, clean_size, k, state, pro
     triggers (``problem``) and the step size ``inner_lr`` are traced, so that one compile
     per member serves every seed and matched step size of a study (``config.inner_lr`` is a
     placeholder)."""
-    cfg = copy.copy(config)
-    object.__setattr__(cfg, "inner_lr", inner_lr)  # a traced value the checks cannot see
-    step = make_dtb(model, optimizer, cfg, problem).step
+    step = make_dtb(model, optimizer, _with_inner_lr(config, inner_lr), problem).step
     return _implant_body(step, batch_size, clean_size, k, state, data, masks)
 
 
