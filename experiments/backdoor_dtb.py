@@ -23,12 +23,12 @@ cost of the CNN's at 32x32.
 5. Seed 0: decoy and hidden ASR along one real fine-tuning run of 4 ``defense_steps``.
 
 Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [--set k=v ...]
-Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) about 4-5
+Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) about 2.5
           minutes on 2 CPU cores from an empty cache, mostly compilation (once per defense
-          and surrogate member; the second seed reuses them); full (3 seeds, budget 200)
-          about 40-70 min a seed on 2 CPU cores (72 min measured for one seed beside other
-          jobs: calibration 11, each implant with a surrogate 10.5, the DTB and naive
-          sanitisation suites 17 and 15, the trajectory 3), so 2-3.5 hours in all.
+          and surrogate member: the first seed about 2 min, the second 20 s); full (3 seeds,
+          budget 200) about 40-70 min a seed on 2 CPU cores (72 min measured for one seed
+          beside other jobs: calibration 11, each implant with a surrogate 10.5, the DTB and
+          naive sanitisation suites 17 and 15, the trajectory 3), so 2-3.5 hours in all.
 summary.json (means over ``n_seeds`` seeds; every numeric key also as ``<key>_sd``):
   ``efficacy_<d>`` (1 if the defense brings BadNets' ASR below 0.2 losing < 5 points of
   clean accuracy), ``calib_asr_<d>``, ``calib_acc_<d>``, ``n_defenses_effective``;
