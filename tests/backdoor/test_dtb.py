@@ -200,9 +200,8 @@ def test_implant_compiles_each_member_once_across_calls(key):
     assert _dtb_mod._member_step._cache_size() == first
     # the traced step size is used: a larger one moves the parameters differently
     p3, _ = bd.implant(jax.random.key(9), model, p1, other, x, y, xc, yc, cfg, opt, 6, 4)
-    assert not all(
-        bool(jnp.allclose(a, b)) for a, b in zip(jax.tree.leaves(p2), jax.tree.leaves(p3))
-    )
+    pairs = zip(jax.tree.leaves(p2), jax.tree.leaves(p3), strict=True)
+    assert not all(bool(jnp.allclose(a, b)) for a, b in pairs)
 
 
 def test_prune_member_prunes_and_mask_member_holds_the_given_mask(key):
