@@ -117,10 +117,10 @@ def _dtb(summaries: Summaries) -> tuple[str, str]:
     ours = float(s["hidden_asr_after_suppressed_mean"])
     naive = float(s["naive_hidden_asr_after_suppressed_mean"])
     sd = float(s.get("hidden_asr_after_suppressed_mean_sd", 0.0))
-    n = int(s["n_defenses_suppressed"])
+    n = float(s["n_defenses_suppressed"])  # a mean over seeds
     reason = (
-        f"backdoor_dtb: hidden ASR after the {n} defenses that suppressed the decoy "
-        f"{ours:.3f} (sd {sd:.3f}) vs the naive model's {naive:.3f}"
+        f"backdoor_dtb: hidden ASR after the defenses that suppressed the decoy ({n:g} a seed "
+        f"on average) {ours:.3f} (sd {sd:.3f}) vs the naive model's {naive:.3f}"
     )
     if n == 0:
         return "not measured", reason + ": no defense suppressed the decoy"
