@@ -175,8 +175,9 @@ def test_implant_draws_the_member_on_the_host_as_the_traced_switch_does(key):
     state = dtb.init(None, batch)
     bc = 2 * cfg.inner_steps * cfg.inner_batch
     members = []
+    ref_step = jax.jit(_dtb_mod._implant_body, static_argnums=(0, 1, 2))
     for k in jax.random.split(key, n):
-        state, i = _dtb_mod._implant_step(dtb.step, 4, bc, k, state, (x, y, xc, yc), None)
+        state, i = ref_step(dtb.step, 4, bc, k, state, (x, y, xc, yc), None)
         members.append(int(i.member))
     assert info.member.tolist() == members and len(set(members)) > 1
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(state.params), strict=True):

@@ -498,6 +498,7 @@ def make_dtb(
 
 
 def _implant_body(dtb_step, batch_size, clean_size, k, state, data, masks):
+    """One outer step of ``dtb_step`` on rows drawn from ``data`` (what :func:`implant` runs)."""
     k1, k2, k3 = _implant_keys(k)
     xs, ys, xc, yc = data
     i = jax.random.randint(k1, (batch_size,), 0, xs.shape[0])
@@ -505,14 +506,10 @@ def _implant_body(dtb_step, batch_size, clean_size, k, state, data, masks):
     return dtb_step(k3, state, DTBBatch(xs[i], ys[i], xc[j], yc[j], masks))
 
 
-# One outer step of ``dtb_step`` (static) on rows drawn from ``data``.
-_implant_step = jax.jit(_implant_body, static_argnums=(0, 1, 2))
-
-
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
 def _member_step(model, optimizer, config, batch_size, clean_size, k, state, problem, data,
                  masks, inner_lr):  # fmt: skip
-    """:func:`_implant_step` of one member's :func:`make_dtb` step, module-level: the
+    """:func:`_implant_body` of one member's :func:`make_dtb` step, module-level: the
     triggers (``problem``) and the step size ``inner_lr`` are traced, so that one compile
     per member serves every seed and matched step size of a study (``config.inner_lr`` is a
     placeholder)."""
@@ -521,13 +518,13 @@ def _member_step(model, optimizer, config, batch_size, clean_size, k, state, pro
 
 
 def _implant_keys(k):
-    """``(outer rows key, clean rows key, step key)`` of one :func:`_implant_step`."""
+    """``(outer rows key, clean rows key, step key)`` of one :func:`_implant_body`."""
     return jax.random.split(k, 3)
 
 
 @functools.partial(jax.jit, static_argnums=1)
 def _draw_member(k, n):
-    """The member index :func:`dtb_objective` draws in :func:`_implant_step`'s step."""
+    """The member index :func:`dtb_objective` draws in :func:`_implant_body`'s step."""
     return _objective_keys(_implant_keys(k)[2], n)[0]
 
 
@@ -596,11 +593,10 @@ def implant(
     # dtb_objective would draw it from (the same draws as the traced lax.switch, which
     # XLA:CPU runs as a conditional where convolutions are ~13x slower than straight-line).
     fam = config.family
-    check_problem(problem, allow_same_target=config.w_hidden_post == 0)
+    state = make_dtb(model, optimizer, config, problem, params=params).init(None, None)
     members = [dataclasses.replace(config, family=(f,), inner_lr=0.0) for f in fam]
     lr = jnp.asarray(config.inner_lr, jnp.float32)
     data = (x, y, x_clean, y_clean)
-    state = TrainState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
     infos, masks = [], None
     for t, k in enumerate(jax.random.split(key, n_steps)):
         if mask_fn is not None and t % mask_every == 0:
