@@ -1,4 +1,5 @@
-"""PreAct-ResNet: shapes, channel masks act exactly on the named conv, training lowers loss."""
+"""PreAct-ResNet: shapes, channel masks act exactly on the named conv or GroupNorm, training
+lowers loss."""
 
 import jax
 import jax.numpy as jnp
@@ -41,6 +42,32 @@ def test_preact_channel_mask_is_exact(preact):
         m.apply(masked, x), m.apply(p, x, {"conv4": mask}, {"conv4": mask}), rtol=1e-5, atol=1e-6
     )
     assert float(jnp.abs(f2["conv4"][..., 0]).sum()) > 0
+
+
+def test_preact_norm_mask_is_exact(preact):
+    m, p, x = preact
+    p = jax.tree.map(lambda a: a + 0.1, p)  # nonzero GroupNorm biases
+    assert bd.norm_layers(p) == ("norm0", "norm1", "norm2", "norm3", "norm_out")
+    assert bd.mask_layers(p) == bd.norm_layers(p) and bd.channel_count(p, "norm3") == 8
+    mask = jnp.array([1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0])
+    baked = bd.apply_channel_mask(p, {"norm3": mask})
+    # norm3 feeds conv4: with its channels 2 and 5 exactly zero after the ReLU, conv4's
+    # output does not depend on what reaches them, so zeroing its input there changes nothing
+    np.testing.assert_allclose(
+        m.apply(baked, x), m.apply(p, x, {"norm3": mask}, {"norm3": mask}), rtol=1e-5, atol=1e-6
+    )
+    k = p["params"]["conv4"]["kernel"]
+    cut = {
+        **p["params"],
+        "conv4": {"kernel": k * jnp.where(mask == 0, 0.0, 1.0)[None, None, :, None]},
+    }
+    np.testing.assert_allclose(m.apply(baked, x), m.apply({"params": cut}, x), rtol=1e-5, atol=1e-6)
+    # a scale on gamma and a separate one on beta: y = s gamma xhat + b beta
+    s_only = m.apply(p, x, {"norm3": 2 * jnp.ones(8)}, None)
+    gamma2 = {**p["params"], "norm3": {**p["params"]["norm3"],
+                                       "scale": 2 * p["params"]["norm3"]["scale"]}}  # fmt: skip
+    np.testing.assert_allclose(s_only, m.apply({"params": gamma2}, x), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(m.apply(baked, x), m.apply(p, x), atol=1e-4)
 
 
 @pytest.mark.slow

@@ -48,7 +48,15 @@ from hexad.backdoor._eval import (
     evaluate,
     finetune_trajectory,
 )
-from hexad.backdoor._models import PreActResNet, SmallCNN, apply_channel_mask, conv_layers
+from hexad.backdoor._models import (
+    PreActResNet,
+    SmallCNN,
+    apply_channel_mask,
+    channel_count,
+    conv_layers,
+    mask_layers,
+    norm_layers,
+)
 from hexad.backdoor._train import (
     TrainInfo,
     accuracy,
@@ -102,6 +110,7 @@ __all__ = [
     "WarpTrigger",
     "accuracy",
     "apply_channel_mask",
+    "channel_count",
     "apply_trigger",
     "attack_success_rate",
     "benchmark_defenses",
@@ -110,6 +119,8 @@ __all__ = [
     "check_problem",
     "compose",
     "conv_layers",
+    "mask_layers",
+    "norm_layers",
     "cross_entropy",
     "defense_effectiveness_rating",
     "defense_table",

@@ -1,13 +1,18 @@
 """Small flax CNNs sized for CPU, with per-neuron (channel) scales for pruning defenses.
 
-Pruning and neuron-perturbation defenses (FP, ANP, CLP, RNP) act on conv channels. Both
-models expose them directly: each conv layer ``conv{i}`` computes ``scale * (W * h) +
-bias_scale * b``, where ``scale`` and ``bias_scale`` are per-channel vectors (ones by
-default). A mask is baked into parameters by :func:`apply_channel_mask`. Neither model keeps
-batch statistics (no batch normalisation), so parameters are one plain pytree that every
-defense, optimiser and checkpoint handles alike. In :class:`SmallCNN` a zeroed channel is
-exactly zero after its ReLU; in :class:`PreActResNet` it zeroes that channel of the residual
-branch (the skip path still carries its input).
+Pruning and neuron-perturbation defenses (FP, ANP, CLP, RNP) act on channels. Both models
+expose them directly: each conv layer ``conv{i}`` computes ``scale * (W * h) + bias_scale *
+b``, where ``scale`` and ``bias_scale`` are per-channel vectors (ones by default), and in
+:class:`PreActResNet` each GroupNorm ``norm{i}`` computes ``scale * gamma * xhat +
+bias_scale * beta`` from the same arguments keyed by its name. A mask is baked into
+parameters by :func:`apply_channel_mask`. Neither model keeps batch statistics (no batch
+normalisation), so parameters are one plain pytree that every defense, optimiser and
+checkpoint handles alike. A zeroed conv channel of :class:`SmallCNN` or a zeroed GroupNorm
+channel is exactly zero after its ReLU; a zeroed conv channel of :class:`PreActResNet`
+zeroes that channel of the residual branch before the next GroupNorm (which then outputs
+its bias there, and its group's statistics change). ANP and RNP therefore mask the
+GroupNorms where a model has them (:func:`mask_layers`), as BackdoorBench masks its
+ResNets' batch norms.
 """
 
 from __future__ import annotations
@@ -22,7 +27,15 @@ import jax.numpy as jnp
 
 from hexad._base import head_dtype
 
-__all__ = ["PreActResNet", "SmallCNN", "apply_channel_mask", "conv_layers"]
+__all__ = [
+    "PreActResNet",
+    "SmallCNN",
+    "apply_channel_mask",
+    "channel_count",
+    "conv_layers",
+    "mask_layers",
+    "norm_layers",
+]
 
 
 def _conv_kernel_init(key, shape, dtype=jnp.float32):
@@ -186,7 +199,16 @@ class PreActResNet(nn.Module):
             return z
 
         def pre(h, name):
-            return nn.relu(nn.GroupNorm(num_groups=self.groups, dtype=self.dtype, name=name)(h))
+            gn = nn.GroupNorm(num_groups=self.groups, dtype=self.dtype, name=name)
+            y = gn(h)
+            s = scales.get(name) if scales is not None else None
+            bs = bias_scales.get(name) if bias_scales is not None else None
+            if s is not None or bs is not None:  # y = s gamma xhat + bs beta, per channel
+                beta = jnp.asarray(gn.variables["params"]["bias"], y.dtype)
+                s = 1.0 if s is None else _chan(jnp.asarray(s, y.dtype))
+                bs = 1.0 if bs is None else _chan(jnp.asarray(bs, y.dtype))
+                y = (y - _chan(beta)) * s + _chan(beta) * bs
+            return nn.relu(y)
 
         h = conv(x, 0, self.widths[0], 1)
         for s_, w in enumerate(self.widths):
@@ -225,11 +247,42 @@ def conv_layers(params) -> tuple[str, ...]:
     return tuple(sorted(names, key=lambda s: int(s[4:])))
 
 
-def apply_channel_mask(params, masks: Mapping[str, jax.Array]):
-    """Returns ``params`` with conv channel ``c`` of layer ``l`` scaled by ``masks[l][c]``.
+def norm_layers(params) -> tuple[str, ...]:
+    """Returns the names of the normalisation layers in ``params`` (``norm0``, ...,
+    ``norm_out``; none in :class:`SmallCNN`) in order.
 
-    Scaling the kernel's output channel and the bias by the same factor equals scaling the
-    pre-activation, so a 0/1 mask prunes channels exactly (no batch norm in :class:`SmallCNN`).
+    >>> norm_layers({"params": {"conv0": {}, "norm1": {}, "norm0": {}, "norm_out": {}}})
+    ('norm0', 'norm1', 'norm_out')
+    """
+    names = [k for k in params["params"] if k.startswith("norm")]
+    return tuple(sorted(names, key=lambda s: (s == "norm_out", s[4:].zfill(4))))
+
+
+def mask_layers(params) -> tuple[str, ...]:
+    """Returns the layers whose channels the neuron-mask defenses (ANP, RNP) perturb and
+    prune: the normalisation layers where the model has them (BackdoorBench masks the batch
+    norms' per-channel affine in its ResNets; here the GroupNorms'), else the conv layers.
+
+    >>> mask_layers({"params": {"conv0": {}, "conv0_bias": 0}})
+    ('conv0',)
+    """
+    return norm_layers(params) or conv_layers(params)
+
+
+def channel_count(params, layer: str) -> int:
+    """Returns the number of channels of ``layer`` (a conv or a normalisation layer)."""
+    p = params["params"][layer]
+    return int((p["kernel"] if "kernel" in p else p["scale"]).shape[-1])
+
+
+def apply_channel_mask(params, masks: Mapping[str, jax.Array]):
+    """Returns ``params`` with channel ``c`` of layer ``l`` scaled by ``masks[l][c]``.
+
+    Scaling a conv kernel's output channel and its bias by the same factor equals scaling
+    the pre-activation, so a 0/1 mask prunes conv channels exactly (no batch norm in
+    :class:`SmallCNN`). For a normalisation layer the factor scales its affine scale and
+    bias, so a zero makes that channel exactly zero after its ReLU, as the models' ``scales``
+    and ``bias_scales`` arguments do.
 
     Args:
       params: SmallCNN parameters.
@@ -241,8 +294,16 @@ def apply_channel_mask(params, masks: Mapping[str, jax.Array]):
     """
     inner = dict(params["params"])
     for name, m in masks.items():
-        if name not in inner:
-            raise ValueError(f"masks: unknown layer {name!r}; layers: {conv_layers(params)}")
+        if name not in inner or name.endswith("_bias"):
+            known = conv_layers(params) + norm_layers(params)
+            raise ValueError(f"masks: unknown layer {name!r}; layers: {known}")
+        if "scale" in inner[name]:  # a normalisation layer: its affine scale and bias
+            g = inner[name]["scale"]
+            if m.shape != g.shape:
+                raise ValueError(f"masks[{name!r}]: expected shape [{g.shape[0]}], got {m.shape}")
+            mm = m.astype(g.dtype)
+            inner[name] = {**inner[name], "scale": g * mm, "bias": inner[name]["bias"] * mm}
+            continue
         k = inner[name]["kernel"]
         if m.shape != (k.shape[-1],):
             raise ValueError(f"masks[{name!r}]: expected shape [{k.shape[-1]}], got {m.shape}")
