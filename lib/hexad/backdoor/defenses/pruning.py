@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hexad.backdoor._models import apply_channel_mask, conv_layers
+from hexad.backdoor._models import apply_channel_mask, channel_count, conv_layers, mask_layers
 from hexad.backdoor._train import cross_entropy, minimize
 from hexad.backdoor.defenses._common import (
     CELoss,
@@ -126,7 +126,7 @@ def anp(
     params,
     data,
     n_steps=100,
-    eps=0.4,
+    eps=0.2,
     alpha=0.2,
     mask_lr=0.2,
     threshold=0.2,
@@ -136,7 +136,8 @@ def anp(
     """Returns :class:`DefenseOutput`: Adversarial Neuron Pruning (ANP; Wu & Wang, arXiv
     2110.14430).
 
-    Per-channel masks ``m`` in [0, 1] of every conv layer minimise ``alpha L(m) + (1 -
+    Per-channel masks ``m`` in [0, 1] of every :func:`~hexad.backdoor.mask_layers` layer
+    (the GroupNorms of a PreAct-ResNet, else the conv layers) minimise ``alpha L(m) + (1 -
     alpha) max_{|delta|,|xi| <= eps} L(m + delta, 1 + xi)`` (paper eq. 5; one signed ascent
     step from a random start, as the reference code; the natural term masks the weights
     only), then channels below the threshold are pruned (module docstring for the rule).
@@ -144,8 +145,8 @@ def anp(
     """
     check_data(model, params, data)
     n = budget(n_steps)
-    layers = conv_layers(params)
-    m0 = {l: jnp.ones(params["params"][l]["kernel"].shape[-1]) for l in layers}
+    layers = mask_layers(params)
+    m0 = {l: jnp.ones(channel_count(params, l)) for l in layers}
     loss = _ANPLoss(model, layers, float(eps), float(alpha))
     xy = (data.x_clean, data.y_clean)
     m, _ = minimize(
@@ -210,7 +211,8 @@ def rnp(
 
     1. Unlearn: gradient ascent on clean CE (SGD, momentum 0.9), stopped once the
        clean-split accuracy falls to ``clean_floor``.
-    2. Recover: per-channel masks in [0, 1] of every conv layer of the unlearned model,
+    2. Recover: per-channel masks in [0, 1] of every :func:`~hexad.backdoor.mask_layers`
+       layer of the unlearned model,
        minimising clean CE.
     3. Prune the original model's channels whose recovered mask is below the threshold
        (module docstring for the rule).
@@ -228,8 +230,8 @@ def rnp(
     unl, _ = minimize(
         k1, params, neg, xy, sgd(float(unlearn_lr), 0.9), frac(n, 0.2), bs, chunk=5, until=floor
     )
-    layers = conv_layers(params)
-    m0 = {l: jnp.ones(params["params"][l]["kernel"].shape[-1]) for l in layers}
+    layers = mask_layers(params)
+    m0 = {l: jnp.ones(channel_count(params, l)) for l in layers}
     m, _ = minimize(
         k2, m0, _MaskCE(model), xy, sgd(float(mask_lr), 0.9), n, bs, project=_clip01, consts=unl
     )
