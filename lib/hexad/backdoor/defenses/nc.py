@@ -59,7 +59,7 @@ def neural_cleanse(
     n_steps=100,
     lam=1e-2,
     lr=0.1,
-    unlearn_lr=0.01,
+    unlearn_lr=0.003,
     unlearn_frac=0.2,
     threshold=2.0,
     batch_size=32,
