@@ -10,17 +10,19 @@ diverge on the norm-free CNN and leave it at chance accuracy, so the fine-tuning
 would "fail" for a reason that is not the backdoor's; 16x16 keeps its step at about the
 cost of the CNN's at 32x32.
 
-1. Calibration: a BadNets model (decoy patch, 10% poison) is sanitised by every defense of
-   ``hexad.backdoor.DEFENSES`` at the step budget ``defense_steps`` (ABL, AC, SS on the
-   poisoned training set; ANP, RNP select their pruning level by BackdoorBench's rule).
+1. Calibration (first seed; later seeds run FT alone, for step 2): a BadNets model (decoy
+   patch, 10% poison) is sanitised by every defense of ``hexad.backdoor.DEFENSES`` at the
+   step budget ``defense_steps`` (ABL, AC, SS on the poisoned training set; ANP, RNP select
+   their pruning level by BackdoorBench's rule).
 2. Surrogate matching: the DTB surrogate's step size is rescaled so that its ``"ft"``
    member moves the BadNets model's weights as far as the real FT does.
 3. Three implants from the same start and data (decoy at ``poison_rate`` of each batch,
    target ``decoy_target``; hidden blend trigger, target ``hidden_target``): a naive
    two-backdoor model (no post-sanitisation term), DTB (surrogate drawn from ``family`` each
-   outer step) and an oracle DTB trained against fine-pruning's own mask (``"mask_ft"``).
+   outer step) and, on the first seed only, an oracle DTB trained against fine-pruning's own
+   mask (``"mask_ft"``), the control for whether this model can carry the effect at all.
 4. Naive and DTB are sanitised by every defense and ``compositions``; the oracle by FP.
-5. Seed 0: decoy and hidden ASR along one real fine-tuning run of 4 ``defense_steps``.
+5. First seed: decoy and hidden ASR along one real fine-tuning run of 4 ``defense_steps``.
 
 Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [--set k=v ...]
 Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) about 2.5
@@ -31,13 +33,15 @@ Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) ab
           naive sanitisation suites 17 and 15, the trajectory 3), so 2-3.5 hours in all.
 summary.json (means over ``n_seeds`` seeds; every numeric key also as ``<key>_sd``):
   ``efficacy_<d>`` (1 if the defense brings BadNets' ASR below 0.2 losing < 5 points of
-  clean accuracy), ``calib_asr_<d>``, ``calib_acc_<d>``, ``n_defenses_effective``;
+  clean accuracy), ``calib_asr_<d>``, ``calib_acc_<d>``, ``n_defenses_effective`` (first
+  seed; ``_sd`` 0); ``badnets_clean_acc``, ``badnets_asr``;
   ``clean_acc_before``, ``decoy_asr_before``, ``hidden_asr_before``,
   ``{decoy,hidden}_asr_after_<d>``, ``{decoy,hidden}_asr_after_mean``,
   ``n_defenses_suppressed`` (decoy ASR after < 0.2), ``hidden_asr_after_suppressed_mean``
   (DTB; NaN if none), the same with prefix ``naive_``; ``oracle_{clean_acc,decoy_asr,
-  hidden_asr}_after_fp``, ``oracle_hidden_asr_before``; ``surrogate_displacement_ratio``
-  (surrogate vs real FT weight displacement on BadNets, after matching),
+  hidden_asr}_after_fp``, ``oracle_hidden_asr_before`` (first seed; ``_sd`` 0);
+  ``surrogate_displacement_ratio`` (surrogate vs real FT weight displacement on BadNets,
+  after matching),
   ``surrogate_displacement_ratio_unmatched``, ``displacement_ft``, ``inner_lr_matched``;
   ``dtb_weight_mean``, ``dtb_decoy_prob_after_mean``, ``dtb_hidden_prob_after_mean`` (the
   implant's last 20% of steps); ``defenses``; ``runtime_s``.
@@ -138,9 +142,11 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
         badnets, _ = bd.fit(
             keys[3], s.p0, s.pois.x, s.pois.y, model.apply, opt, cfg.train_steps, cfg.batch_size
         )
+    # the full calibration on the first seed; later seeds run FT alone, for the matching
+    calib = list(cfg.defenses) if first else ["ft"]
     with stage("calibration"):
-        t_bad = bench(badnets, {d: defs[d] for d in cfg.defenses}, "calibration")
-    out = _backdoor.efficacy_entries(t_bad, list(cfg.defenses))
+        t_bad = bench(badnets, {d: defs[d] for d in calib}, "calibration")
+    out = _backdoor.efficacy_entries(t_bad, calib) if first else {}
     out |= {
         "badnets_clean_acc": t_bad["clean_acc_before"],
         "badnets_asr": t_bad["decoy_asr_before"],
@@ -156,9 +162,10 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
     arms = {
         "naive": (dataclasses.replace(dcfg, w_hidden_post=0.0, inner_steps=0, family=("ft",)), {}),
         "dtb": (dcfg, {}),
-        "oracle": (dataclasses.replace(dcfg, family=("mask_ft",)),
-                   {"mask_fn": _backdoor.fp_mask_fn(model, data)}),
-    }  # fmt: skip
+    }
+    if first:  # the capacity control, on the first seed only (an implant's cost)
+        arms["oracle"] = (dataclasses.replace(dcfg, family=("mask_ft",)),
+                          {"mask_fn": _backdoor.fp_mask_fn(model, data)})  # fmt: skip
     models, infos = {}, {}
     xa, ya = s.attacker  # the attacker's own images stand in for the clean split too
     for tag, (c, kw) in arms.items():
@@ -177,14 +184,13 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
             tables[tag] = bench(models[tag], defs, f"defenses_{tag}")
     out |= _backdoor.suppressed_entries("", tables["dtb"], names)
     out |= _backdoor.suppressed_entries("naive_", tables["naive"], names)
-    with stage("oracle_fp"):
-        t_or = bench(
-            models["oracle"], {"fp": bd.make_defense("fp", cfg.defense_steps)}, "oracle_fp"
-        )
-    for m in ("clean_acc", "decoy_asr", "hidden_asr"):
-        out[f"oracle_{m}_after_fp"] = t_or[f"{m}_after_fp"]
-    out["oracle_hidden_asr_before"] = t_or["hidden_asr_before"]
     if first:
+        with stage("oracle_fp"):
+            fp = {"fp": bd.make_defense("fp", cfg.defense_steps)}
+            t_or = bench(models["oracle"], fp, "oracle_fp")
+        for m in ("clean_acc", "decoy_asr", "hidden_asr"):
+            out[f"oracle_{m}_after_fp"] = t_or[f"{m}_after_fp"]
+        out["oracle_hidden_asr_before"] = t_or["hidden_asr_before"]
         _backdoor.plot_asr(ctx, tables, names)
         with stage("trajectory"):
             _backdoor.trajectories(ctx, s, {k: models[k] for k in ("dtb", "naive")},
