@@ -157,3 +157,31 @@ def test_anp_pruning_level_follows_backdoorbench_rule(trained):
     base = acc(trained.bad)
     if acc(fixed.params) >= 0.9 * base:  # the fixed level was an allowed one
         assert hits(out.params) <= hits(fixed.params) + 1e-9
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_sam_gradient_is_the_gradient_at_the_ascent_point(trained, adaptive):
+    # SAM (Foret et al.): grad L(w + e) with e = rho g / ||g||, g = grad L(w), e held fixed;
+    # ASAM: e = rho w^2 g / ||w g||. Computed here by hand from the plain loss's gradient.
+    from hexad.backdoor.defenses._common import CELoss
+    from hexad.backdoor.defenses.finetuning import _SAMLoss
+
+    rho, key = 0.05, jax.random.key(3)
+    batch = (trained.x_clean[:16], trained.y_clean[:16])
+    base = CELoss(trained.model, 0.1, 2)
+    p = trained.bad
+    g = jax.grad(base)(p, key, batch)
+    t = jax.tree.map(lambda w, a: jnp.abs(w) * a, p, g) if adaptive else g
+    norm = jnp.sqrt(sum(jnp.sum(a**2) for a in jax.tree.leaves(t)))
+    scale = (lambda w: w**2) if adaptive else (lambda w: 1.0)
+    e = jax.tree.map(lambda w, a: rho * scale(w) * a / norm, p, g)
+    want = jax.grad(base)(jax.tree.map(jnp.add, p, e), key, batch)
+    got = jax.grad(_SAMLoss(trained.model, rho, adaptive, 0.1, 2))(p, key, batch)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    # and it is not the plain gradient: the ascent step moved the point
+    diff = max(
+        float(jnp.max(jnp.abs(a - b)))
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(g), strict=True)
+    )
+    assert diff > 1e-4
