@@ -47,6 +47,8 @@ class Paper:
     source: str
     studies: tuple[str, ...]
     claims: tuple[Claim, ...] = field(default=())
+    # a study's own tables (markdown lines), placed after its key/value table
+    tables: Mapping[str, Callable[[Mapping[str, Any]], list[str]]] = field(default_factory=dict)
 
 
 def _paired(summaries: Summaries, study: str, metric: str) -> tuple[str, str]:
@@ -151,6 +153,33 @@ def _cachex_faults(summaries: Summaries) -> tuple[str, str]:
     return ("partly" if corrupt == 0 else "not reproduced"), reason
 
 
+def _pm(s: Mapping[str, Any], key: str) -> str:
+    if key not in s:
+        return ""
+    v, sd = float(s[key]), s.get(f"{key}_sd")
+    if math.isnan(v):
+        return "nan"
+    return f"{v:.3f}" if sd is None or float(sd) == 0.0 else f"{v:.3f} ± {float(sd):.3f}"
+
+
+def _dtb_table(s: Mapping[str, Any]) -> list[str]:
+    """Per defense: its calibration on BadNets, then the DTB and naive models after it."""
+    head = (
+        "| defense | BadNets ASR after | BadNets acc after | effective | DTB decoy ASR after "
+        "| DTB hidden ASR after | naive decoy ASR after | naive hidden ASR after |"
+    )
+    lines = ["Per defense (mean ± sd over seeds; calibration on the first seed):", "", head,
+             "| --- " * 8 + "|"]  # fmt: skip
+    for d in s.get("defenses", []):
+        cells = [f"`{d}`", _pm(s, f"calib_asr_{d}"), _pm(s, f"calib_acc_{d}"),
+                 _pm(s, f"efficacy_{d}")]  # fmt: skip
+        cells += [
+            _pm(s, f"{p}{m}_asr_after_{d}") for p in ("", "naive_") for m in ("decoy", "hidden")
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 PAPERS = (
     Paper(
         "rwefm",
@@ -228,6 +257,7 @@ PAPERS = (
                 _dtb,
             ),
         ),
+        {"backdoor_dtb": _dtb_table},
     ),
     Paper(
         "cachex",
@@ -309,6 +339,8 @@ def render(paper: Paper) -> str:
         ]
         study_lines += [f"| `{k}` | {_fmt(v)} |" for k, v in sorted(summary.items())]
         study_lines.append("")
+        if study in paper.tables:
+            study_lines += paper.tables[study](summary)
         img_dir = OUT / "_img" / study
         for png in sorted((RESULTS / study).glob("*.png")):
             img_dir.mkdir(parents=True, exist_ok=True)
