@@ -1034,13 +1034,17 @@ not_lowered(
 )
 not_lowered(
     "host-side set-up and bookkeeping: triggers and poisoned sets built once with NumPy, "
-    "argument checks, detection and rating arithmetic on host floats, layer names",
+    "argument checks, detection and rating arithmetic on host floats, layer names and "
+    "channel counts read from a parameter tree's structure",
     "backdoor.blend_trigger",
+    "backdoor.channel_count",
     "backdoor.check_images",
     "backdoor.check_problem",
     "backdoor.conv_layers",
     "backdoor.defense_effectiveness_rating",
     "backdoor.detection_rates",
+    "backdoor.mask_layers",
+    "backdoor.norm_layers",
     "backdoor.patch_trigger",
     "backdoor.poison",
     "backdoor.warp_trigger",
