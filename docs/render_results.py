@@ -120,9 +120,11 @@ def _dtb(summaries: Summaries) -> tuple[str, str]:
     naive = float(s["naive_hidden_asr_after_suppressed_mean"])
     sd = float(s.get("hidden_asr_after_suppressed_mean_sd", 0.0))
     n = float(s["n_defenses_suppressed"])  # a mean over seeds
+    ok = float(s.get("implant_ok", 1.0))  # the fraction of seeds whose DTB implant held
     reason = (
-        f"backdoor_dtb: hidden ASR after the defenses that suppressed the decoy ({n:g} a seed "
-        f"on average) {ours:.3f} (sd {sd:.3f}) vs the naive model's {naive:.3f}"
+        f"backdoor_dtb: hidden ASR after the defenses that suppressed the decoy and kept the "
+        f"clean accuracy ({n:g} a seed on average) {ours:.3f} (sd {sd:.3f}) vs the naive "
+        f"model's {naive:.3f}; DTB implant usable in {ok:.0%} of seeds"
     )
     if n == 0:
         return "not measured", reason + ": no defense suppressed the decoy"
@@ -164,17 +166,19 @@ def _pm(s: Mapping[str, Any], key: str) -> str:
 
 def _dtb_table(s: Mapping[str, Any]) -> list[str]:
     """Per defense: its calibration on BadNets, then the DTB and naive models after it."""
-    head = (
-        "| defense | BadNets ASR after | BadNets acc after | effective | DTB decoy ASR after "
-        "| DTB hidden ASR after | naive decoy ASR after | naive hidden ASR after |"
+    arms = ("DTB", "naive")
+    head = "| defense | BadNets ASR after | BadNets acc after | effective | " + " | ".join(
+        f"{a} {m} after" for a in arms for m in ("acc", "decoy ASR", "hidden ASR")
     )
-    lines = ["Per defense (mean ± sd over seeds; calibration on the first seed):", "", head,
-             "| --- " * 8 + "|"]  # fmt: skip
+    lines = ["Per defense (mean ± sd over seeds; calibration on the first seed):", "",
+             head + " |", "| --- " * 10 + "|"]  # fmt: skip
     for d in s.get("defenses", []):
         cells = [f"`{d}`", _pm(s, f"calib_asr_{d}"), _pm(s, f"calib_acc_{d}"),
                  _pm(s, f"efficacy_{d}")]  # fmt: skip
         cells += [
-            _pm(s, f"{p}{m}_asr_after_{d}") for p in ("", "naive_") for m in ("decoy", "hidden")
+            _pm(s, f"{p}{m}_after_{d}")
+            for p in ("", "naive_")
+            for m in ("clean_acc", "decoy_asr", "hidden_asr")
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]

@@ -1,7 +1,8 @@
 """Shared code of the backdoor study (``backdoor_dtb``); not a study.
 
 - :func:`efficacy_entries`: the calibration stage's figures per defense on a BadNets model.
-- :func:`suppressed_entries`: hidden ASR after the defenses that suppressed the decoy.
+- :func:`suppressed_entries`: hidden ASR after the defenses that suppressed the decoy and
+  kept the clean accuracy.
 - :func:`match_inner_lr`: scale the surrogate's step size so that its weight displacement
   matches a real defense's.
 - :func:`fp_mask_fn`: fine-pruning's own pruning mask at ``theta`` (the oracle DTB's inner
@@ -23,6 +24,7 @@ import numpy as np
 from hexad import backdoor as bd
 
 ASR_OK, ACC_LOSS_OK, SUPPRESSED = 0.2, 0.05, 0.2
+IMPLANT_OK = 0.5  # an implanted model below this clean accuracy (10 classes) has collapsed
 
 
 class Stages:
@@ -59,15 +61,37 @@ def efficacy_entries(table: dict[str, float], names: list[str]) -> dict[str, flo
 
 
 def suppressed_entries(pre: str, table: dict[str, float], names: list[str]) -> dict[str, float]:
-    """``<pre>n_defenses_suppressed`` (decoy ASR after < 0.2) and
-    ``<pre>hidden_asr_after_suppressed_mean`` (NaN when none suppressed), plus per defense
-    ``<pre>{decoy,hidden}_asr_after_<d>`` and the unconditional means."""
-    sup = [d for d in names if table[f"decoy_asr_after_{d}"] < SUPPRESSED]
-    out = {
-        f"{pre}{m}_asr_after_{d}": table[f"{m}_asr_after_{d}"]
+    """Per defense ``<pre>{clean_acc,decoy,hidden}_asr_after_<d>``; ``<pre>implant_ok``;
+    ``<pre>n_defenses_suppressed`` and ``<pre>hidden_asr_after_suppressed_mean`` (NaN when
+    none suppressed); the unconditional means.
+
+    A defense suppresses the decoy when its ASR after is below 0.2 *and* the model keeps its
+    clean accuracy (< 5 points lost, the calibration's rule): a defense that wrecks the model
+    also zeroes every ASR, which says nothing of the backdoors. An implant is ok when its clean
+    accuracy before any defense is at least ``IMPLANT_OK``; a failed implant suppresses nothing.
+
+    >>> t = {"clean_acc_before": 0.95, "decoy_asr_before": 1.0, "hidden_asr_before": 0.0,
+    ...      "hidden_asr_after_mean": 0.4, "decoy_asr_after_mean": 0.05,
+    ...      "clean_acc_after_ft": 0.93, "decoy_asr_after_ft": 0.1, "hidden_asr_after_ft": 0.8,
+    ...      "clean_acc_after_fp": 0.10, "decoy_asr_after_fp": 0.0, "hidden_asr_after_fp": 0.0}
+    >>> e = suppressed_entries("", t, ["ft", "fp"])
+    >>> e["n_defenses_suppressed"], e["hidden_asr_after_suppressed_mean"]
+    (1.0, 0.8)
+    """
+    ok = table["clean_acc_before"] >= IMPLANT_OK
+    sup = [
+        d
         for d in names
-        for m in ("decoy", "hidden")
+        if ok
+        and table[f"decoy_asr_after_{d}"] < SUPPRESSED
+        and table["clean_acc_before"] - table[f"clean_acc_after_{d}"] < ACC_LOSS_OK
+    ]
+    out = {
+        f"{pre}{m}_after_{d}": table[f"{m}_after_{d}"]
+        for d in names
+        for m in ("clean_acc", "decoy_asr", "hidden_asr")
     }
+    out[f"{pre}implant_ok"] = float(ok)
     out[f"{pre}n_defenses_suppressed"] = float(len(sup))
     h = [table[f"hidden_asr_after_{d}"] for d in sup]
     out[f"{pre}hidden_asr_after_suppressed_mean"] = float(np.mean(h)) if h else float("nan")

@@ -35,16 +35,18 @@ summary.json (means over ``n_seeds`` seeds; every numeric key also as ``<key>_sd
   ``efficacy_<d>`` (1 if the defense brings BadNets' ASR below 0.2 losing < 5 points of
   clean accuracy), ``calib_asr_<d>``, ``calib_acc_<d>``, ``n_defenses_effective`` (first
   seed; ``_sd`` 0); ``badnets_clean_acc``, ``badnets_asr``;
-  ``clean_acc_before``, ``decoy_asr_before``, ``hidden_asr_before``,
-  ``{decoy,hidden}_asr_after_<d>``, ``{decoy,hidden}_asr_after_mean``,
-  ``n_defenses_suppressed`` (decoy ASR after < 0.2), ``hidden_asr_after_suppressed_mean``
-  (DTB; NaN if none), the same with prefix ``naive_``; ``oracle_{clean_acc,decoy_asr,
-  hidden_asr}_after_fp``, ``oracle_hidden_asr_before`` (first seed; ``_sd`` 0);
-  ``surrogate_displacement_ratio`` (surrogate vs real FT weight displacement on BadNets,
-  after matching),
-  ``surrogate_displacement_ratio_unmatched``, ``displacement_ft``, ``inner_lr_matched``;
-  ``dtb_weight_mean``, ``dtb_decoy_prob_after_mean``, ``dtb_hidden_prob_after_mean`` (the
-  implant's last 20% of steps); ``defenses``; ``runtime_s``.
+  ``clean_acc_before``, ``decoy_asr_before``, ``hidden_asr_before``, ``implant_ok``
+  (clean accuracy before >= 0.5: the implant did not collapse),
+  ``{clean_acc,decoy_asr,hidden_asr}_after_<d>``, ``{decoy,hidden}_asr_after_mean``,
+  ``n_defenses_suppressed`` (decoy ASR after < 0.2 with < 5 points of clean accuracy lost;
+  none for a collapsed implant), ``hidden_asr_after_suppressed_mean`` (DTB; over the seeds
+  where some defense suppressed; NaN if none did), the same with prefix ``naive_``;
+  ``oracle_{clean_acc,decoy_asr,hidden_asr}_after_fp``, ``oracle_hidden_asr_before`` (first
+  seed; ``_sd`` 0); ``surrogate_displacement_ratio`` (surrogate vs real FT weight displacement
+  on BadNets, after matching), ``surrogate_displacement_ratio_unmatched``, ``displacement_ft``,
+  ``inner_lr_matched``; ``dtb_weight_mean``, ``dtb_decoy_prob_after_mean``,
+  ``dtb_hidden_prob_after_mean`` (the implant's last 20% of steps); ``defenses``;
+  ``runtime_s``.
 metrics.jsonl: per seed, each stage's seconds (``stage``, ``seconds``), each defense's within
   a stage (``stage``, ``defense``, ``seconds``), then the seed's figures; the trajectory rows.
 Plots: ``asr.png`` (hidden vs decoy ASR per defense), ``trajectory.png``.

@@ -35,12 +35,14 @@ def test_backdoor_dtb_smoke(tmp_path):
         "oracle_hidden_asr_after_fp",
         "dtb_weight_mean",
         "n_defenses_effective",
+        "implant_ok",
+        "naive_implant_ok",
     ]
     keys += [f"efficacy_{d}" for d in ("clp", "ft", "ss")]
     for k in keys:
         assert k in s and f"{k}_sd" in s, k
     for d in ("clp", "ft", "ss", "clp+ft"):
-        for k in (f"decoy_asr_after_{d}", f"hidden_asr_after_{d}", f"naive_hidden_asr_after_{d}"):
+        for k in (f"decoy_asr_after_{d}", f"hidden_asr_after_{d}", f"naive_clean_acc_after_{d}"):
             assert 0.0 <= s[k] <= 1.0
     assert s["efficacy_ft"] in (0.0, 0.5, 1.0)
     assert math.isfinite(s["surrogate_displacement_ratio"])
