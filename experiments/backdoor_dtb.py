@@ -28,9 +28,11 @@ Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [-
 Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) about 2.5
           minutes on 2 CPU cores from an empty cache, mostly compilation (once per defense
           and surrogate member: the first seed about 2 min, the second 20 s); full (3 seeds,
-          budget 200) about 40-70 min a seed on 2 CPU cores (72 min measured for one seed
-          beside other jobs: calibration 11, each implant with a surrogate 10.5, the DTB and
-          naive sanitisation suites 17 and 15, the trajectory 3), so 2-3.5 hours in all.
+          budget 200) 81 min measured on 2 CPU cores (results/backdoor_dtb): the first seed
+          46 min (BadNets 1.2, calibration 8.6, the implants 2, 11 and 3.3, the DTB and
+          naive sanitisation suites 7 each, the trajectory 4.7), later seeds 17.5 min (the
+          implants' compiles are reused).
+          With ``--resume`` the implants are restored from their checkpoints.
 summary.json (means over ``n_seeds`` seeds; every numeric key also as ``<key>_sd``):
   ``efficacy_<d>`` (1 if the defense brings BadNets' ASR below 0.2 losing < 5 points of
   clean accuracy), ``calib_asr_<d>``, ``calib_acc_<d>``, ``n_defenses_effective`` (first
