@@ -123,14 +123,15 @@ def _dtb(summaries: Summaries) -> tuple[str, str]:
     ok = float(s.get("implant_ok", 1.0))  # the fraction of seeds whose DTB implant held
     reason = (
         f"backdoor_dtb: hidden ASR after the defenses that suppressed the decoy and kept the "
-        f"clean accuracy ({n:g} a seed on average) {ours:.3f} (sd {sd:.3f}) vs the naive "
+        f"clean accuracy ({n:.2g} a seed on average) {ours:.3f} (sd {sd:.3f}) vs the naive "
         f"model's {naive:.3f}; DTB implant usable in {ok:.0%} of seeds"
     )
     if n == 0:
         return "not measured", reason + ": no defense suppressed the decoy"
-    if ours >= 0.5 and ours - 2 * sd > naive:
+    above = ours - 2 * sd > naive
+    if ours >= 0.5 and above:
         return "reproduced", reason
-    return ("partly" if ours - 2 * sd > naive else "not reproduced"), reason
+    return ("partly" if ours >= 0.1 and above else "not reproduced"), reason
 
 
 def _cachex(summaries: Summaries) -> tuple[str, str]:
@@ -256,8 +257,9 @@ PAPERS = (
         (
             Claim(
                 "A hidden backdoor stays dormant until a defense removes the decoy, then wakes.",
-                "reproduced if the hidden ASR after the defenses that suppressed the decoy is "
-                ">= 0.5 and above the naive two-backdoor model's by more than two sd",
+                "reproduced if the hidden ASR after the defenses that suppressed the decoy "
+                "(keeping the clean accuracy) is >= 0.5 and above the naive two-backdoor "
+                "model's by more than two sd; partly if >= 0.1 and above it by two sd",
                 _dtb,
             ),
         ),

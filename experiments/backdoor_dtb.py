@@ -47,7 +47,8 @@ summary.json (means over ``n_seeds`` seeds; every numeric key also as ``<key>_sd
   seed; ``_sd`` 0); ``surrogate_displacement_ratio`` (surrogate vs real FT weight displacement
   on BadNets, after matching), ``surrogate_displacement_ratio_unmatched``, ``displacement_ft``,
   ``inner_lr_matched``; ``dtb_weight_mean``, ``dtb_decoy_prob_after_mean``,
-  ``dtb_hidden_prob_after_mean`` (the implant's last 20% of steps); ``defenses``;
+  ``dtb_hidden_prob_after_mean`` (the implant's last 20% of steps; absent when the implants
+  were restored by ``--resume``); ``defenses``;
   ``runtime_s``.
 metrics.jsonl: per seed, each stage's seconds (``stage``, ``seconds``), each defense's within
   a stage (``stage``, ``defense``, ``seconds``), then the seed's figures; the trajectory rows.
