@@ -33,8 +33,8 @@ Wilson 95% interval above both of theirs.
 
 Command:  python -m experiments.cvxclust_phase [--quick] [--out DIR] [--seed N] [--set k=v]
 Runtime:  --quick (n = 24, one panel, 2 x 2 grid, 3 trials) about 1-2 min on 2 CPU cores; the
-          full study (n = 60, 4 panels, 5 x 5 grids, 20 trials, 3 factors) is sized from one
-          timed cell (see the issue's closing note); it is several hours on 2 CPU cores.
+          full study (n = 60, 4 panels, 5 x 5 grids, 20 trials, 3 factors), extrapolated from
+          one timed cell, is several hours on 2 CPU cores.
 
 summary.json keys: ``dpq_grid``, ``sep_grid``, ``panels`` (``"K{k}_d{d}"``); for regime in
 ``fixed``, ``tuned`` and program in ``graph``, ``node``, ``joint``, ``linear``:
