@@ -23,7 +23,7 @@ import numpy as np
 
 from hexad import backdoor as bd
 
-ASR_OK, ACC_LOSS_OK, SUPPRESSED = 0.2, 0.05, 0.2
+ASR_OK, ACC_LOSS_OK = 0.2, 0.05  # a defense removes a backdoor: ASR below, accuracy kept
 IMPLANT_OK = 0.5  # an implanted model below this clean accuracy (10 classes) has collapsed
 
 
@@ -54,14 +54,21 @@ def efficacy_entries(table: dict[str, float], names: list[str]) -> dict[str, flo
     out = {}
     for d in names:
         asr, acc = table[f"decoy_asr_after_{d}"], table[f"clean_acc_after_{d}"]
-        ok = asr < ASR_OK and table["clean_acc_before"] - acc < ACC_LOSS_OK
+        ok = _removes_decoy(table, d)
         out |= {f"efficacy_{d}": float(ok), f"calib_asr_{d}": asr, f"calib_acc_{d}": acc}
     out["n_defenses_effective"] = float(sum(out[f"efficacy_{d}"] for d in names))
     return out
 
 
+def _removes_decoy(table: dict[str, float], d: str) -> bool:
+    """Whether defense ``d`` brings the decoy ASR below ``ASR_OK`` losing less than
+    ``ACC_LOSS_OK`` of clean accuracy."""
+    lost = table["clean_acc_before"] - table[f"clean_acc_after_{d}"]
+    return table[f"decoy_asr_after_{d}"] < ASR_OK and lost < ACC_LOSS_OK
+
+
 def suppressed_entries(pre: str, table: dict[str, float], names: list[str]) -> dict[str, float]:
-    """Per defense ``<pre>{clean_acc,decoy,hidden}_asr_after_<d>``; ``<pre>implant_ok``;
+    """Per defense ``<pre>{clean_acc,decoy_asr,hidden_asr}_after_<d>``; ``<pre>implant_ok``;
     ``<pre>n_defenses_suppressed`` and ``<pre>hidden_asr_after_suppressed_mean`` (NaN when
     none suppressed); the unconditional means.
 
@@ -79,13 +86,7 @@ def suppressed_entries(pre: str, table: dict[str, float], names: list[str]) -> d
     (1.0, 0.8)
     """
     ok = table["clean_acc_before"] >= IMPLANT_OK
-    sup = [
-        d
-        for d in names
-        if ok
-        and table[f"decoy_asr_after_{d}"] < SUPPRESSED
-        and table["clean_acc_before"] - table[f"clean_acc_after_{d}"] < ACC_LOSS_OK
-    ]
+    sup = [d for d in names if ok and _removes_decoy(table, d)]
     out = {
         f"{pre}{m}_after_{d}": table[f"{m}_after_{d}"]
         for d in names
@@ -184,7 +185,7 @@ def plot_asr(ctx: Any, tables: dict[str, dict[str, float]], names: list[str]) ->
             color=color,
             label=f"{tag} before",
         )
-    ax.axvline(SUPPRESSED, color="grey", lw=0.8, ls=":")
+    ax.axvline(ASR_OK, color="grey", lw=0.8, ls=":")
     ax.set(xlabel="decoy ASR", ylabel="hidden ASR", xlim=(-0.05, 1.05), ylim=(-0.05, 1.05))
     ax.set_title("Hidden vs decoy ASR before and after each defense (seed 0)")
     ax.legend(fontsize=8)

@@ -48,8 +48,7 @@ summary.json (means over ``n_seeds`` seeds; every numeric key also as ``<key>_sd
   on BadNets, after matching), ``surrogate_displacement_ratio_unmatched``, ``displacement_ft``,
   ``inner_lr_matched``; ``dtb_weight_mean``, ``dtb_decoy_prob_after_mean``,
   ``dtb_hidden_prob_after_mean`` (the implant's last 20% of steps; absent when the implants
-  were restored by ``--resume``); ``defenses``;
-  ``runtime_s``.
+  were restored by ``--resume``); ``defenses``; ``runtime_s``.
 metrics.jsonl: per seed, each stage's seconds (``stage``, ``seconds``), each defense's within
   a stage (``stage``, ``defense``, ``seconds``), then the seed's figures; the trajectory rows.
 Plots: ``asr.png`` (hidden vs decoy ASR per defense), ``trajectory.png``.
