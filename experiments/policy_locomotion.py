@@ -37,8 +37,8 @@ Command:  python -m experiments.policy_locomotion [--quick] [--out DIR] [--seed 
           checkpointed through hexad.cachex in ``--ckpt``/seed<s>; ``--resume`` restores them.
 Runtime:  --quick (3000 SAC steps, 64-wide, 1000 updates, 1 seed, 2 selection and 3 test
           episodes of 50 steps, budgets 0.3 and 3 x d only): about 2 min on 2 idle cores.
-          Full: over an hour on 2 CPU cores plus the data of seeds not yet cached (5-7 min per
-          seed), extrapolated from timed stages.
+          Full (3 seeds, HalfCheetah): 42 min measured on 2 CPU cores shared with other work,
+          from an empty data cache (results/policy_locomotion).
 
 summary.json keys: those of ``experiments.policy_pointmaze`` (``verdict_graceful_Q``,
 ``verdict_selector_Q``, their intervals and margins, ``precision_ratio_median_Q``, the budget
