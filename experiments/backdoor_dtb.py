@@ -13,7 +13,12 @@ cost of the CNN's at 32x32.
 1. Calibration (first seed; later seeds run FT alone, for step 2): a BadNets model (decoy
    patch, 10% poison) is sanitised by every defense of ``hexad.backdoor.DEFENSES`` at the
    step budget ``defense_steps`` (ABL, AC, SS on the poisoned training set; ANP, RNP select
-   their pruning level by BackdoorBench's rule).
+   their pruning level by BackdoorBench's rule). With ``defense_lrs`` (e.g. ``--set
+   defense_lrs=0.01,0.003,0.001``) the fine-tuning defenses (FT, FP, NAD, FT-SAM, MCR)
+   choose their step size among them as a defender can, on a held-out fifth of the clean
+   split: the largest that loses at most 5 points of held-out clean accuracy
+   (``hexad.backdoor.defenses.select_lr``), here and in every later sanitisation; the
+   default ``()`` keeps BackdoorBench's fixed 0.01, which throws some models to chance.
 2. Surrogate matching: the DTB surrogate's step size is rescaled so that its ``"ft"``
    member moves the BadNets model's weights as far as the real FT does.
 3. Three implants from the same start and data (decoy at ``poison_rate`` of each batch,
@@ -35,14 +40,15 @@ Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) ab
           With ``--resume`` the implants are restored from their checkpoints.
 summary.json (means over ``n_seeds`` seeds; every numeric key also as ``<key>_sd``):
   ``efficacy_<d>`` (1 if the defense brings BadNets' ASR below 0.2 losing < 5 points of
-  clean accuracy), ``calib_asr_<d>``, ``calib_acc_<d>``, ``n_defenses_effective`` (first
-  seed; ``_sd`` 0); ``badnets_clean_acc``, ``badnets_asr``;
+  clean accuracy), ``calib_asr_<d>``, ``calib_acc_<d>``, ``calib_lr_<d>`` (the chosen step
+  size), ``n_defenses_effective`` (first seed; ``_sd`` 0); ``badnets_clean_acc``, ``badnets_asr``;
   ``clean_acc_before``, ``decoy_asr_before``, ``hidden_asr_before``, ``implant_ok``
   (clean accuracy before >= 0.5: the implant did not collapse),
   ``{clean_acc,decoy_asr,hidden_asr}_after_<d>``, ``{decoy,hidden}_asr_after_mean``,
   ``n_defenses_suppressed`` (decoy ASR after < 0.2 with < 5 points of clean accuracy lost;
   none for a collapsed implant), ``hidden_asr_after_suppressed_mean`` (DTB; over the seeds
-  where some defense suppressed; NaN if none did), the same with prefix ``naive_``;
+  where some defense suppressed; NaN if none did), ``lr_<d>`` (the chosen step sizes;
+  ``lr_<c>_<i>`` for round ``i`` of a composition), the same with prefix ``naive_``;
   ``oracle_{clean_acc,decoy_asr,hidden_asr}_after_fp``, ``oracle_hidden_asr_before`` (first
   seed; ``_sd`` 0); ``surrogate_displacement_ratio`` (surrogate vs real FT weight displacement
   on BadNets, after matching), ``surrogate_displacement_ratio_unmatched``, ``displacement_ft``,
@@ -95,6 +101,7 @@ class Config:
     defenses: tuple[str, ...] = tuple(bd.DEFENSES)
     compositions: tuple[str, ...] = ("ft+ft", "nc+ft", "fp+nad")
     defense_steps: int = 200
+    defense_lrs: tuple[float, ...] = ()
 
     def __post_init__(self):
         ones = ("n_seeds", "widths", "hidden", "train_steps", "batch_size", "dtb_steps")
@@ -104,7 +111,7 @@ class Config:
         _runner.in_range(self, 0, 9, "decoy_target", "hidden_target")
         _runner.in_unit(self, "blend_alpha")
         _runner.in_unit(self, "poison_rate", lo_open=True, hi_open=True)
-        _runner.positive(self, "lr")
+        _runner.positive(self, "lr", "defense_lrs")
         _runner.one_of(self, tuple(bd.DEFENSES), "defenses")
         try:
             self.dtb()
@@ -132,7 +139,8 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
     model, problem, data, keys = s.model, s.problem, s.data, s.keys
     stage = _backdoor.Stages(ctx, seed)
     names = [*cfg.defenses, *cfg.compositions]
-    defs = {n: bd.make_defense(n, cfg.defense_steps) for n in names}
+    lrs = cfg.defense_lrs or None  # () keeps BackdoorBench's fixed step sizes
+    defs = {n: bd.make_defense(n, cfg.defense_steps, lrs) for n in names}
 
     def bench(p, ds, tag):
         def log(name, _, seconds):
@@ -151,6 +159,7 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
     with stage("calibration"):
         t_bad = bench(badnets, {d: defs[d] for d in calib}, "calibration")
     out = _backdoor.efficacy_entries(t_bad, calib) if first else {}
+    out |= {f"calib_{k}": v for k, v in t_bad.items() if k.startswith("lr_") and first}
     out |= {
         "badnets_clean_acc": t_bad["clean_acc_before"],
         "badnets_asr": t_bad["decoy_asr_before"],
@@ -188,9 +197,11 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
             tables[tag] = bench(models[tag], defs, f"defenses_{tag}")
     out |= _backdoor.suppressed_entries("", tables["dtb"], names)
     out |= _backdoor.suppressed_entries("naive_", tables["naive"], names)
+    for pre, tag in (("", "dtb"), ("naive_", "naive")):
+        out |= {pre + k: v for k, v in tables[tag].items() if k.startswith("lr_")}
     if first:
         with stage("oracle_fp"):
-            fp = {"fp": bd.make_defense("fp", cfg.defense_steps)}
+            fp = {"fp": bd.make_defense("fp", cfg.defense_steps, lrs)}
             t_or = bench(models["oracle"], fp, "oracle_fp")
         for m in ("clean_acc", "decoy_asr", "hidden_asr"):
             out[f"oracle_{m}_after_fp"] = t_or[f"{m}_after_fp"]

@@ -185,3 +185,68 @@ def test_sam_gradient_is_the_gradient_at_the_ascent_point(trained, adaptive):
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(g), strict=True)
     )
     assert diff > 1e-4
+
+
+def _fake_defense(ruin_above, seen):
+    # A defense whose outcome is known exactly: at lr > ruin_above it zeroes every weight (the
+    # model then predicts one class), otherwise it returns the model unchanged; it records the
+    # clean split it was given and the lr.
+    def defense(key, model, params, data, n_steps=100, lr=0.01):
+        seen.append((lr, np.asarray(data.x_clean)))
+        out = jax.tree.map(jnp.zeros_like, params) if lr > ruin_above else params
+        return bd.DefenseOutput(out, {"n_steps": n_steps})
+
+    return defense
+
+
+def test_select_lr_keeps_the_largest_step_size_that_keeps_held_out_accuracy(trained):
+    data = _data(trained)
+    seen = []
+    out = dfs.select_lr(_fake_defense(0.005, seen), lrs=(0.001, 0.01, 0.003))(
+        jax.random.key(0), trained.model, trained.bad, data, 7
+    )
+    # tried from the largest; 0.01 ruins the model, 0.003 keeps it and stops the search
+    assert [lr for lr, _ in seen] == [0.01, 0.003]
+    assert out.info["lr"] == 0.003 and out.info["n_steps"] == 7
+    assert out.info["held_acc"][0.003] == out.info["held_acc_before"] > 0.5
+    assert out.info["held_acc"][0.01] < out.info["held_acc_before"] - 0.05
+    for a, b in zip(jax.tree.leaves(out.params), jax.tree.leaves(trained.bad), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # the defense saw only the fit part: 80% of the clean split, none of the held part
+    m = data.x_clean.shape[0]
+    fit = seen[0][1]
+    assert fit.shape[0] == m - round(0.2 * m)
+    rows = {r.tobytes() for r in np.asarray(data.x_clean)}
+    assert all(r.tobytes() in rows for r in fit)
+    # when every step size ruins the model, the best held-out accuracy is kept (the smallest)
+    seen.clear()
+    out = dfs.select_lr(_fake_defense(0.0, seen), lrs=(0.01, 0.003))(
+        jax.random.key(0), trained.model, trained.bad, data, 7
+    )
+    assert [lr for lr, _ in seen] == [0.01, 0.003] and out.info["lr"] in (0.01, 0.003)
+    assert out.info["held_acc"][out.info["lr"]] == max(out.info["held_acc"].values())
+
+
+def test_select_lr_bad_input(trained):
+    data = _data(trained)
+    bad = (({"lrs": ()}, "lrs"), ({"lrs": (0.01, -1.0)}, "lrs"),
+           ({"acc_drop": 2.0}, "acc_drop"), ({"held_frac": 1.0}, "held_frac"))  # fmt: skip
+    for kw, name in bad:
+        with pytest.raises(ValueError, match=name):
+            dfs.select_lr(dfs.finetune, **kw)
+    with pytest.raises(ValueError, match="lrs"):
+        bd.make_defense("ft", 5, lrs=(float("nan"),))
+    with pytest.raises(ValueError, match="settings: lr is chosen"):
+        dfs.select_lr(dfs.finetune)(jax.random.key(0), trained.model, trained.bad, data, lr=0.1)
+    one = bd.DefenseData(data.x_clean[:1], data.y_clean[:1])
+    with pytest.raises(ValueError, match="at least 2 images"):
+        dfs.select_lr(dfs.finetune)(jax.random.key(0), trained.model, trained.bad, one, 1)
+
+
+def test_make_defense_selects_lr_for_the_fine_tuning_rounds_only(trained):
+    data = _data(trained)
+    out = bd.make_defense("clp+ft", 2, lrs=(0.01, 0.001))(
+        jax.random.key(0), trained.model, trained.bad, data
+    )
+    clp_info, ft_info = out.info["rounds"]
+    assert "lr" not in clp_info and ft_info["lr"] in (0.01, 0.001)

@@ -18,6 +18,7 @@ TINY = {
     "defenses": ("clp", "ft", "ss"),
     "compositions": ("clp+ft",),
     "defense_steps": 1,
+    "defense_lrs": (0.01, 0.001),
 }
 
 
@@ -45,6 +46,10 @@ def test_backdoor_dtb_smoke(tmp_path):
         for k in (f"decoy_asr_after_{d}", f"hidden_asr_after_{d}", f"naive_clean_acc_after_{d}"):
             assert 0.0 <= s[k] <= 1.0
     assert s["efficacy_ft"] in (0.0, 0.5, 1.0)
+    # the fine-tuning rounds chose their step sizes among the study's candidates
+    for k in ("calib_lr_ft", "lr_ft", "naive_lr_ft", "lr_clp+ft_1"):
+        assert s[k] in cfg.defense_lrs, k
+    assert "lr_clp+ft_0" not in s and "lr_clp" not in s
     assert math.isfinite(s["surrogate_displacement_ratio"])
     assert (tmp_path / "asr.png").is_file() and (tmp_path / "trajectory.png").is_file()
 

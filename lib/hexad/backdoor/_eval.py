@@ -188,7 +188,9 @@ def benchmark_defenses(
     BackdoorBench's protocol for a backdoored model: its figures before defense, after each
     defense (each sanitising ``params`` with the same ``key`` and ``data``) and after the
     ``surrogate``. A defense whose ``info`` has ``"flags"`` (AC, SS) also gives
-    ``<name>_tpr`` / ``<name>_fpr`` against ``is_poison``. ``displacement_<name>``: the
+    ``<name>_tpr`` / ``<name>_fpr`` against ``is_poison``; one whose step size was chosen by
+    :func:`hexad.backdoor.defenses.select_lr` gives ``lr_<name>`` (``lr_<name>_<i>`` for
+    round ``i`` of a composition). ``displacement_<name>``: the
     :func:`weight_displacement` of each defense (and ``surrogate``). Host loop.
 
     Args:
@@ -234,6 +236,10 @@ def benchmark_defenses(
         if "flags" in out.info and is_poison is not None:
             tpr, fpr = detection_rates(np.asarray(out.info["flags"]), np.asarray(is_poison))
             extra[f"{name}_tpr"], extra[f"{name}_fpr"] = tpr, fpr
+        rounds = out.info.get("rounds", (out.info,))
+        for i, r in enumerate(rounds):  # the step sizes chosen by select_lr
+            if "lr" in r:
+                extra[f"lr_{name}" + (f"_{i}" if len(rounds) > 1 else "")] = float(r["lr"])
         if callback is not None:
             callback(name, after[name], time.perf_counter() - t0)
     sur = None

@@ -9,7 +9,8 @@ for ABL, AC and SS; optional backdoor validation data for BackdoorBench's prunin
 and ``n_steps`` one step budget from which each defense derives its sub-budgets (its
 docstring says how). :data:`DEFENSES` is the registry (14: FT, FP, NAD, ANP, NC, I-BAU,
 CLP, FT-SAM, RNP, MCR, SAU, ABL, AC, SS), :func:`make_defense` fixes a budget and settings,
-and :func:`compose` chains any of them (multi-round sanitisation). Modules by family:
+:func:`compose` chains any of them (multi-round sanitisation), and :func:`select_lr` lets a
+fine-tuning defense choose its step size on held-out clean data. Modules by family:
 :mod:`.finetuning` (FT, FT-SAM, NAD, MCR), :mod:`.pruning` (FP, ANP, CLP, RNP),
 :mod:`.adversarial` (I-BAU, SAU), :mod:`.nc`, :mod:`.abl`, :mod:`.detectors` (AC, SS).
 
@@ -26,7 +27,11 @@ Each entry: BackdoorBench default / value here / why.
 
 - FT: 100 epochs of SGD 0.01, momentum 0.9, wd 5e-4, cosine, RandomCrop(4) + flip /
   ``n`` steps, same optimiser and schedule, random 2-pixel shift, no flip / flips would swap
-  our diagonal and corner classes.
+  our diagonal and corner classes. With :func:`select_lr` (``make_defense(..., lrs=...)``)
+  FT, FP, NAD, FT-SAM and MCR choose the step size on held-out clean data instead: at 0.01 a
+  DTB implant falls to chance accuracy within 30 steps (its clean-split gradient is 4.7x a
+  BadNets model's at the same weight norm), and BadNets itself drops to 0.16 before
+  recovering.
 - FP: prune the last layer's inputs by mean activation until a relative test-accuracy drop
   of 0.1, then FT / the last conv layer's channels (our dense part reads them), one at a
   time, until a relative clean-split drop of 0.1, then ``n`` FT steps / the defender holds no
@@ -105,6 +110,7 @@ from hexad.backdoor.defenses.detectors import (
 from hexad.backdoor.defenses.finetuning import finetune, ft_sam, mcr, nad
 from hexad.backdoor.defenses.nc import neural_cleanse
 from hexad.backdoor.defenses.pruning import anp, clp, fine_pruning, rnp
+from hexad.backdoor.defenses.selection import select_lr
 
 # DefenseData and DefenseOutput are importable here and documented once, in hexad.backdoor.
 __all__ = [
@@ -125,6 +131,7 @@ __all__ = [
     "neural_cleanse",
     "rnp",
     "sau",
+    "select_lr",
     "spectral_signatures",
     "ss",
 ]
@@ -150,6 +157,9 @@ DEFENSES: Mapping[str, Callable] = {
 
 NEEDS_TRAIN = frozenset({"abl", "ac", "ss"})
 """The registry's names that read the training set the defender holds."""
+
+LR_SELECTABLE = frozenset({"ft", "fp", "nad", "ftsam", "mcr"})
+"""The registry's fine-tuning names whose ``lr`` :func:`select_lr` can choose."""
 
 
 def compose(*defenses: Callable) -> Callable:
@@ -185,7 +195,9 @@ def compose(*defenses: Callable) -> Callable:
     return run
 
 
-def make_defense(name: str, n_steps: int = 100, **settings: Any) -> Callable:
+def make_defense(
+    name: str, n_steps: int = 100, lrs: tuple[float, ...] | None = None, **settings: Any
+) -> Callable:
     """Returns ``defense(key, model, params, data) -> DefenseOutput`` for ``name`` at the
     step budget ``n_steps``; names joined by ``+`` (``"nc+ft"``) give their
     :func:`compose`, each round at the same budget and ``settings``.
@@ -193,6 +205,8 @@ def make_defense(name: str, n_steps: int = 100, **settings: Any) -> Callable:
     Args:
       name: a key of :data:`DEFENSES`, or keys joined by ``+``.
       n_steps: the step budget (an int >= 1).
+      lrs: optional candidate step sizes: every round in :data:`LR_SELECTABLE` then chooses
+        its ``lr`` among them on held-out clean data (:func:`select_lr`, default rule).
       **settings: keyword settings of the defense (of every round of a composition).
 
     >>> import jax.numpy as jnp
@@ -215,8 +229,13 @@ def make_defense(name: str, n_steps: int = 100, **settings: Any) -> Callable:
         )
     n = check_int("n_steps", n_steps, lo=1)
 
+    if lrs is not None:
+        select_lr(finetune, lrs)  # validates lrs here, naming the argument
+
     def budgeted(r: str) -> Callable:
         f = DEFENSES[r]
+        if lrs is not None and r in LR_SELECTABLE:
+            f = select_lr(f, lrs)
         return lambda k, m, p, data: f(k, m, p, data, n, **settings)
 
     fs = [budgeted(r) for r in rounds]
