@@ -111,3 +111,18 @@ def test_cache_names_are_the_spec_hash(monkeypatch, tmp_path):
     path = D.offline_rl_path("pointmaze_umaze", spec | {"version": 1})
     assert path == tmp_path / "offline_rl" / "pointmaze_umaze_efd1363851ba.npz"
     assert D.spec_tag({"b": 1, "a": 2}) == D.spec_tag({"a": 2, "b": 1})
+
+
+def test_maze_envs_leave_no_files_in_the_temporary_folder(tmp_path, monkeypatch):
+    # gymnasium-robotics writes each maze's model XML to the temporary folder and never
+    # deletes it; make_vec builds the environments in a private folder it removes.
+    import tempfile
+
+    from hexad.data.offline_rl._gym import make_vec
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    env = make_vec("PointMaze_UMaze-v3", 2, 5)
+    env.reset(seed=0)
+    env.step(np.zeros((2, 2)))
+    env.close()
+    assert list(tmp_path.iterdir()) == [] and tempfile.tempdir == str(tmp_path)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 
 __all__ = ["env_major", "make_vec", "vec_step"]
@@ -31,14 +33,22 @@ def make_vec(env_id: str, n_envs: int, max_episode_steps: int, **kwargs):
         import gymnasium_robotics
 
         gym.register_envs(gymnasium_robotics)
-    return gym.make_vec(
-        env_id,
-        num_envs=n_envs,
-        vectorization_mode="sync",
-        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-        max_episode_steps=max_episode_steps,
-        **kwargs,
-    )
+    # gymnasium-robotics' mazes write their model to an XML file in the system temporary
+    # folder on construction and never delete it (one file per environment); the file is read
+    # only while the environment is built, so it goes into a folder removed right after.
+    with tempfile.TemporaryDirectory(prefix="hexad-env-") as tmp:
+        saved, tempfile.tempdir = tempfile.tempdir, tmp
+        try:
+            return gym.make_vec(
+                env_id,
+                num_envs=n_envs,
+                vectorization_mode="sync",
+                vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+                max_episode_steps=max_episode_steps,
+                **kwargs,
+            )
+        finally:
+            tempfile.tempdir = saved
 
 
 def vec_step(env, obs: np.ndarray, act: np.ndarray, info_keys=("x_velocity", "reward_forward")):
