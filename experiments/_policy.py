@@ -670,6 +670,7 @@ class DecisiveConfig:
     alphas: tuple[float, ...] = (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)
     kl_budgets: tuple[float, ...] = (0.03, 0.1, 0.3, 1.0, 3.0)  # nats per action dimension
     kl_budget_verdict: float = 0.3
+    contrast_alpha: float = 0.5  # the common weight of the PoE-vs-additive contrast
     priors: tuple[str, ...] = policy.PRIOR_KINDS
     spaces: tuple[str, ...] = policy.SPACES
     n_seeds: int = 3
@@ -707,6 +708,12 @@ class DecisiveConfig:
             f"expected one of kl_budgets={self.kl_budgets}, got {self.kl_budget_verdict}",
         )
         _runner.require(self.n_select <= 500, "n_select", "at most 500 (seeds 1000 s + 500 + i)")
+        _runner.require(
+            self.contrast_alpha in self.alphas and 0.0 < self.contrast_alpha < 1.0,
+            "contrast_alpha",
+            f"expected one of alphas={self.alphas} strictly between 0 and 1, "
+            f"got {self.contrast_alpha}",
+        )
 
 
 # The --quick sizes of a decisive study.
@@ -718,7 +725,7 @@ DECISIVE_QUICK = {
     "guide_cql_steps": 500,
     "guide_action_samples": 4,
     "train_chunk": 250,
-    "alphas": (0.0, 0.3, 0.7, 1.0),
+    "alphas": (0.0, 0.3, 0.5, 1.0),
     "n_seeds": 1,
     "n_select": 2,
     "n_test": 3,
@@ -922,7 +929,8 @@ def run_decisive_seed(ctx, cfg, setup, key, tag) -> dict:
                 chosen[k, "budget", False], chosen[k, "budget", True] = full, mean
     # Selection episodes: the alpha sweeps and the guides' trust regions.
     grid = [(si, li) for si in range(len(cfg.spaces)) for li in range(n_lv)]
-    sel = [(si, li, 0, Method.POE, 0.0) for si, li in grid]
+    zero_row = (0, 0, 0, Method.ZERO, 0.0)
+    sel = [(si, li, 0, Method.POE, 0.0) for si, li in grid] + [zero_row]
     for si, li in grid:
         for qi in range(nq):
             sel += [
@@ -932,6 +940,9 @@ def run_decisive_seed(ctx, cfg, setup, key, tag) -> dict:
     for g in cfg.guides if pre is not None else ():
         sel += [(pre, li, 0, _GUIDE_METHOD[g], sh) for li in range(n_lv) for sh in cfg.guide_shifts]
     s_res = mean_of(evaluate(sel, "select", cfg.n_select))
+    chosen["zero_select"] = s_res(zero_row)
+    for si, li in grid:
+        chosen[si, li, "actor_select"] = s_res((si, li, 0, Method.POE, 0.0))
 
     def curve(si, li, qi, m):
         return [s_res((si, li, qi, m, al)) for al in cfg.alphas]
@@ -946,6 +957,7 @@ def run_decisive_seed(ctx, cfg, setup, key, tag) -> dict:
                 chosen[k, name + "_curve"] = c
                 test.append((si, li, qi, m, chosen[k, name]))
             test.append((si, li, qi, Method.POE, 1.0))
+            test += [(si, li, qi, m, cfg.contrast_alpha) for m in (Method.POE, Method.ADDITIVE)]
             test += [
                 (si, li, qi, Method.POE, al)
                 for mo in (False, True)
@@ -1004,6 +1016,52 @@ def _se(x) -> float:
     return float(np.std(x, ddof=1) / np.sqrt(len(x))) if len(x) > 1 else 0.0
 
 
+NOT_TESTED = "not tested: the prior alone is not below the actor"
+
+
+def verdicts(g_ci, p_ci, c_ci, margin, s_ci, s_margin, worth=True, excluded=None) -> tuple:
+    """The pre-stated rules of the decisive studies for one (space, level, prior): returns the
+    verdicts ``(graceful, additive_below_poe, selector)``.
+
+    Intervals are ``(mean, lo, hi)``: ``g_ci`` of PoE-KL - actor, ``p_ci`` of the prior alone -
+    actor, ``c_ci`` of additive - PoE at the contrast alpha, ``s_ci`` of PoE-KL - oracle.
+    Graceful degradation and the contrast are tested only for a prior whose ``p_ci`` lies below
+    ``-margin``; every verdict is excluded when the actor does not beat the zero action on the
+    selection episodes (``worth`` false) or for the reason ``excluded``.
+
+    >>> verdicts((0, -1, 1), (-9, -10, -8), (-3, -4, -2), 2.0, (0, -1, 1), 2.0)
+    ('holds', 'holds', 'holds')
+    >>> verdicts((0, -1, 1), (0, -1, 1), (-3, -4, -2), 2.0, (0, -1, 1), 2.0)[0]
+    'not tested: the prior alone is not below the actor'
+    >>> verdicts((0, -1, 1), (-9, -10, -8), (-3, -4, -2), 2.0, (0, -1, 1), 2.0, worth=False)[2]
+    'excluded: the actor does not beat the zero action'
+    """
+    if excluded:
+        return (f"excluded: {excluded}",) * 3
+    if not worth:
+        return ("excluded: the actor does not beat the zero action",) * 3
+    v_s = policy.verdict(s_ci, s_margin)
+    if not p_ci[2] < -margin:
+        return NOT_TESTED, NOT_TESTED, v_s
+    v_c = "holds" if c_ci[2] < 0 else "fails" if c_ci[1] > 0 else "undecided"
+    return policy.verdict(g_ci, margin), v_c, v_s
+
+
+def cell(ci_: Sequence[float], margin: float, worth: bool = True, excluded=None) -> str:
+    """The Help / Frozen / Hurt class of one (actor, prior) cell from the interval ``ci_`` of
+    (composition - actor): ``"help"`` if it lies above ``margin``, ``"hurt"`` if below
+    ``-margin``, ``"frozen"`` otherwise; excluded as :func:`verdicts`.
+
+    >>> cell((5, 3, 7), 2.0), cell((-5, -7, -3), 2.0), cell((1, -1, 3), 2.0)
+    ('help', 'hurt', 'frozen')
+    """
+    if excluded:
+        return f"excluded: {excluded}"
+    if not worth:
+        return "excluded: the actor does not beat the zero action"
+    return "help" if ci_[1] > margin else "hurt" if ci_[2] < -margin else "frozen"
+
+
 def decide(cfg, runs: Sequence[dict], levels: Sequence[str], excluded: str | None = None) -> dict:
     """The summary of :func:`run_decisive_seed` over seeds: test means, paired bootstrap
     intervals pooled over seeds (stratified by seed), and the verdicts of the rules stated in
@@ -1034,10 +1092,18 @@ def decide(cfg, runs: Sequence[dict], levels: Sequence[str], excluded: str | Non
     def avg(f):
         return np.mean([f(run) for run in runs], 0).tolist()
 
+    cells: dict[str, dict[str, str]] = {}
+    zero_sel = float(np.mean([run["chosen"]["zero_select"] for run in runs]))
+    out["zero_select_return"] = zero_sel
     for si, space in enumerate(cfg.spaces):
         for li, level in enumerate(levels):
             pre = ("" if si == 0 else f"{space}_") + ("" if li == 0 else f"{level}_")
+            actor_sel = float(np.mean([run["chosen"][si, li, "actor_select"] for run in runs]))
+            worth = actor_sel > zero_sel
+            out[pre + "actor_select_return"] = actor_sel
+            out[pre + "actor_beats_zero"] = worth
             actor = pooled(si, li, 0, Method.POE, 0.0)
+            cells[pre] = {}
             own = np.concatenate([run["own"][canon((si, li, 0, Method.POE, 0.0))] for run in runs])
             out |= {
                 pre + "actor_return": float(actor.mean()),
@@ -1075,15 +1141,21 @@ def decide(cfg, runs: Sequence[dict], levels: Sequence[str], excluded: str | Non
                 g_ci, a_ci, p_ci = ci(sel - actor), ci(add - actor), ci(prior_only - actor)
                 s_margin = max(2.0 * _se(oracle), 0.05 * abs(float(oracle.mean())))
                 s_ci = ci(sel - oracle)
-                v_g, v_s = (
-                    policy.verdict(g_ci, margin, [a_ci, p_ci]),
-                    policy.verdict(s_ci, s_margin),
-                )
-                if excluded:
-                    v_g = v_s = f"excluded: {excluded}"
+                poe_c = pooled(*k, Method.POE, cfg.contrast_alpha)
+                add_c = pooled(*k, Method.ADDITIVE, cfg.contrast_alpha)
+                c_ci = ci(add_c - poe_c)
+                v_g, v_c, v_s = verdicts(g_ci, p_ci, c_ci, margin, s_ci, s_margin, worth, excluded)
+                o_ci = ci(oracle - actor)
+                cells[pre][q] = cell(g_ci, margin, worth, excluded)
+                out[pre + "cell_oracle_" + q] = cell(o_ci, margin, worth, excluded)
+                out[pre + "oracle_minus_actor_ci_" + q] = o_ci
                 sfx = f"_{q}"
                 out |= {
                     pre + "verdict_graceful" + sfx: v_g,
+                    pre + "verdict_additive_below_poe" + sfx: v_c,
+                    pre + "additive_minus_poe_ci" + sfx: c_ci,
+                    pre + "poe_contrast_return" + sfx: float(poe_c.mean()),
+                    pre + "additive_contrast_return" + sfx: float(add_c.mean()),
                     pre + "graceful_ci" + sfx: g_ci,
                     pre + "graceful_margin" + sfx: margin,
                     pre + "additive_minus_actor_ci" + sfx: a_ci,
@@ -1114,6 +1186,10 @@ def decide(cfg, runs: Sequence[dict], levels: Sequence[str], excluded: str | Non
                     ),
                     pre + "prior_std_quantiles" + sfx: avg(lambda r: r["stats"][k, "prior_std"]),
                 }
+            out[pre + "cells"] = cells[pre]
+            out[pre + "cell_counts"] = {
+                c: sum(v == c for v in cells[pre].values()) for c in ("help", "frozen", "hurt")
+            }
     return out
 
 

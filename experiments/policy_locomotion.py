@@ -14,7 +14,9 @@ velocity goals shuffled across trajectories; one CQL guide (velocity-conditioned
 replay data with the tracking reward of each transition's own goal); selection episodes reset
 with seeds ``1000 s + 500 + i``, test episodes with ``1000 s + i`` (other starts).
 
-Shifted objective: track ``v* = target_velocity_frac`` times the medium data's mean x velocity;
+Shifted objective: track ``v* = target_velocity_frac`` times the medium data's mean x velocity
+(1.5: faster than the medium data, so the medium actor's running is worth something; an actor
+that the zero action beats at v* is excluded by the precondition of the decision rules);
 the reward's forward term becomes ``-|x_velocity - v*|`` (control cost kept). Metric: the raw
 shifted return of a ``episode_steps`` episode. ``actor_own_task_return``: each actor on its own
 task (the environment's reward) from the test starts, with ``zero_return`` (the zero action) and
@@ -38,11 +40,13 @@ Command:  python -m experiments.policy_locomotion [--quick] [--out DIR] [--seed 
 Runtime:  --quick (3000 SAC steps, 64-wide, 1000 updates, 1 seed, 2 selection and 3 test
           episodes of 50 steps, budgets 0.3 and 3 x d only): about 2 min on 2 idle cores.
           Full (3 seeds, HalfCheetah): 42 min measured on 2 CPU cores shared with other work,
-          from an empty data cache (results/policy_locomotion).
+          from an empty data cache; with ``--resume`` (evaluation only) 36 min beside two
+          other runs (results/policy_locomotion).
 
 summary.json keys: those of ``experiments.policy_pointmaze`` (``verdict_graceful_Q``,
-``verdict_selector_Q``, their intervals and margins, ``precision_ratio_median_Q``, the budget
-sweep, ``actor_own_task_return``, ...), for Q in ``priors``, with the prefix ``action_`` for the
+``verdict_additive_below_poe_Q``, ``verdict_selector_Q``, ``actor_beats_zero``, their
+intervals and margins, ``precision_ratio_median_Q``, the budget sweep,
+``actor_own_task_return``, ...), for Q in ``priors``, with the prefix ``action_`` for the
 second likelihood space and ``medium_replay_`` / ``medium_expert_`` for the other actors (the
 space first: ``action_medium_expert_...``); ``cql_guided_return``, ``cql_guided_shift``,
 ``cql_guided_minus_actor_ci``; once: ``env``, ``target_velocity``, ``zero_return``,
@@ -92,7 +96,7 @@ class Config(_policy.DecisiveConfig):
     guide_step_size: float = 0.1
     guide_shifts: tuple[float, ...] = (0.25, 0.5, 1.0)
     velocity_horizon: int = 10
-    target_velocity_frac: float = 0.5
+    target_velocity_frac: float = 1.5
 
     def __post_init__(self):
         super().__post_init__()

@@ -38,10 +38,22 @@ and goal), pooled over ``n_seeds`` seeds; intervals are 95% paired bootstrap int
 stratified by seed (``n_boot`` resamples); SE is the standard error of a pooled test mean.
 PoE-KL is PoE at the full-KL selector's alpha with B = ``kl_budget_verdict`` x d.
 
-- Graceful degradation, per prior Q: *holds* if the interval of (PoE-KL - actor) lies above
-  ``-2 SE(actor)`` and the intervals of (additive at its selection-chosen alpha - actor) and of
-  (prior alone - actor) both lie below ``-2 SE(actor)``; *fails* if the interval of (PoE-KL -
-  actor) lies below ``-2 SE(actor)``; otherwise *undecided*.
+- Precondition, per actor and space: the actor's mean return on the selection episodes is
+  above the zero action's; otherwise every verdict of that actor is "excluded: ..." (steering an
+  actor that standing still beats cannot degrade gracefully from anything).
+- Graceful degradation, per prior Q, tested only if the interval of (prior alone - actor) lies
+  below ``-2 SE(actor)`` (the prior is decidedly bad; otherwise "not tested: ..."): *holds* if
+  the interval of (PoE-KL - actor) lies above ``-2 SE(actor)``; *fails* if it lies below;
+  otherwise *undecided*.
+- Additive below PoE, per prior Q, tested as graceful degradation: at the common weight
+  ``contrast_alpha``, *holds* if the interval of (additive - PoE) lies below 0, *fails* if it
+  lies above 0, otherwise *undecided*. (Additive at its own selection-chosen alpha is reported,
+  ``additive_minus_actor_ci_Q``, but enters no verdict: a selection that works picks alpha 0
+  for a bad prior, which is the actor.)
+- Help / Frozen / Hurt, per actor and prior Q (the cell): *help* if the interval of (PoE-KL -
+  actor) lies above ``2 SE(actor)``, *hurt* if below ``-2 SE(actor)``, *frozen* otherwise;
+  the same with PoE at the selection-chosen oracle alpha in place of PoE-KL
+  (``cell_oracle_Q``). Excluded as the verdicts.
 - KL selector near the oracle, per prior Q: *holds* if the interval of (PoE-KL - PoE at the
   selection-chosen oracle alpha) lies above ``-max(2 SE(oracle), 5% |oracle|)``; *fails* if it
   lies below; otherwise *undecided*.
@@ -55,12 +67,18 @@ Command:  python -m experiments.policy_pointmaze [--quick] [--out DIR] [--seed N
           Seeds ``N .. N + n_seeds - 1``; each seed's networks are checkpointed through
           hexad.cachex in ``--ckpt``/seed<s>; ``--resume`` restores them.
 Runtime:  --quick (20k transitions, 64-wide, 1000 updates, 1 seed, 2 selection and 3 test
-          episodes of 100 steps): about 2 min on 2 idle CPU cores. Full (3 seeds): about
-          17 min on 2 CPU cores shared with other work (measured: results/policy_pointmaze).
+          episodes of 100 steps): about 2 min on 2 idle CPU cores. Full (3 seeds): 17 to
+          23 min measured on 2 CPU cores shared with one or two other runs; with
+          ``--resume`` (evaluation only) 17 min beside two other runs.
 
 summary.json keys, for Q in ``priors``; every key also exists with the prefix ``action_`` for
 the second likelihood space (the first space of ``spaces`` has no prefix):
-``verdict_graceful_Q``, ``verdict_selector_Q`` ("holds" / "fails" / "undecided");
+``verdict_graceful_Q``, ``verdict_additive_below_poe_Q``, ``verdict_selector_Q`` ("holds" /
+"fails" / "undecided", or "not tested: ..." / "excluded: ..." with the reason);
+``additive_minus_poe_ci_Q``, ``poe_contrast_return_Q``, ``additive_contrast_return_Q`` (at
+``contrast_alpha``); ``actor_select_return``, ``actor_beats_zero`` (the precondition);
+``cells`` ({Q: "help" / "frozen" / "hurt"}), ``cell_counts``, ``cell_oracle_Q``,
+``oracle_minus_actor_ci_Q``;
 ``graceful_ci_Q`` ([mean, lo, hi] of PoE-KL - actor), ``graceful_margin_Q`` (2 SE(actor)),
 ``additive_minus_actor_ci_Q``, ``prior_only_minus_actor_ci_Q``, ``selector_ci_Q`` (PoE-KL -
 oracle), ``selector_margin_Q``; test means ``poe_kl_budget_return_Q``, ``oracle_return_Q``,
@@ -74,7 +92,8 @@ seeds), ``kl_budget_return_Q``, ``kl_mean_budget_return_Q`` (test means per budg
 ``actor_own_task_return_se``, ``actor_std_quantiles``; ``iql_guided_return``,
 ``iql_guided_shift``, ``iql_guided_minus_actor_ci`` and the same for ``cql``; once:
 ``alphas``, ``kl_budgets_nats``, ``kl_budget_verdict_nats``, ``n_seeds``, ``n_select``,
-``n_test``, ``scripted_oracle_return`` (the data's oracle on the test goals), ``runtime_s``.
+``n_test``, ``zero_select_return``, ``scripted_oracle_return`` (the data's oracle on the test
+goals), ``runtime_s``.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ TINY = {
     "n_boot": 50,
     "priors": ("good", "output_noise", "data_corrupted"),
 }
-VERDICTS = {"holds", "fails", "undecided"}
+VERDICTS = ("holds", "fails", "undecided", "not tested: ", "excluded: ")
 
 
 def _smoke(tmp_path, monkeypatch):
@@ -44,10 +44,24 @@ def _smoke(tmp_path, monkeypatch):
     for pre in ("", "action_"):
         assert pre + "actor_own_task_return" in summary
         assert len(summary[pre + "actor_std_quantiles"]) == 3
+        assert summary[pre + "actor_beats_zero"] in (True, False)
+        cells = summary[pre + "cells"]
+        assert set(cells) == set(cfg.priors) and sum(summary[pre + "cell_counts"].values()) in (
+            0,
+            len(cfg.priors),
+        )
         for q in cfg.priors:
-            assert summary[f"{pre}verdict_graceful_{q}"] in VERDICTS
-            assert summary[f"{pre}verdict_selector_{q}"] in VERDICTS
-            for k in ("graceful_ci", "selector_ci", "additive_minus_actor_ci"):
+            for c in (cells[q], summary[f"{pre}cell_oracle_{q}"]):
+                assert c in ("help", "frozen", "hurt") or c.startswith("excluded: ")
+        for q in cfg.priors:
+            for v in ("graceful", "additive_below_poe", "selector"):
+                assert summary[f"{pre}verdict_{v}_{q}"].startswith(VERDICTS)
+            for k in (
+                "graceful_ci",
+                "selector_ci",
+                "additive_minus_actor_ci",
+                "additive_minus_poe_ci",
+            ):
                 m, lo, hi = summary[f"{pre}{k}_{q}"]
                 assert lo <= m + 1e-9 and m <= hi + 1e-9
             assert summary[f"{pre}precision_ratio_median_{q}"] > 0
@@ -98,3 +112,29 @@ def test_pointmaze_study_resume(tmp_path, monkeypatch):
     again.pop("runtime_s")
     assert again == summary
     assert not (tmp_path / "run2" / "metrics.jsonl").exists()
+
+
+def test_decision_rules_follow_their_statement():
+    # The rules of the docstring on hand-made intervals (mean, lo, hi), margin 2.
+    from experiments._policy import NOT_TESTED, cell, verdicts
+
+    assert [cell(c, 2.0) for c in ((0, 2.5, 3), (0, -3, -2.5), (0, 1, 3), (0, -3, -1))] == [
+        "help",
+        "hurt",
+        "frozen",
+        "frozen",
+    ]
+    assert cell((0, 3, 4), 2.0, worth=False).startswith("excluded")
+
+    bad, fine = (-9.0, -10.0, -8.0), (0.0, -1.0, 1.0)
+    below, above, straddle = (-3.0, -4.0, -2.0), (3.0, 2.0, 4.0), (0.0, -3.0, 1.0)
+    assert verdicts(fine, bad, below, 2.0, fine, 2.0) == ("holds", "holds", "holds")
+    assert verdicts(bad, bad, above, 2.0, bad, 2.0) == ("fails", "fails", "fails")
+    assert verdicts(straddle, bad, straddle, 2.0, straddle, 2.0) == ("undecided",) * 3
+    # A prior that is not decidedly worse than the actor tests neither claim about bad priors.
+    assert verdicts(fine, straddle, below, 2.0, fine, 2.0) == (NOT_TESTED, NOT_TESTED, "holds")
+    assert verdicts(fine, fine, below, 2.0, fine, 2.0)[:2] == (NOT_TESTED, NOT_TESTED)
+    # The zero-action precondition and an outer exclusion replace every verdict.
+    assert all(v.startswith("excluded") for v in verdicts(fine, bad, below, 2.0, fine, 2.0, False))
+    out = verdicts(fine, bad, below, 2.0, fine, 2.0, True, "data too small")
+    assert out == ("excluded: data too small",) * 3
