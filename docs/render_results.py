@@ -120,14 +120,17 @@ def _verdict_keys(summaries: Summaries, study: str, prefix: str) -> tuple[str, s
 
 def _ceiling(summaries: Summaries) -> tuple[str, str]:
     s = summaries["policy_locomotion"]
-    cells = {lv: s.get(f"{lv}cells", {}) for lv in ("medium_expert_", "medium_replay_")}
-    oracle = {lv: [str(s[f"{lv}cell_oracle_{q}"]) for q in cells[lv]] for lv in cells}
-    pairs = {lv: zip(cells[lv], oracle[lv], strict=True) for lv in cells}
+    oracle = {  # level -> {prior: its oracle-alpha cell}
+        lv: {q: str(s[f"{lv}cell_oracle_{q}"]) for q in s.get(f"{lv}cells", {})}
+        for lv in ("medium_expert_", "medium_replay_")
+    }
     reason = "policy_locomotion (oracle-alpha cells): " + "; ".join(
-        f"{lv.rstrip('_')} " + ", ".join(f"{q} {c.split(':')[0]}" for q, c in pairs[lv])
-        for lv in cells
+        f"{lv.rstrip('_')} " + ", ".join(f"{q} {c.split(':')[0]}" for q, c in cs.items())
+        for lv, cs in oracle.items()
     )
-    tested = {lv: [c for c in oracle[lv] if not c.startswith("excluded")] for lv in oracle}
+    tested = {
+        lv: [c for c in cs.values() if not c.startswith("excluded")] for lv, cs in oracle.items()
+    }
     if not tested["medium_expert_"] or not tested["medium_replay_"]:
         return "not measured", reason + " (excluded: the actor does not beat the zero action)"
     capped = "help" not in tested["medium_expert_"]

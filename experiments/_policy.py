@@ -1019,6 +1019,14 @@ def _se(x) -> float:
 NOT_TESTED = "not tested: the prior alone is not below the actor"
 
 
+def _exclusion(worth: bool, excluded: str | None) -> str | None:
+    """The verdict that replaces every rule's, or None: ``excluded`` first, then the
+    zero-action precondition."""
+    if excluded:
+        return f"excluded: {excluded}"
+    return None if worth else "excluded: the actor does not beat the zero action"
+
+
 def verdicts(g_ci, p_ci, c_ci, margin, s_ci, s_margin, worth=True, excluded=None) -> tuple:
     """The pre-stated rules of the decisive studies for one (space, level, prior): returns the
     verdicts ``(graceful, additive_below_poe, selector)``.
@@ -1036,10 +1044,8 @@ def verdicts(g_ci, p_ci, c_ci, margin, s_ci, s_margin, worth=True, excluded=None
     >>> verdicts((0, -1, 1), (-9, -10, -8), (-3, -4, -2), 2.0, (0, -1, 1), 2.0, worth=False)[2]
     'excluded: the actor does not beat the zero action'
     """
-    if excluded:
-        return (f"excluded: {excluded}",) * 3
-    if not worth:
-        return ("excluded: the actor does not beat the zero action",) * 3
+    if reason := _exclusion(worth, excluded):
+        return (reason,) * 3
     v_s = policy.verdict(s_ci, s_margin)
     if not p_ci[2] < -margin:
         return NOT_TESTED, NOT_TESTED, v_s
@@ -1055,10 +1061,8 @@ def cell(ci_: Sequence[float], margin: float, worth: bool = True, excluded=None)
     >>> cell((5, 3, 7), 2.0), cell((-5, -7, -3), 2.0), cell((1, -1, 3), 2.0)
     ('help', 'hurt', 'frozen')
     """
-    if excluded:
-        return f"excluded: {excluded}"
-    if not worth:
-        return "excluded: the actor does not beat the zero action"
+    if reason := _exclusion(worth, excluded):
+        return reason
     return "help" if ci_[1] > margin else "hurt" if ci_[2] < -margin else "frozen"
 
 
@@ -1092,7 +1096,6 @@ def decide(cfg, runs: Sequence[dict], levels: Sequence[str], excluded: str | Non
     def avg(f):
         return np.mean([f(run) for run in runs], 0).tolist()
 
-    cells: dict[str, dict[str, str]] = {}
     zero_sel = float(np.mean([run["chosen"]["zero_select"] for run in runs]))
     out["zero_select_return"] = zero_sel
     for si, space in enumerate(cfg.spaces):
@@ -1103,7 +1106,7 @@ def decide(cfg, runs: Sequence[dict], levels: Sequence[str], excluded: str | Non
             out[pre + "actor_select_return"] = actor_sel
             out[pre + "actor_beats_zero"] = worth
             actor = pooled(si, li, 0, Method.POE, 0.0)
-            cells[pre] = {}
+            cells = {}
             own = np.concatenate([run["own"][canon((si, li, 0, Method.POE, 0.0))] for run in runs])
             out |= {
                 pre + "actor_return": float(actor.mean()),
@@ -1146,7 +1149,7 @@ def decide(cfg, runs: Sequence[dict], levels: Sequence[str], excluded: str | Non
                 c_ci = ci(add_c - poe_c)
                 v_g, v_c, v_s = verdicts(g_ci, p_ci, c_ci, margin, s_ci, s_margin, worth, excluded)
                 o_ci = ci(oracle - actor)
-                cells[pre][q] = cell(g_ci, margin, worth, excluded)
+                cells[q] = cell(g_ci, margin, worth, excluded)
                 out[pre + "cell_oracle_" + q] = cell(o_ci, margin, worth, excluded)
                 out[pre + "oracle_minus_actor_ci_" + q] = o_ci
                 sfx = f"_{q}"
@@ -1186,9 +1189,9 @@ def decide(cfg, runs: Sequence[dict], levels: Sequence[str], excluded: str | Non
                     ),
                     pre + "prior_std_quantiles" + sfx: avg(lambda r: r["stats"][k, "prior_std"]),
                 }
-            out[pre + "cells"] = cells[pre]
+            out[pre + "cells"] = cells
             out[pre + "cell_counts"] = {
-                c: sum(v == c for v in cells[pre].values()) for c in ("help", "frozen", "hurt")
+                c: sum(v == c for v in cells.values()) for c in ("help", "frozen", "hurt")
             }
     return out
 

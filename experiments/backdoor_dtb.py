@@ -134,6 +134,11 @@ QUICK = {"n_seeds": 2, "size": 16, "n_per_class": 200, "model": "cnn", "widths":
          "defense_steps": 6, "compositions": ("ft+ft",)}  # fmt: skip
 
 
+def _lr_entries(pre: str, table: dict) -> dict:
+    """The step sizes the defenses of a table chose (``lr_<d>``), with the prefix ``pre``."""
+    return {pre + k: v for k, v in table.items() if k.startswith("lr_")}
+
+
 def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
     s = _backdoor.setup(cfg, images, seed)
     model, problem, data, keys = s.model, s.problem, s.data, s.keys
@@ -158,8 +163,7 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
     calib = list(cfg.defenses) if first else ["ft"]
     with stage("calibration"):
         t_bad = bench(badnets, {d: defs[d] for d in calib}, "calibration")
-    out = _backdoor.efficacy_entries(t_bad, calib) if first else {}
-    out |= {f"calib_{k}": v for k, v in t_bad.items() if k.startswith("lr_") and first}
+    out = _backdoor.efficacy_entries(t_bad, calib) | _lr_entries("calib_", t_bad) if first else {}
     out |= {
         "badnets_clean_acc": t_bad["clean_acc_before"],
         "badnets_asr": t_bad["decoy_asr_before"],
@@ -197,8 +201,7 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
             tables[tag] = bench(models[tag], defs, f"defenses_{tag}")
     out |= _backdoor.suppressed_entries("", tables["dtb"], names)
     out |= _backdoor.suppressed_entries("naive_", tables["naive"], names)
-    for pre, tag in (("", "dtb"), ("naive_", "naive")):
-        out |= {pre + k: v for k, v in tables[tag].items() if k.startswith("lr_")}
+    out |= _lr_entries("", tables["dtb"]) | _lr_entries("naive_", tables["naive"])
     if first:
         with stage("oracle_fp"):
             fp = {"fp": bd.make_defense("fp", cfg.defense_steps, lrs)}

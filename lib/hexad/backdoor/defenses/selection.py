@@ -87,10 +87,9 @@ def select_lr(
             out = defense(k_run, model, params, fit_data, n_steps, lr=lr, **settings)
             acc = float(masked_accuracy(model, out.params, None, xh, yh))
             tried[lr] = acc
-            if best is None or acc > best[1]:
+            if best is None or acc >= a0 - drop or acc > best[1]:
                 best = (lr, acc, out)
             if acc >= a0 - drop:
-                best = (lr, acc, out)
                 break
         lr, _, out = best
         info = dict(out.info) | {"lr": lr, "held_acc_before": a0, "held_acc": tried}
