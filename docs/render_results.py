@@ -51,10 +51,36 @@ class Paper:
     tables: Mapping[str, Callable[[Mapping[str, Any]], list[str]]] = field(default_factory=dict)
 
 
-def _paired(summaries: Summaries, study: str, metric: str) -> tuple[str, str]:
+#: The RWEFM settings: (study, key prefix of that setting in its summary, label).
+RWEFM_SETTINGS = (
+    ("rwefm_synthetic", "s2_", "S^2 vMF mixtures"),
+    ("rwefm_synthetic", "t2_", "T^2 seam-straddling mixtures"),
+    ("rwefm_protein", "", "alanine dipeptide torsions on T^2"),
+    ("rwefm_singlecell", "", "PBMC on S^7"),
+)
+
+
+def _rwefm_setting(summaries: Summaries, study: str, prefix: str) -> tuple[str, str]:
+    # The headline metric is the EMD 1-NN two-sample accuracy (0.5 ideal); each seed scores
+    # the distance of its 1-NNA from 0.5, paired over seeds, so that a model which memorises
+    # (below 0.5) is not rewarded.
     s = summaries[study]
-    mean, sd = float(s[f"{metric}_diff_mean"]), float(s[f"{metric}_diff_sd"])
-    reason = f"{study}: {metric} RWEFM - baseline = {mean:+.4f} (sd {sd:.4f})"
+    conv = float(s[f"{prefix}eval_converged_frac"])
+    r = [abs(float(v) - 0.5) for v in s[f"{prefix}rwefm_emd_1nna_seeds"]]
+    e = [abs(float(v) - 0.5) for v in s[f"{prefix}euclid_emd_1nna_seeds"]]
+    d = [a - b for a, b in zip(r, e, strict=True)]
+    mean = sum(d) / len(d)
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) if len(d) > 1 else 0.0
+    where = f"{study} {prefix.rstrip('_')}".strip()
+    floor = float(s[f"{prefix}floor_emd_1nna_mean"])
+    reason = (
+        f"{where}: distance of the EMD 1-NNA from 0.5, RWEFM - baseline = {mean:+.4f} "
+        f"(sd {sd:.4f}, {len(d)} seeds; data floor 1-NNA {floor:.3f})"
+    )
+    if conv < 0.99:
+        return "not measured", reason + f"; evaluation Sinkhorn converged in {conv:.3f} < 0.99"
+    if len(d) < 2:
+        return "not measured", reason + ": fewer than two seeds"
     if mean + 2 * sd < 0:
         return "reproduced", reason
     if mean - 2 * sd > 0:
@@ -62,15 +88,9 @@ def _paired(summaries: Summaries, study: str, metric: str) -> tuple[str, str]:
     return "partly", reason + ": within two sd of zero"
 
 
-def _rwefm(summaries: Summaries) -> tuple[str, str]:
-    verdicts = [_paired(summaries, st, "w2") for st in PAPERS_BY_SLUG["rwefm"].studies]
-    kinds = {v for v, _ in verdicts}
-    reason = "; ".join(r for _, r in verdicts)
-    if kinds == {"reproduced"}:
-        return "reproduced", reason
-    if "reproduced" in kinds:
-        return "partly", reason
-    return "not reproduced", reason
+def _rwefm_claim(i: int) -> Callable[[Summaries], tuple[str, str]]:
+    study, prefix, _ = RWEFM_SETTINGS[i]
+    return lambda summaries: _rwefm_setting(summaries, study, prefix)
 
 
 def _prefmh(summaries: Summaries) -> tuple[str, str]:
@@ -217,14 +237,17 @@ PAPERS = (
         "RWEFM: Riemannian Wasserstein entropic flow matching over point clouds",
         "the reference implementation DoronHav/WassersteinFlowMatching",
         ("rwefm_synthetic", "rwefm_protein", "rwefm_singlecell"),
-        (
+        tuple(
             Claim(
-                "Flow matching with Riemannian entropic maps generates point clouds on a "
-                "manifold closer to the data than the Euclidean baseline.",
-                "reproduced if RWEFM - baseline W2 (paired over seeds) is below zero by more "
-                "than two sd in every setting; partly if in some; else not reproduced",
-                _rwefm,
-            ),
+                f"On {label}, flow matching with Riemannian entropic maps generates point "
+                "clouds closer to held-out data than the Euclidean baseline from the same noise.",
+                "EMD 1-NN accuracy, each seed scored by its distance from 0.5 and paired with the "
+                "baseline's seed: reproduced if RWEFM - baseline is below zero by more than two "
+                "sd, not reproduced if above by more, partly if within; not measured unless "
+                "the evaluation's Sinkhorn solves converged in at least 99% of cases",
+                _rwefm_claim(i),
+            )
+            for i, (_, _, label) in enumerate(RWEFM_SETTINGS)
         ),
     ),
     Paper(
