@@ -31,7 +31,12 @@ depend on ``sep`` or ``d`` (same generator), so ``graph`` is solved once per ``(
 A synergy cell: the joint rate ``>= 0.5``, both single sources ``<= 0.3``, and the joint's
 Wilson 95% interval above both of theirs.
 
+Every cell's solves are checkpointed (``checkpoints/<study>/<run>/cell-<config hash>-...``
+or ``--ckpt DIR``) as soon as they finish, so a long run can be stopped and continued with
+``--resume``: the cells already solved under the same config are restored, not solved again.
+
 Command:  python -m experiments.cvxclust_phase [--quick] [--out DIR] [--seed N] [--set k=v]
+          [--resume] [--ckpt DIR]
 Runtime:  --quick (n = 24, one panel, 2 x 2 grid, 3 trials) about 1-2 min on 2 CPU cores; the
           full study (n = 60, 4 panels, 5 x 5 grids, 20 trials, 3 factors), extrapolated from
           one timed cell, is several hours on 2 CPU cores.
@@ -51,6 +56,7 @@ sep, factor]``); ``n``, ``trials``, ``grid``; ``graph_threshold`` and ``feature_
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -100,14 +106,25 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     hits = {p: np.zeros(shape) for p in P}
     exact = {p: np.zeros(shape) for p in P}
     worst, bad, graph_cache = 0.0, [], {}
+    stamp = hashlib.sha256(repr(cfg).encode()).hexdigest()[:10]  # cells of this config only
     with threadpool_limits(1):  # one BLAS thread: LAPACK's eigh thrashes on busy cores
         for a, (k, d) in enumerate(ctx.progress(panels, desc="panels")):
             for i, dpq in enumerate(cfg.dpq):
                 for j, sep in enumerate(cfg.sep):
-                    draws = _cvxclust.draw_cell(cfg, ctx.seed, k, d, i, dpq, sep)
                     todo = P if (k, i) not in graph_cache else P[1:]
-                    res = _cvxclust.solve_cell(cfg, draws, k, todo)
-                    res["graph"] = graph_cache.setdefault((k, i), res.get("graph"))
+                    tag = f"cell-{stamp}-K{k}-d{d}-{i}-{j}"
+                    empty = _empty_cell(cfg)
+                    with ctx.checkpointed(tag, empty) as (start, res, save):
+                        if start == 0:
+                            draws = _cvxclust.draw_cell(cfg, ctx.seed, k, d, i, dpq, sep)
+                            res = _cvxclust.solve_cell(cfg, draws, k, todo)
+                            res.setdefault("graph", graph_cache.get((k, i)))
+                            res = {
+                                p: {f: np.asarray(v, empty[p][f].dtype) for f, v in r.items()}
+                                for p, r in res.items()
+                            }
+                            save(0, res)
+                    res["graph"] = graph_cache.setdefault((k, i), res["graph"])
                     for p in P:
                         hits[p][a, i, j] = res[p]["recovered"].sum(1)
                         exact[p][a, i, j] = res[p]["exact"].sum(1)
@@ -122,6 +139,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
                         d=d,
                         dpq=dpq,
                         sep=sep,
+                        restored=start > 0,
                         **{p: res[p]["recovered"].mean(1).tolist() for p in P},
                     )
     fixed = cfg.grid.index(1.0)
@@ -158,6 +176,13 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         "feature_threshold": _cvxclust.feature_threshold(cfg.n),
     }
     return out
+
+
+def _empty_cell(cfg: Config) -> dict[str, dict[str, np.ndarray]]:
+    """The structure of one cell's :func:`experiments._cvxclust.solve_cell` record."""
+    shape = (len(cfg.grid), cfg.trials)
+    flags = ("recovered", "exact", "certified")
+    return {p: {f: np.zeros(shape, bool) for f in flags} | {"min_eig": np.zeros(shape)} for p in P}
 
 
 def _plot(ctx, cfg: Config, panels, diff, syn, regime: str) -> None:

@@ -1,5 +1,7 @@
 """Smoke tests of the cvxclust studies (tiny overrides, well under a minute each)."""
 
+import json
+
 from experiments import cvxclust_phase, cvxclust_planetoid
 
 
@@ -33,3 +35,23 @@ def test_planetoid_study_smoke_karate(tmp_path):
         assert 0.0 <= s[f"karate_{p}_acc"] <= s[f"karate_{p}_coverage"] <= 1.0
     # Two labelled members and the graph: most of the club (16 test members) is classified.
     assert s["karate_graph_acc"] >= 0.8 and s["karate_lp_acc"] >= 0.8
+
+
+def test_phase_study_resumes_cell_by_cell(tmp_path):
+    # A resumed run restores every solved cell from its checkpoint instead of solving it again,
+    # and its summary is the uninterrupted run's.
+    study = cvxclust_phase.STUDY
+    over = {"n": 12, "dpq": (0.8,), "sep": (0.0, 6.0), "trials": 2, "max_iters": 300}
+    cfg = study.make_config(True, over)
+    kw = {"checkpoint_dir": tmp_path / "ckpt", "show_progress": False}
+    first = study.execute(cfg, out_dir=tmp_path / "a", **kw)
+    again = study.execute(cfg, out_dir=tmp_path / "b", resume=True, **kw)
+    lines = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and all(json.loads(x)["restored"] for x in lines)
+    first.pop("runtime_s"), again.pop("runtime_s")
+    assert again == first
+    # Another config shares no cell with it.
+    other = study.execute(study.make_config(True, over | {"trials": 3}), out_dir=tmp_path / "c",
+                          resume=True, **kw)  # fmt: skip
+    lines = (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()
+    assert not any(json.loads(x)["restored"] for x in lines) and other["trials"] == 3
