@@ -5,7 +5,7 @@ Runs the benchmark cases of every kernel module (or of the named ones: a name se
 machine's roofline. Prints one row per case: shapes and dtype, compile seconds, steady-state
 median (>= 5 runs after warm-up), throughput, fraction of the roofline, the named peer's median
 measured in the same run, and the ratio ours / peer (below 1 is faster). ``--json FILE`` appends
-the rows as JSON lines. No row is a pass/fail test; the ``goal`` column quotes each issue's bar.
+the rows as JSON lines. No row is a pass/fail test; the ``goal`` column states each kernel's target.
 """
 
 from __future__ import annotations

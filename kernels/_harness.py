@@ -1,8 +1,8 @@
 """The kernel bench harness: compile time, steady-state medians, peer ratios, roofline.
 
 A kernel module ``kernels/<name>.py`` defines ``cases(quick: bool) -> list[Case]``. Each
-``Case`` names a function and its example arguments, and optionally a *peer*: the baseline the
-issue names (an ott-jax call, a BlackJAX kernel, a CVXPY solve, ...), timed in the same run on
+``Case`` names a function and its example arguments, and optionally a *peer*: the named
+baseline (an ott-jax call, a BlackJAX kernel, a CVXPY solve, ...), timed in the same run on
 the same problem. ``python -m kernels [name ...]`` discovers the modules, times every case and
 prints one row per case; ``--json FILE`` appends the rows as JSON lines.
 
@@ -65,7 +65,7 @@ class Case:
       peer_args: arguments of ``peer`` (default: ``args``).
       peer_name: what the peer is, e.g. ``"ott-jax sinkhorn"``.
       peer_jit: whether to wrap ``peer`` in ``jax.jit``.
-      goal: the issue's bar, stated as text, e.g. ``"ratio <= 1.2"``.
+      goal: the kernel's target, stated as text, e.g. ``"ratio <= 1.2"``.
       repeats: at least this many timed calls (raised to 5 if lower).
       warmup: untimed calls before timing (after compilation).
       bound_s: the kernel's lower bound in seconds, measured by the case module (see the

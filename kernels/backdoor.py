@@ -9,7 +9,7 @@ Rows:
   ``PreActResNet`` of widths 16-32-32 (4 groups), outer batch 64, inner batch 32. Peer: one
   plain clean training step of the same model and optimiser (optax adam) on the same batch,
   timed in the same run; the ratio says how many clean steps one bi-level step costs.
-  Bound (equivalent work): ``K + 2`` clean steps, the issue's pass count of a first-order
+  Bound (equivalent work): ``K + 2`` clean steps, the pass count of a first-order
   outer step (K inner forward/backward passes, each on the inner batch of clean rows plus as
   many decoy-stamped rows, and the outer gradients at the original and the adapted
   parameters). It is a serial count: XLA:CPU runs the independent passes of one outer step

@@ -19,7 +19,7 @@ Rows (peers timed in the same run, on the same disk):
   preallocated host buffers, timed in the same run once every save in flight has committed
   (the T0 stall cannot be shorter).
 - ``cachex/durable``: one save until committed (ours: local + neighbour replica; orbax: its
-  local commit). Informational; no issue bar. Bound: the raw fsync'd write of the same bytes
+  local commit). Informational; no goal. Bound: the raw fsync'd write of the same bytes
   (the local commit alone must do it; the replica push overlaps it).
 - ``cachex/local write``: the T1 write of a staged snapshot (one ``data.bin`` of every shard
   back to back and a manifest, CRC-32, file and directory fsync) against a raw write of the

@@ -24,7 +24,7 @@ Rows:
   actor), the successor features ``psi^k(s, c) [K = 6, F = 6]`` of every candidate (one network
   forward on ``B (M + 1)`` state-action pairs) and the argmax over ``max_k psi^k . w``. Peer: the
   frozen actor's forward pass. ``policy/gpi head``: the same with the candidates given (the psi
-  forward and the argmax only). The issue sets no bar for the baseline; the row states its cost:
+  forward and the argmax only). No goal is set for a baseline; the row states its cost:
   about ``M + 1`` prior/actor passes plus ``M + 1`` psi passes, so roughly 10x an actor pass where
   compute dominates (batch 256) and near the dispatch floor at batch 1.
 - ``policy/pointmaze vec`` and ``policy/antmaze vec``: environment steps per second of
@@ -58,12 +58,12 @@ from hexad import policy
 from kernels._harness import Case
 
 OBS, ACT, HID, BATCH = 17, 6, 256, 256
-# The issue's bar for the composed action, and why it is out of reach: the prior is a second
+# The goal for the composed action, and why it is out of reach: the prior is a second
 # network of the actor's size that reads the state, so its forward pass cannot be hoisted out
 # and the composed action costs about two actor passes where compute dominates. The PoE head
 # itself (``policy/poe head``) is the part that can and must meet the bar.
 _TWO_NETWORKS = (
-    "issue: overhead < 5% (ratio <= 1.05); not reachable: two networks' forwards, "
+    "goal: overhead < 5% (ratio <= 1.05); not reachable: two networks' forwards, "
     "floor ~2x where compute dominates"
 )
 
@@ -350,7 +350,7 @@ def _sfgpi_cases(batch: int, n_cmd: int = 5) -> list[Case]:
 
     cands = jax.jit(library)(ap, pp, obs)
     goal = (
-        "none in the issue (a baseline): ~M+1 policy passes + M+1 psi passes (M=5), "
+        "none (a baseline): ~M+1 policy passes + M+1 psi passes (M=5), "
         "~10x the actor where compute dominates"
     )
     common = dict(
@@ -438,7 +438,7 @@ def _env_case(quick: bool, env_id: str = "PointMaze_UMaze-v3", label: str = "poi
         peer=loop_rollout,
         peer_name="same envs stepped in a Python loop",
         peer_jit=False,
-        goal="throughput (no bar in the issue)",
+        goal="throughput (no goal)",
         repeats=5,
         warmup=1,
         bound_fn=envs_alone,

@@ -1,6 +1,6 @@
 """RWEFM kernels: the Riemannian entropic map, batched maps, and one training step.
 
-Rows (issue 3):
+Rows:
 
 - ``rwefm/map s2 n=N`` and ``rwefm/map t2 n=N``: :class:`hexad.ot.EntropicMap` on ``S^2`` /
   ``T^2`` (Sinkhorn for ``d^2`` + the map of every source point) against ott-jax's Euclidean

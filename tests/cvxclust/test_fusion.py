@@ -53,7 +53,7 @@ def test_objective_matches_clarabel(solve, blobs, loss):
     out = solve(p)
     ref = _cvxpy_value(x, edges, w, 0.7, loss, delta=0.5)
     assert bool(out.converged)
-    # The bar: 1e-4 relative agreement with the reference solver.
+    # The bar: 1e-4 relative agreement with the reference solver.
     assert abs(float(out.objective) - ref) <= 1e-4 * abs(ref)
     np.testing.assert_allclose(float(cc.fusion_objective(p, out.u)), float(out.objective))
 

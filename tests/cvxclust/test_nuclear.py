@@ -46,7 +46,7 @@ def _check_against_scs(solve, problem):
     ref = _scs_value(problem)
     assert bool(out.converged)
     assert float(cc.box_violation(out.l)) <= 1e-12
-    # The bar: 1e-4 relative agreement with the reference solver.
+    # The bar: 1e-4 relative agreement with the reference solver.
     assert abs(float(out.objective) - ref) <= 1e-4 * abs(ref)
     return out
 

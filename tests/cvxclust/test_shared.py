@@ -59,7 +59,7 @@ def test_shared_atom_program_matches_scs_and_its_gap_closes(solve, mu0, mu1):
     out = solve(p)
     ref = _scs_value(p)
     assert bool(out.converged)
-    # The bar: 1e-4 relative agreement with the reference solver.
+    # The bar: 1e-4 relative agreement with the reference solver.
     assert abs(float(out.objective) - ref) <= 1e-4 * abs(ref)
     assert float(out.min_eig) >= -1e-10 and float(cc.box_violation(out.l)) <= 1e-12
     cert = cc.shared_atom_certificate(p, out.l, out.u, out.rho * out.dual)

@@ -239,7 +239,7 @@ def test_fast_arccos_matches_float64():
 
 
 # --------------------------------------------------------------------------------------------
-# Non-finite inputs propagate (issue 15): no guard may turn a NaN/inf into a plausible number.
+# Non-finite inputs propagate: no guard may turn a NaN/inf into a plausible number.
 # --------------------------------------------------------------------------------------------
 
 NONFINITE_MANIFOLDS = [Euclidean(3), Sphere(3), Torus(2), Product((Sphere(3), Torus(2)))]
@@ -275,7 +275,7 @@ def _all_ops(m, x, y, v):
 
 
 def test_sphere_dist_of_nan_is_nan():
-    # the issue's example: the double-where in the safe norm used to return 0.0
+    # the double-where in the safe norm used to return 0.0
     d = Sphere(2).dist(jnp.array([jnp.nan, 0.0, 1.0]), jnp.array([0.0, 0.0, 1.0]))
     assert np.isnan(float(d))
     d = Sphere(3).dist(jnp.array([jnp.nan, 0.0, 1.0]), jnp.array([0.0, 0.0, 1.0]))

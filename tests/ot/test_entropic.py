@@ -58,7 +58,7 @@ def test_euclidean_map_equals_ott_dual_potentials_transport(key):
     assert bool(ours.converged)
     np.testing.assert_allclose(ours.mapped, ref, atol=1e-4)
     # with non-uniform target weights: the barycentric projection of ott's own plan,
-    # sum_j P_ij y_j / sum_j P_ij (the definition)
+    # sum_j P_ij y_j / sum_j P_ij (the barycentric map)
     b = jax.random.uniform(kb, (40,), minval=0.2, maxval=1.0)
     b = b / b.sum()
     ours = entropic_map(Euclidean(2), x, y, None, b, epsilon=eps, threshold=1e-5)
