@@ -32,7 +32,8 @@ class Claim:
     """One claim of a paper and the rule that decides it from the studies' summaries.
 
     ``rule(summaries) -> (verdict, reason)`` with verdict one of "reproduced", "partly",
-    "not reproduced", or "not measured"; it may raise ``KeyError`` for a missing figure.
+    "not reproduced", "undecided" (measured, but the measured difference is within its
+    spread) or "not measured"; it may raise ``KeyError`` for a missing figure.
     """
 
     text: str
@@ -85,7 +86,7 @@ def _rwefm_setting(summaries: Summaries, study: str, prefix: str) -> tuple[str, 
         return "reproduced", reason
     if mean - 2 * sd > 0:
         return "not reproduced", reason
-    return "partly", reason + ": within two sd of zero"
+    return "undecided", reason + ": within two sd of zero"
 
 
 def _rwefm_claim(i: int) -> Callable[[Summaries], tuple[str, str]]:
@@ -243,7 +244,7 @@ PAPERS = (
                 "clouds closer to held-out data than the Euclidean baseline from the same noise.",
                 "EMD 1-NN accuracy, each seed scored by its distance from 0.5 and paired with the "
                 "baseline's seed: reproduced if RWEFM - baseline is below zero by more than two "
-                "sd, not reproduced if above by more, partly if within; not measured unless "
+                "sd, not reproduced if above by more, undecided if within; not measured unless "
                 "the evaluation's Sinkhorn solves converged in at least 99% of cases",
                 _rwefm_claim(i),
             )
