@@ -233,7 +233,12 @@ def _convert(name: str, text: str, typ: Any) -> Any:
             elem = list(args)
         else:
             elem = [args[0] if args else str] * len(items)
-        values = [_convert(name, t.strip(), e) for t, e in zip(items, elem, strict=True)]
+        # a JSON or Python list of strings ("[\"a\", 'b']") gives the strings unquoted
+        items = [
+            t.strip().strip("'\"") if e is str else t.strip()
+            for t, e in zip(items, elem, strict=True)
+        ]
+        values = [_convert(name, t, e) for t, e in zip(items, elem, strict=True)]
         return tuple(values) if origin is tuple else values
     if typing.get_origin(typ) is typing.Literal:
         for choice in args:

@@ -21,6 +21,7 @@ class _Cfg:
     sizes: tuple[int, ...] = (1, 2)
     mode: Literal["x", "y"] = "x"
     limit: int | None = None
+    tags: tuple[str, ...] = ("a",)
 
 
 def _run(cfg, ctx):
@@ -69,6 +70,8 @@ def test_overrides_convert_each_type():
     )
     assert cfg == _Cfg(5, 1e-3, "b", True, (3, 4, 5), "y", None)
     assert _runner.apply_overrides(_Cfg(), {"limit": "7"}).limit == 7
+    for text in ('["p", "q"]', "('p', 'q')", "p,q"):
+        assert _runner.apply_overrides(_Cfg(), {"tags": text}).tags == ("p", "q")
 
 
 @pytest.mark.parametrize(
