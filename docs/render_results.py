@@ -54,10 +54,10 @@ class Paper:
 
 #: The RWEFM settings: (study, key prefix of that setting in its summary, label).
 RWEFM_SETTINGS = (
-    ("rwefm_synthetic", "s2_", "S^2 vMF mixtures"),
-    ("rwefm_synthetic", "t2_", "T^2 seam-straddling mixtures"),
-    ("rwefm_protein", "", "alanine dipeptide torsions on T^2"),
-    ("rwefm_singlecell", "", "PBMC on S^7"),
+    ("rwefm_synthetic", "s2_", "S^2 (vMF mixtures)"),
+    ("rwefm_synthetic", "t2_", "T^2 (mixtures straddling the seam)"),
+    ("rwefm_protein", "", "T^2 (alanine dipeptide torsions)"),
+    ("rwefm_singlecell", "", "S^7 (PBMC cells)"),
 )
 
 
@@ -212,6 +212,38 @@ def _pm(s: Mapping[str, Any], key: str) -> str:
     return f"{v:.3f}" if sd is None or float(sd) == 0.0 else f"{v:.3f} ± {float(sd):.3f}"
 
 
+def _rwefm_table(s: Mapping[str, Any], prefix: str, label: str) -> list[str]:
+    """One RWEFM setting: each metric for both arms, their paired difference and the data
+    floor (mean ± sd over seeds or floor draws), then the maps' convergence."""
+    if f"{prefix}emd_1nna_diff_mean" not in s:
+        return []
+
+    def msd(key: str) -> str:
+        return f"{float(s[f'{prefix}{key}_mean']):.4f} ± {float(s[f'{prefix}{key}_sd']):.4f}"
+
+    lines = [f"{label}, mean ± sd over {s.get('n_seeds', '?')} seeds (lower is better; "
+             "1-NNA: 0.5 is ideal):", "",
+             "| metric | RWEFM | baseline | RWEFM - baseline (paired) | data floor |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for g in ("emd", "chamfer"):
+        for m in ("1nna", "mm", "kmmd"):
+            k = f"{prefix}{g}_{m}"
+            diff = f"{float(s[f'{k}_diff_mean']):+.4f} ± {float(s[f'{k}_diff_sd']):.4f}"
+            cells = [msd(f"rwefm_{g}_{m}"), msd(f"euclid_{g}_{m}"), diff, msd(f"floor_{g}_{m}")]
+            lines.append(f"| {g} {m} | " + " | ".join(cells) + " |")
+    conv = [f"{a}: {float(s[f'{prefix}map_converged_frac_{a}']):.3f} of the training maps "
+            f"converged within {s[f'{prefix}map_iterations_{a}']} iterations"
+            for a in ("rwefm", "euclid")]  # fmt: skip
+    conv.append(f"evaluation solves converged: {float(s[f'{prefix}eval_converged_frac']):.3f}")
+    head = f"Noise `{s[f'{prefix}noise']}`, pairing `{s[f'{prefix}pairing']}`; "
+    return [*lines, "", head + "; ".join(conv) + ".", ""]
+
+
+def _rwefm_tables(study: str) -> Callable[[Mapping[str, Any]], list[str]]:
+    settings = [(p, lb) for st, p, lb in RWEFM_SETTINGS if st == study]
+    return lambda s: [line for p, lb in settings for line in _rwefm_table(s, p, lb)]
+
+
 def _dtb_table(s: Mapping[str, Any]) -> list[str]:
     """Per defense: its calibration on BadNets, then the DTB and naive models after it."""
     arms = ("DTB", "naive")
@@ -240,16 +272,16 @@ PAPERS = (
         ("rwefm_synthetic", "rwefm_protein", "rwefm_singlecell"),
         tuple(
             Claim(
-                f"On {label}, flow matching with Riemannian entropic maps generates point "
-                "clouds closer to held-out data than the Euclidean baseline from the same noise.",
-                "EMD 1-NN accuracy, each seed scored by its distance from 0.5 and paired with the "
-                "baseline's seed: reproduced if RWEFM - baseline is below zero by more than two "
-                "sd, not reproduced if above by more, undecided if within; not measured unless "
-                "the evaluation's Sinkhorn solves converged in at least 99% of cases",
+                f"{label}: flow matching with Riemannian entropic maps generates clouds "
+                "closer to held-out data than the Euclidean baseline from the same noise.",
+                "the EMD 1-NNA's distance from 0.5, RWEFM - baseline paired over seeds: "
+                "reproduced if below 0 by more than 2 sd, not reproduced if above by more, else "
+                "undecided; not measured below 99% converged evaluation solves",
                 _rwefm_claim(i),
             )
             for i, (_, _, label) in enumerate(RWEFM_SETTINGS)
         ),
+        {st: _rwefm_tables(st) for st in ("rwefm_synthetic", "rwefm_protein", "rwefm_singlecell")},
     ),
     Paper(
         "prefmh",
