@@ -31,9 +31,12 @@ depend on ``sep`` or ``d`` (same generator), so ``graph`` is solved once per ``(
 A synergy cell: the joint rate ``>= 0.5``, both single sources ``<= 0.3``, and the joint's
 Wilson 95% interval above both of theirs.
 
-Every cell's solves are checkpointed (``checkpoints/<study>/<run>/cell-<config hash>-...``
-or ``--ckpt DIR``) as soon as they finish, so a long run can be stopped and continued with
-``--resume``: the cells already solved under the same config are restored, not solved again.
+Every cell's solves are checkpointed (``checkpoints/<study>/<run>/cell-<hash>-...`` or
+``--ckpt DIR``) as soon as they finish, so a long run can be stopped and continued with
+``--resume``: the cells already solved with the same seed and settings are restored, not
+solved again. The hash leaves out the panel lists, so the panels can be run as separate
+processes on one ``--ckpt`` folder (``--set ks=2`` and ``--set ks=3``) and the full study
+then assembled from their cells with ``--resume``.
 
 Command:  python -m experiments.cvxclust_phase [--quick] [--out DIR] [--seed N] [--set k=v]
           [--resume] [--ckpt DIR]
@@ -106,7 +109,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     hits = {p: np.zeros(shape) for p in P}
     exact = {p: np.zeros(shape) for p in P}
     worst, bad, graph_cache = 0.0, [], {}
-    stamp = hashlib.sha256(repr(cfg).encode()).hexdigest()[:10]  # cells of this config only
+    stamp = _cell_stamp(cfg, ctx.seed)
     with threadpool_limits(1):  # one BLAS thread: LAPACK's eigh thrashes on busy cores
         for a, (k, d) in enumerate(ctx.progress(panels, desc="panels")):
             for i, dpq in enumerate(cfg.dpq):
@@ -176,6 +179,13 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         "feature_threshold": _cvxclust.feature_threshold(cfg.n),
     }
     return out
+
+
+def _cell_stamp(cfg: Config, seed: int) -> str:
+    """What a cell's solves depend on besides its panel: the seed and every setting but the
+    panel lists, so runs of some panels (``--set ks=2``) and the full study share cells."""
+    rest = dataclasses.replace(cfg, ks=(2,), dims=(1,))
+    return hashlib.sha256(repr((seed, rest)).encode()).hexdigest()[:10]
 
 
 def _empty_cell(cfg: Config) -> dict[str, dict[str, np.ndarray]]:

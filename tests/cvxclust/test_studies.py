@@ -50,8 +50,14 @@ def test_phase_study_resumes_cell_by_cell(tmp_path):
     assert len(lines) == 2 and all(json.loads(x)["restored"] for x in lines)
     first.pop("runtime_s"), again.pop("runtime_s")
     assert again == first
-    # Another config shares no cell with it.
-    other = study.execute(study.make_config(True, over | {"trials": 3}), out_dir=tmp_path / "c",
-                          resume=True, **kw)  # fmt: skip
-    lines = (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()
-    assert not any(json.loads(x)["restored"] for x in lines) and other["trials"] == 3
+    # Another setting or seed shares no cell with it; a run of fewer panels shares them all.
+    for extra, seed in (({"trials": 3}, 0), ({}, 1)):
+        study.execute(study.make_config(True, over | extra), out_dir=tmp_path / "c",
+                      seed=seed, resume=True, **kw)  # fmt: skip
+        lines = (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()[-2:]
+        assert not any(json.loads(x)["restored"] for x in lines)
+    two = study.execute(study.make_config(True, over | {"dims": (1, 2)}), out_dir=tmp_path / "d",
+                        resume=True, **kw)  # fmt: skip
+    lines = [json.loads(x) for x in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["restored"] for x in lines] == [True, True, False, False]
+    assert two["fixed_graph_recovery"][0] == first["fixed_graph_recovery"][0]
