@@ -17,8 +17,9 @@ checkpoints through ``hexad.cachex`` (``checkpoints/<study>/<run>/<manifold>-<ar
 Command:  python -m experiments.rwefm_synthetic [--quick] [--out DIR] [--seed N] [--set k=v ...]
           [--resume] [--ckpt DIR]
 Runtime:  --quick about 3-4 minutes on 2 idle cores (mostly compilation); the full study
-          (2 manifolds x 2 arms x 3 seeds x 5000 steps) about 1.5-2 hours per manifold on 2
-          cores, extrapolated from a timed 100-step chunk (set ``manifolds=t2`` or
+          (2 manifolds x 2 arms x 3 seeds x 5000 steps) about an hour per manifold on 2 cores
+          (T^2: 59 min measured beside a low-priority job, 31-37 s per 100-step chunk for
+          either arm; results/rwefm_synthetic) (set ``manifolds=t2`` or
           ``manifolds=s2`` to run one: it draws the same data as in the full study, and a
           later full run with the same ``--out`` name and ``--resume`` reuses its training).
 
