@@ -59,7 +59,6 @@ sep, factor]``); ``n``, ``trials``, ``grid``; ``graph_threshold`` and ``feature_
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 import numpy as np
 from threadpoolctl import threadpool_limits
@@ -109,24 +108,16 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     hits = {p: np.zeros(shape) for p in P}
     exact = {p: np.zeros(shape) for p in P}
     worst, bad, graph_cache = 0.0, [], {}
-    stamp = _cell_stamp(cfg, ctx.seed)
+    stamp = _cvxclust.cell_stamp(cfg, ctx.seed)
     with threadpool_limits(1):  # one BLAS thread: LAPACK's eigh thrashes on busy cores
         for a, (k, d) in enumerate(ctx.progress(panels, desc="panels")):
             for i, dpq in enumerate(cfg.dpq):
                 for j, sep in enumerate(cfg.sep):
                     todo = P if (k, i) not in graph_cache else P[1:]
-                    tag = f"cell-{stamp}-K{k}-d{d}-{i}-{j}"
-                    empty = _empty_cell(cfg)
-                    with ctx.checkpointed(tag, empty) as (start, res, save):
-                        if start == 0:
-                            draws = _cvxclust.draw_cell(cfg, ctx.seed, k, d, i, dpq, sep)
-                            res = _cvxclust.solve_cell(cfg, draws, k, todo)
-                            res.setdefault("graph", graph_cache.get((k, i)))
-                            res = {
-                                p: {f: np.asarray(v, empty[p][f].dtype) for f, v in r.items()}
-                                for p, r in res.items()
-                            }
-                            save(0, res)
+                    cell = (ctx.seed, k, d, i, j, dpq, sep)
+                    start, res = _cvxclust.cell_checkpointed(
+                        ctx, cfg, stamp, cell, todo, graph_cache
+                    )
                     res["graph"] = graph_cache.setdefault((k, i), res["graph"])
                     for p in P:
                         hits[p][a, i, j] = res[p]["recovered"].sum(1)
@@ -179,20 +170,6 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         "feature_threshold": _cvxclust.feature_threshold(cfg.n),
     }
     return out
-
-
-def _cell_stamp(cfg: Config, seed: int) -> str:
-    """What a cell's solves depend on besides its panel: the seed and every setting but the
-    panel lists, so runs of some panels (``--set ks=2``) and the full study share cells."""
-    rest = dataclasses.replace(cfg, ks=(2,), dims=(1,))
-    return hashlib.sha256(repr((seed, rest)).encode()).hexdigest()[:10]
-
-
-def _empty_cell(cfg: Config) -> dict[str, dict[str, np.ndarray]]:
-    """The structure of one cell's :func:`experiments._cvxclust.solve_cell` record."""
-    shape = (len(cfg.grid), cfg.trials)
-    flags = ("recovered", "exact", "certified")
-    return {p: {f: np.zeros(shape, bool) for f in flags} | {"min_eig": np.zeros(shape)} for p in P}
 
 
 def _plot(ctx, cfg: Config, panels, diff, syn, regime: str) -> None:

@@ -129,6 +129,7 @@ def test_main_writes_contract_files(tmp_path, capsys):
             "sizes": [1, 2],
             "mode": "x",
             "limit": None,
+            "tags": ["a"],
         },
     }
     lines = (out / "metrics.jsonl").read_text().splitlines()
