@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,8 +71,7 @@ def _rwefm_setting(summaries: Summaries, study: str, prefix: str) -> tuple[str, 
     r = [abs(float(v) - 0.5) for v in s[f"{prefix}rwefm_emd_1nna_seeds"]]
     e = [abs(float(v) - 0.5) for v in s[f"{prefix}euclid_emd_1nna_seeds"]]
     d = [a - b for a, b in zip(r, e, strict=True)]
-    mean = sum(d) / len(d)
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1)) if len(d) > 1 else 0.0
+    mean, sd = statistics.mean(d), statistics.stdev(d) if len(d) > 1 else 0.0
     where = f"{study} {prefix.rstrip('_')}".strip()
     floor = float(s[f"{prefix}floor_emd_1nna_mean"])
     reason = (
@@ -89,8 +89,7 @@ def _rwefm_setting(summaries: Summaries, study: str, prefix: str) -> tuple[str, 
     return "undecided", reason + ": within two sd of zero"
 
 
-def _rwefm_claim(i: int) -> Callable[[Summaries], tuple[str, str]]:
-    study, prefix, _ = RWEFM_SETTINGS[i]
+def _rwefm_claim(study: str, prefix: str) -> Callable[[Summaries], tuple[str, str]]:
     return lambda summaries: _rwefm_setting(summaries, study, prefix)
 
 
@@ -277,9 +276,9 @@ PAPERS = (
                 "the EMD 1-NNA's distance from 0.5, RWEFM - baseline paired over seeds: "
                 "reproduced if below 0 by more than 2 sd, not reproduced if above by more, else "
                 "undecided; not measured below 99% converged evaluation solves",
-                _rwefm_claim(i),
+                _rwefm_claim(study, prefix),
             )
-            for i, (_, _, label) in enumerate(RWEFM_SETTINGS)
+            for study, prefix, label in RWEFM_SETTINGS
         ),
         {st: _rwefm_tables(st) for st in ("rwefm_synthetic", "rwefm_protein", "rwefm_singlecell")},
     ),

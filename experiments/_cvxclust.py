@@ -240,10 +240,7 @@ def cell_checkpointed(ctx, cfg, stamp: str, cell: tuple, todo, graph_cache: dict
         if start == 0:
             res = solve_cell(cfg, draw_cell(cfg, seed, k, d, i, dpq, sep), k, todo)
             res.setdefault("graph", graph_cache.get((k, i)))
-            res = {
-                p: {f: np.asarray(v, empty[p][f].dtype) for f, v in r.items()}
-                for p, r in res.items()
-            }
+            res = jax.tree.map(lambda e, v: np.asarray(v, e.dtype), empty, res)
             save(0, res)
     return start, res
 

@@ -234,11 +234,10 @@ def _convert(name: str, text: str, typ: Any) -> Any:
         else:
             elem = [args[0] if args else str] * len(items)
         # a JSON or Python list of strings ("[\"a\", 'b']") gives the strings unquoted
-        items = [
-            t.strip().strip("'\"") if e is str else t.strip()
+        values = [
+            _convert(name, t.strip().strip("'\"") if e is str else t.strip(), e)
             for t, e in zip(items, elem, strict=True)
         ]
-        values = [_convert(name, t, e) for t, e in zip(items, elem, strict=True)]
         return tuple(values) if origin is tuple else values
     if typing.get_origin(typ) is typing.Literal:
         for choice in args:
