@@ -1,0 +1,38 @@
+"""The reproduction report's RWEFM rule on hand-made summaries (docs/render_results.py)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+    "render_results", Path(__file__).resolve().parents[1] / "docs" / "render_results.py"
+)
+render = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = render  # dataclasses look their module up while it loads
+_spec.loader.exec_module(render)
+
+
+def _summary(rwefm, euclid, conv=1.0, prefix=""):
+    s = {"eval_converged_frac": conv, "rwefm_emd_1nna_seeds": rwefm,
+         "euclid_emd_1nna_seeds": euclid, "floor_emd_1nna_mean": 0.55}  # fmt: skip
+    return {prefix + k: v for k, v in s.items()}
+
+
+def _verdict(s, study="rwefm_protein", prefix=""):
+    return render._rwefm_setting({study: s}, study, prefix)[0]
+
+
+def test_rwefm_rule_decides_on_the_paired_distance_from_one_half():
+    # differences -0.10, -0.13, -0.11: mean -0.113, sd 0.015, so below 0 by more than 2 sd
+    assert _verdict(_summary([0.6, 0.62, 0.61], [0.7, 0.75, 0.72])) == "reproduced"
+    assert _verdict(_summary([0.7, 0.75, 0.72], [0.6, 0.62, 0.61])) == "not reproduced"
+    assert _verdict(_summary([0.6, 0.75, 0.61], [0.7, 0.62, 0.72])) == "undecided"
+    # 0.40 is as far from 0.5 as 0.60: a model below one half is not rewarded for it
+    assert _verdict(_summary([0.4, 0.38, 0.39], [0.6, 0.62, 0.61])) == "undecided"
+    s2 = _summary([0.6, 0.62, 0.61], [0.7, 0.75, 0.72], prefix="s2_")
+    assert _verdict(s2, "rwefm_synthetic", "s2_") == "reproduced"
+
+
+def test_rwefm_rule_needs_converged_evaluation_and_two_seeds():
+    assert _verdict(_summary([0.6, 0.62, 0.61], [0.7, 0.75, 0.72], conv=0.98)) == "not measured"
+    assert _verdict(_summary([0.6], [0.7])) == "not measured"
