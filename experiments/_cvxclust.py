@@ -4,9 +4,7 @@ shared-model joint program and the linear-reward surrogate) built and solved per
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
 import math
 from typing import Any
 
@@ -213,13 +211,6 @@ def solve_cell(cfg, draws, k: int, programs=PROGRAMS) -> dict[str, dict[str, np.
     return {p: {key: np.asarray(v) for key, v in r.items()} for p, r in res.items()}
 
 
-def cell_stamp(cfg, seed: int) -> str:
-    """What a phase cell's solves depend on besides its panel: the seed and every setting but
-    the panel lists, so runs of some panels (``--set ks=2``) and the full study share cells."""
-    rest = dataclasses.replace(cfg, ks=(2,), dims=(1,))
-    return hashlib.sha256(repr((seed, rest)).encode()).hexdigest()[:10]
-
-
 def _empty_cell(cfg) -> dict[str, dict[str, np.ndarray]]:
     shape = (len(cfg.grid), cfg.trials)
     flags = ("recovered", "exact", "certified")
@@ -229,14 +220,14 @@ def _empty_cell(cfg) -> dict[str, dict[str, np.ndarray]]:
     }
 
 
-def cell_checkpointed(ctx, cfg, stamp: str, cell: tuple, todo, graph_cache: dict):
+def cell_checkpointed(ctx, cfg, cell: tuple, todo, graph_cache: dict):
     """Returns ``(start, record)``: the :func:`solve_cell` record of phase cell ``cell = (seed,
-    k, d, i, j, dpq, sep)``, restored from ``ctx``'s checkpoint ``cell-<stamp>-K<k>-d<d>-<i>-<j>``
-    (``start`` > 0) or solved (``programs=todo``; a skipped graph solve taken from
-    ``graph_cache[k, i]``) and checkpointed (``start`` = 0)."""
+    k, d, i, j, dpq, sep)``, restored from ``ctx``'s checkpoint ``cell-K<k>-d<d>-<i>-<j>`` (kept
+    under the run's settings stamp; ``start`` > 0) or solved (``programs=todo``; a skipped
+    graph solve taken from ``graph_cache[k, i]``) and checkpointed (``start`` = 0)."""
     seed, k, d, i, j, dpq, sep = cell
     empty = _empty_cell(cfg)
-    with ctx.checkpointed(f"cell-{stamp}-K{k}-d{d}-{i}-{j}", empty) as (start, res, save):
+    with ctx.checkpointed(f"cell-K{k}-d{d}-{i}-{j}", empty) as (start, res, save):
         if start == 0:
             res = solve_cell(cfg, draw_cell(cfg, seed, k, d, i, dpq, sep), k, todo)
             res.setdefault("graph", graph_cache.get((k, i)))

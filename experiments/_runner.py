@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime as _dt
+import hashlib
 import json
 import math
 import os
@@ -389,6 +390,9 @@ class Context:
         ``$HEXAD_CHECKPOINTS`` when set; the test suite points it at a temporary folder).
       resume: whether ``--resume`` was given (restore the newest durable step).
       show_progress: whether to draw tqdm bars.
+      settings: the :func:`settings_stamp` of the run's config and seed; checkpoints go to
+        ``checkpoint_dir / settings / tag``, so ``--resume`` never restores a checkpoint
+        written under other settings ("": straight into ``checkpoint_dir / tag``).
     """
 
     name: str
@@ -398,6 +402,7 @@ class Context:
     checkpoint_dir: Path | None = None
     resume: bool = False
     show_progress: bool = True
+    settings: str = ""
     _metrics_file: Any = dataclasses.field(default=None, repr=False)
 
     def key(self):
@@ -444,10 +449,10 @@ class Context:
         """Checkpoints one training run through :class:`hexad.cachex.CacheXManager`.
 
         Yields ``(start, state, save)``: ``start`` is 0 and ``state`` is ``init_state``, or,
-        with ``--resume`` and a durable step ``s`` in ``checkpoint_dir / tag``, ``s + 1`` and
-        the restored state; ``save(step, state)`` stages a checkpoint. Leaving the block waits
-        for the last save and closes the manager (also on an error). Without a checkpoint
-        folder ``save`` does nothing.
+        with ``--resume`` and a durable step ``s`` in ``checkpoint_dir / settings / tag``,
+        ``s + 1`` and the restored state; ``save(step, state)`` stages a checkpoint. Leaving
+        the block waits for the last save and closes the manager (also on an error). Without
+        a checkpoint folder ``save`` does nothing.
 
         >>> import tempfile, numpy as np
         >>> ctx = Context("doc", Path(tempfile.mkdtemp()), checkpoint_dir=Path(tempfile.mkdtemp()))
@@ -458,8 +463,13 @@ class Context:
         ...     print(start, state["w"].tolist())
         1 [1.0, 1.0]
         """
-        with _checkpoints(self.checkpoint_dir, tag, init_state, self.resume) as out:
+        with _checkpoints(self._ckpt_root(), tag, init_state, self.resume) as out:
             yield out
+
+    def _ckpt_root(self) -> Path | None:
+        if self.checkpoint_dir is None or not self.settings:
+            return self.checkpoint_dir
+        return self.checkpoint_dir / self.settings
 
     def train_chunks(
         self,
@@ -478,8 +488,8 @@ class Context:
         The loop every training study shares: a progress bar named ``tag``, one key per chunk
         (so a resumed run takes exactly the steps of an uninterrupted one), a ``metrics.jsonl``
         line per chunk, and, with ``ckpt_every``, a checkpoint of ``(state, info)`` every
-        ``ckpt_every`` chunks and after the last one, in ``checkpoint_dir / tag``, which
-        ``--resume`` continues from.
+        ``ckpt_every`` chunks and after the last one, in ``checkpoint_dir / settings / tag``,
+        which ``--resume`` continues from.
 
         Args:
           chunk_fn: ``(state, key) -> (state, info)``, typically a jitted scan of steps.
@@ -510,7 +520,7 @@ class Context:
         log = _last_of_each if log is None else log
         info_shape = jax.eval_shape(chunk_fn, state, jax.random.fold_in(key, 0))[1]
         info = jax.tree.map(lambda s: jax.numpy.zeros(s.shape, s.dtype), info_shape)
-        root = self.checkpoint_dir if ckpt_every is not None else None
+        root = self._ckpt_root() if ckpt_every is not None else None
         saved = {"state": state, "info": info}
         with _checkpoints(root, tag, saved, self.resume) as (start, saved, save):
             state, info = saved["state"], saved["info"]
@@ -527,6 +537,24 @@ class Context:
         if self._metrics_file is not None:
             self._metrics_file.close()
             self._metrics_file = None
+
+
+def settings_stamp(cfg: Any, seed: int, shared: Iterable[str] = ()) -> str:
+    """A short hash of ``seed`` and the dataclass ``cfg``'s fields other than ``shared``: what
+    a study's checkpoints depend on (see :attr:`Study.resume_shared`).
+
+    >>> @dataclasses.dataclass(frozen=True)
+    ... class Cfg:
+    ...     parts: tuple = ("a", "b")
+    ...     steps: int = 10
+    >>> settings_stamp(Cfg(parts=("a",)), 0, ["parts"]) == settings_stamp(Cfg(), 0, ["parts"])
+    True
+    >>> settings_stamp(Cfg(steps=11), 0) == settings_stamp(Cfg(), 0)
+    False
+    """
+    rest = [(f.name, getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.name not in shared]
+    text = repr((seed, type(cfg).__name__, rest))
+    return "settings-" + hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
 @contextlib.contextmanager
@@ -590,6 +618,9 @@ class Study:
       run: ``run(cfg, ctx) -> dict`` returning the flat summary.
       quick: field overrides that ``--quick`` applies (before any ``--set``).
       doc: the module docstring, shown by ``--help``.
+      resume_shared: config fields that only choose which parts of the study run (its panels,
+        its manifolds): left out of the checkpoints' :func:`settings_stamp`, so a run of some
+        parts and a later full run with ``--resume`` share those parts' checkpoints.
     """
 
     name: str
@@ -597,15 +628,18 @@ class Study:
     run: Callable[[Any, Context], Mapping[str, Any]]
     quick: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     doc: str | None = None
+    resume_shared: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not dataclasses.is_dataclass(self.config_cls):
             raise TypeError(f"config_cls: expected a dataclass type, got {self.config_cls!r}")
         if not self.config_cls.__dataclass_params__.frozen:
             raise TypeError(f"config_cls: {self.config_cls.__name__} must be frozen")
-        unknown = set(self.quick) - {f.name for f in dataclasses.fields(self.config_cls)}
-        if unknown:
-            raise ValueError(f"quick: unknown config keys {sorted(unknown)}")
+        names = {f.name for f in dataclasses.fields(self.config_cls)}
+        for arg in ("quick", "resume_shared"):
+            unknown = set(getattr(self, arg)) - names
+            if unknown:
+                raise ValueError(f"{arg}: unknown config keys {sorted(unknown)}")
 
     def parser(self) -> argparse.ArgumentParser:
         fields = "\n".join(
@@ -684,6 +718,7 @@ class Study:
             checkpoint_dir=Path(checkpoint_dir).resolve(),
             resume=resume,
             show_progress=show_progress,
+            settings=settings_stamp(cfg, seed, self.resume_shared),
         )
         ctx.write_json(
             "config.json",

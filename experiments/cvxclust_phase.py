@@ -31,10 +31,10 @@ depend on ``sep`` or ``d`` (same generator), so ``graph`` is solved once per ``(
 A synergy cell: the joint rate ``>= 0.5``, both single sources ``<= 0.3``, and the joint's
 Wilson 95% interval above both of theirs.
 
-Every cell's solves are checkpointed (``checkpoints/<study>/<run>/cell-<hash>-...`` or
-``--ckpt DIR``) as soon as they finish, so a long run can be stopped and continued with
+Every cell's solves are checkpointed (``checkpoints/<study>/<run>/settings-<hash>/cell-...``
+or ``--ckpt DIR``) as soon as they finish, so a long run can be stopped and continued with
 ``--resume``: the cells already solved with the same seed and settings are restored, not
-solved again. The hash leaves out the panel lists, so the panels can be run as separate
+solved again. The settings hash leaves out the panel lists, so the panels can be run as separate
 processes on one ``--ckpt`` folder (``--set ks=2`` and ``--set ks=3``) and the full study
 then assembled from their cells with ``--resume``.
 
@@ -108,16 +108,13 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     hits = {p: np.zeros(shape) for p in P}
     exact = {p: np.zeros(shape) for p in P}
     worst, bad, graph_cache = 0.0, [], {}
-    stamp = _cvxclust.cell_stamp(cfg, ctx.seed)
     with threadpool_limits(1):  # one BLAS thread: LAPACK's eigh thrashes on busy cores
         for a, (k, d) in enumerate(ctx.progress(panels, desc="panels")):
             for i, dpq in enumerate(cfg.dpq):
                 for j, sep in enumerate(cfg.sep):
                     todo = P if (k, i) not in graph_cache else P[1:]
                     cell = (ctx.seed, k, d, i, j, dpq, sep)
-                    start, res = _cvxclust.cell_checkpointed(
-                        ctx, cfg, stamp, cell, todo, graph_cache
-                    )
+                    start, res = _cvxclust.cell_checkpointed(ctx, cfg, cell, todo, graph_cache)
                     res["graph"] = graph_cache.setdefault((k, i), res["graph"])
                     for p in P:
                         hits[p][a, i, j] = res[p]["recovered"].sum(1)
@@ -209,6 +206,7 @@ STUDY = _runner.Study(
         "max_iters": 1500,
     },
     doc=__doc__,
+    resume_shared=("ks", "dims"),
 )
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ Models: RWEFM on the sphere and the Euclidean baseline on the ambient ``R^{n_pcs
 normalised onto the sphere at the end), from the same noise, ``n_seeds`` seeds each (the
 shared :func:`experiments._rwefm.compare`, which gives the settings they share); floors from
 ``n_floor`` further held-out draws. Training checkpoints through ``hexad.cachex``
-(``checkpoints/<study>/<run>/<arm>/`` or ``--ckpt DIR``); ``--resume`` continues from each
-arm's newest durable chunk.
+(``checkpoints/<study>/<run>/settings-<hash>/<arm>/`` or ``--ckpt DIR``); ``--resume``
+continues from each arm's newest durable chunk trained with the same settings.
 
 Command:  python -m experiments.rwefm_singlecell [--quick] [--out DIR] [--seed N] [--set k=v ...]
           [--resume] [--ckpt DIR]

@@ -11,8 +11,10 @@ For each manifold the shared :func:`experiments._rwefm.compare` trains RWEFM on 
 Euclidean baseline on the ambient coordinates (``R^3``; angles in ``R^2``) from the same noise,
 ``n_seeds`` seeds each, and scores both against ``n_test`` held-out clouds, with floors from
 ``n_floor`` further held-out draws (see that module for the settings they share). Training
-checkpoints through ``hexad.cachex`` (``checkpoints/<study>/<run>/<manifold>-<arm>/`` or
-``--ckpt DIR``); ``--resume`` continues from each arm's newest durable chunk.
+checkpoints through ``hexad.cachex`` (``<manifold>-<arm>/`` in
+``checkpoints/<study>/<run>/settings-<hash>/`` or ``--ckpt DIR``, the hash of every setting
+but ``manifolds``); ``--resume`` continues from each arm's newest durable chunk trained with
+the same settings.
 
 Command:  python -m experiments.rwefm_synthetic [--quick] [--out DIR] [--seed N] [--set k=v ...]
           [--resume] [--ckpt DIR]
@@ -128,7 +130,9 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     return {**summary, **worst, "train_seconds": t_train}
 
 
-STUDY = _runner.Study("rwefm_synthetic", Config, run, quick=QUICK, doc=__doc__)
+STUDY = _runner.Study(
+    "rwefm_synthetic", Config, run, quick=QUICK, doc=__doc__, resume_shared=("manifolds",)
+)
 
 if __name__ == "__main__":
     STUDY.main()

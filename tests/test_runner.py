@@ -412,3 +412,34 @@ def test_provenance_keeps_no_machine_paths(monkeypatch):
     assert prov["command"] == (
         "python -m experiments.toy --out results/toy --ckpt=.../u/ck --quick"
     )
+
+
+def test_resume_restores_only_checkpoints_of_the_same_settings(tmp_path):
+    # A study whose one checkpointed part records the settings it was trained with: --resume
+    # restores it under the same seed and settings, or when only a resume_shared field (one
+    # that picks the parts to run) differs; any other setting or seed starts afresh.
+    import numpy as np
+
+    def run(cfg, ctx):
+        with ctx.checkpointed("part", {"n": np.zeros(())}) as (start, state, save):
+            if start == 0:
+                state = {"n": np.asarray(float(cfg.n))}
+                save(0, state)
+        return {"restored": start > 0, "trained_n": float(state["n"])}
+
+    study = _runner.Study("toyresume", _Cfg, run, resume_shared=("sizes",))
+
+    def go(resume, seed=0, **over):
+        cfg = study.make_config(False, over)
+        kw = {"checkpoint_dir": tmp_path / "ck", "show_progress": False, "seed": seed}
+        out = study.execute(cfg, out_dir=tmp_path / "out", resume=resume, **kw)
+        return out["restored"], out["trained_n"]
+
+    assert go(False) == (False, 10.0)
+    assert go(True) == (True, 10.0)
+    assert go(True, sizes=(3,)) == (True, 10.0)  # a resume_shared field: the same checkpoint
+    assert go(True, n=11) == (False, 11.0)  # other settings: trained afresh, not restored
+    assert go(True, seed=1) == (False, 10.0)
+    assert go(True, n=11) == (True, 11.0)  # its own settings' checkpoint, written just above
+    with pytest.raises(ValueError, match="resume_shared: unknown config keys"):
+        _runner.Study("bad", _Cfg, run, resume_shared=("nope",))
