@@ -407,6 +407,8 @@ class _State(NamedTuple):
     it: jax.Array
     u: jax.Array
     lam: jax.Array
+    du: jax.Array  # D u
+    g: jax.Array  # D^T lam
     tau: jax.Array
     sigma: jax.Array
     pres: jax.Array
@@ -487,9 +489,8 @@ class FusionSolver:
         scale = jnp.maximum(1.0, jnp.sqrt(jnp.sum((problem.mask * x) ** 2)))
         edges = problem.edges
 
-        def residuals(u, lam):
-            du = _diff(edges, u)
-            stat = _loss_grad(problem, u) + _diff_t(edges, lam, n)
+        def residuals(u, lam, du, g):
+            stat = _loss_grad(problem, u) + g
             comp = lam - _project(problem, lam + du)
             return jnp.linalg.norm(stat) / scale, jnp.linalg.norm(comp) / scale
 
@@ -497,24 +498,28 @@ class FusionSolver:
             return (s.it < self.max_iters) & ((s.pres > self.tol) | (s.dres > self.tol))
 
         def body(s: _State):
-            g = _diff_t(edges, s.lam, n)
+            # One D and one D^T product per iteration: D u_bar is linear in the carried D u,
+            # and D^T lam of the new dual serves both its residual and the next step.
             if smooth:
-                u_new = s.u - s.tau * (_loss_grad(problem, s.u) + g)
+                u_new = s.u - s.tau * (_loss_grad(problem, s.u) + s.g)
             else:
-                v = s.u - s.tau * g
+                v = s.u - s.tau * s.g
                 u_new = _loss_prox(problem, _split_cols(problem, v)[0], s.tau)
                 if problem.label_classes:
                     us = _split_cols(problem, s.u)[1]
                     ls = _split_cols(problem, v)[1] - s.tau * _label_grad(problem, us)
                     u_new = jnp.concatenate([u_new, ls], axis=1)
             theta = 1.0 / jnp.sqrt(1.0 + 2.0 * mu * s.tau)
-            u_bar = u_new + theta * (u_new - s.u)
-            lam_new = _project(problem, s.lam + s.sigma * _diff(edges, u_bar))
-            pres, dres = residuals(u_new, lam_new)
+            du = _diff(edges, u_new)
+            lam_new = _project(problem, s.lam + s.sigma * (du + theta * (du - s.du)))
+            g = _diff_t(edges, lam_new, n)
+            pres, dres = residuals(u_new, lam_new, du, g)
             return _State(
                 it=s.it + 1,
                 u=u_new,
                 lam=lam_new,
+                du=du,
+                g=g,
                 tau=theta * s.tau,
                 sigma=s.sigma / theta,
                 pres=pres,
@@ -523,9 +528,10 @@ class FusionSolver:
                 hist_d=s.hist_d.at[s.it].set(dres),
             )
 
-        p0, d0 = residuals(u0, lam0)
+        du0, g0 = _diff(edges, u0), _diff_t(edges, lam0, n)
+        p0, d0 = residuals(u0, lam0, du0, g0)
         hist = -jnp.ones((self.max_iters,), x.dtype)
-        s = _State(jnp.zeros((), jnp.int32), u0, lam0, tau0, sigma0, p0, d0, hist, hist)
+        s = _State(jnp.zeros((), jnp.int32), u0, lam0, du0, g0, tau0, sigma0, p0, d0, hist, hist)
         s = jax.lax.while_loop(cond, body, s)
         return FusionOutput(
             u=s.u,
