@@ -159,10 +159,65 @@ def test_anp_pruning_level_follows_backdoorbench_rule(trained):
         assert hits(out.params) <= hits(fixed.params) + 1e-9
 
 
+def _quadratic(key):
+    """A two-leaf pytree ``w`` and ``L(w) = 0.5 v'Hv + c'v`` (``v`` the leaves flattened in
+    tree order, ``H`` SPD) in float64, with ``H`` and ``c`` for the closed forms."""
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    w = {"a": jax.random.normal(k1, (3,)), "b": {"k": 3.0 * jax.random.normal(k2, (2, 2))}}
+    a = np.asarray(jax.random.normal(k3, (7, 7)))
+    h = a @ a.T + 0.5 * np.eye(7)
+    c = np.asarray(jax.random.normal(k4, (7,)))
+    flat = lambda p: jnp.concatenate([x.ravel() for x in jax.tree.leaves(p)])
+    loss = lambda p, k, b: 0.5 * flat(p) @ jnp.asarray(h) @ flat(p) + jnp.asarray(c) @ flat(p)
+    return w, loss, h, c, flat
+
+
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_sam_gradient_is_the_gradient_at_the_ascent_point(trained, adaptive):
-    # SAM (Foret et al.): grad L(w + e) with e = rho g / ||g||, g = grad L(w), e held fixed;
-    # ASAM: e = rho w^2 g / ||w g||. Computed here by hand from the plain loss's gradient.
+def test_sam_gradient_matches_the_closed_form_on_a_quadratic(key, float64, adaptive):
+    # L(v) = 0.5 v'Hv + c'v: g = Hv + c, and SAM's gradient is grad L(v + e) = H(v + e) + c with
+    # e = rho g / ||g|| (Foret et al. eq. 2), ASAM's e = rho T^2 g / ||T g||, T = |v|
+    # (Kwon et al.); the norms over the whole tree. Hand-computed in numpy.
+    from hexad.backdoor.defenses.finetuning import _SAMLoss
+
+    w, loss, h, c, flat = _quadratic(key)
+    v = np.asarray(flat(w))
+    g = h @ v + c
+    for rho in (0.05, 0.5, 2.0):
+        t = np.abs(v) if adaptive else np.ones_like(v)
+        e = rho * t**2 * g / np.linalg.norm(t * g)
+        sam = _SAMLoss(loss, rho, adaptive)
+        value, grad = jax.value_and_grad(sam)(w, None, None)
+        np.testing.assert_allclose(np.asarray(flat(grad)), h @ (v + e) + c, rtol=1e-12)
+        np.testing.assert_allclose(float(value), 0.5 * (v + e) @ h @ (v + e) + c @ (v + e))
+    # rho -> 0: the plain gradient (at 0 up to rounding), and the departure is linear in rho with
+    # slope H e_1 (e_1 the ascent step at unit radius): d/d rho [H(v + rho e_1) + c] = H e_1
+    t = np.abs(v) if adaptive else np.ones_like(v)
+    e1 = t**2 * g / np.linalg.norm(t * g)
+    at0 = flat(jax.grad(_SAMLoss(loss, 0.0, adaptive))(w, None, None))
+    np.testing.assert_allclose(np.asarray(at0), g, rtol=1e-14, atol=1e-14)
+    for rho in (1e-3, 1e-6):
+        got = np.asarray(flat(jax.grad(_SAMLoss(loss, rho, adaptive))(w, None, None)))
+        np.testing.assert_allclose((got - g) / rho, h @ e1, rtol=1e-6)
+
+
+def test_sam_perturbation_has_radius_rho_over_the_whole_tree(key, float64):
+    # one norm over every leaf, not one per leaf: ||e|| = rho and e parallel to g
+    from hexad.backdoor.defenses.finetuning import _sam_perturbation
+
+    w, loss, h, c, flat = _quadratic(key)
+    g = jax.grad(loss)(w, None, None)
+    e = np.asarray(flat(_sam_perturbation(w, g, 0.3)))
+    np.testing.assert_allclose(np.linalg.norm(e), 0.3, rtol=1e-12)
+    np.testing.assert_allclose(e, 0.3 * np.asarray(flat(g)) / np.linalg.norm(flat(g)))
+    # ASAM: ||e / T|| = rho (the radius in the rescaled coordinates)
+    ea = np.asarray(flat(_sam_perturbation(w, g, 0.3, adaptive=True)))
+    np.testing.assert_allclose(np.linalg.norm(ea / np.abs(np.asarray(flat(w)))), 0.3, rtol=1e-12)
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_sam_gradient_on_the_cnn_is_the_gradient_at_the_ascent_point(trained, adaptive):
+    # on the CNN with smoothing and augmentation: the ascent point's gradient, computed by hand
+    # from the plain loss's gradient with the same key (so the same shifted batch) for both
     from hexad.backdoor.defenses._common import CELoss
     from hexad.backdoor.defenses.finetuning import _SAMLoss
 
@@ -176,7 +231,7 @@ def test_sam_gradient_is_the_gradient_at_the_ascent_point(trained, adaptive):
     scale = (lambda w: w**2) if adaptive else (lambda w: 1.0)
     e = jax.tree.map(lambda w, a: rho * scale(w) * a / norm, p, g)
     want = jax.grad(base)(jax.tree.map(jnp.add, p, e), key, batch)
-    got = jax.grad(_SAMLoss(trained.model, rho, adaptive, 0.1, 2))(p, key, batch)
+    got = jax.grad(_SAMLoss(base, rho, adaptive))(p, key, batch)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     # and it is not the plain gradient: the ascent step moved the point
@@ -185,6 +240,19 @@ def test_sam_gradient_is_the_gradient_at_the_ascent_point(trained, adaptive):
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(g), strict=True)
     )
     assert diff > 1e-4
+
+
+def test_ft_sam_at_radius_zero_is_ft(trained):
+    # the rest of FT-SAM's pipeline (optimiser, schedule, weight decay, augmentation, batches)
+    # is FT's: at rho 0 the two runs agree step for step, so a collapse FT does not show
+    # comes from the SAM step itself
+    data, k = _data(trained), jax.random.key(5)
+    ft = dfs.finetune(k, trained.model, trained.bad, data, 6, pad=1, batch_size=16).params
+    sam = dfs.ft_sam(k, trained.model, trained.bad, data, 6, rho=0.0, pad=1, batch_size=16)
+    for a, b in zip(jax.tree.leaves(sam.params), jax.tree.leaves(ft), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    moved = dfs.ft_sam(k, trained.model, trained.bad, data, 6, rho=0.05, pad=1, batch_size=16)
+    assert float(bd.weight_displacement(ft, moved.params)) > 1e-3
 
 
 def _fake_defense(ruin_above, seen):

@@ -62,25 +62,36 @@ def finetune(
     return DefenseOutput(apply_channel_mask(p, masks) if masks else p, {})
 
 
+def _sam_perturbation(params, grads, rho, adaptive: bool = False):
+    """Returns SAM's ascent step ``e`` (a pytree like ``params``) from the gradient ``grads``.
+
+    SAM (Foret et al., arXiv 2010.01412, eq. 2): ``e = rho g / ||g||``; ASAM (Kwon et al.,
+    arXiv 2102.11600, with ``T_w = |w|`` on every parameter, as the SAM code BackdoorBench's
+    FT-SAM uses): ``e = rho T_w^2 g / ||T_w g||``. The norm is over the whole tree (every
+    leaf at once), not per leaf; ``||e|| = rho`` for SAM.
+    """
+    t = jax.tree.map(lambda w, a: jnp.abs(w) * a, params, grads) if adaptive else grads
+    norm = jnp.sqrt(sum(jnp.sum(jnp.square(a)) for a in jax.tree.leaves(t)) + 1e-24)
+    if adaptive:
+        return jax.tree.map(lambda w, a: rho * jnp.square(w) * a / norm, params, grads)
+    return jax.tree.map(lambda a: rho * a / norm, grads)
+
+
 @dataclasses.dataclass(frozen=True)
 class _SAMLoss:
-    model: Any
+    """SAM's objective ``base(w + stop_gradient(e(w)))`` for :func:`minimize`: its gradient
+    is ``grad base`` at the ascent point ``w + e`` (:func:`_sam_perturbation`), the same key
+    (augmentation) and batch for both gradients. ``base``: a value-hashable
+    ``base(params, key, batch)``."""
+
+    base: Any
     rho: float
     adaptive: bool
-    smoothing: float
-    pad: int
 
     def __call__(self, p, key, batch):
-        base = CELoss(self.model, self.smoothing, self.pad)
-        g = jax.grad(base)(p, key, batch)
-        if self.adaptive:  # ASAM (arXiv 2102.11600): T_w = |w|, e = rho T_w^2 g / ||T_w g||
-            tg = jax.tree.map(lambda w, a: jnp.abs(w) * a, p, g)
-            n = jnp.sqrt(sum(jnp.sum(a**2) for a in jax.tree.leaves(tg)) + 1e-12)
-            e = jax.tree.map(lambda w, a: self.rho * w**2 * a / n, p, g)
-        else:
-            n = jnp.sqrt(sum(jnp.sum(a**2) for a in jax.tree.leaves(g)) + 1e-12)
-            e = jax.tree.map(lambda a: self.rho * a / n, g)
-        return base(jax.tree.map(jnp.add, p, jax.lax.stop_gradient(e)), key, batch)
+        g = jax.grad(self.base)(p, key, batch)
+        e = jax.lax.stop_gradient(_sam_perturbation(p, g, self.rho, self.adaptive))
+        return self.base(jax.tree.map(jnp.add, p, e), key, batch)
 
 
 def ft_sam(
@@ -106,7 +117,7 @@ def ft_sam(
     """
     check_data(model, params, data)
     n = budget(n_steps)
-    loss = _SAMLoss(model, float(rho), bool(adaptive), float(smoothing), int(pad))
+    loss = _SAMLoss(CELoss(model, float(smoothing), int(pad)), float(rho), bool(adaptive))
     xy = (data.x_clean, data.y_clean)
     opt = sgd(float(lr), 0.9, n, float(weight_decay))
     p, _ = minimize(key, params, loss, xy, opt, n, min(batch_size, xy[0].shape[0]))
