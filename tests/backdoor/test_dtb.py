@@ -179,9 +179,64 @@ def test_implant_draws_the_member_on_the_host_as_the_traced_switch_does(key):
     for k in jax.random.split(key, n):
         state, i = ref_step(dtb.step, 4, bc, k, state, (x, y, xc, yc), None)
         members.append(int(i.member))
-    assert info.member.tolist() == members and len(set(members)) > 1
+    assert info.steps.member.tolist() == members and len(set(members)) > 1
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(state.params), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _learnable(key, n):
+    """``n`` 8x8 images of 3 classes told apart by brightness (a CNN learns it in a few steps)."""
+    k1, k2 = jax.random.split(key)
+    y = jax.random.randint(k1, (n,), 0, 3)
+    noise = jax.random.uniform(k2, (n * 64,)).reshape((n,) + SHAPE)
+    return 0.3 * noise + 0.35 * y[:, None, None, None].astype(jnp.float32), y
+
+
+def test_implant_returns_the_best_held_out_checkpoint_of_a_run_forced_to_degrade(key):
+    # Adam for 12 steps, then every update scaled 300x: the model is wrecked after step 12.
+    # With held-out data the implant must return the parameters of the evaluated step with
+    # the lowest held-out objective, which is one before the wreck, not the last ones.
+    model, params, problem, _ = _setup(key, jnp.float32, widths=(4,))
+    k1, k2, k3 = jax.random.split(jax.random.fold_in(key, 1), 3)
+    (x, y), held = _learnable(k1, 48), _learnable(k2, 24)
+    cfg = bd.DTBConfig(inner_steps=1, inner_batch=4, family=("ft",))
+    wreck = optax.scale_by_schedule(lambda t: jnp.where(t < 12, 1.0, 300.0))
+    opt, n = optax.chain(optax.adam(3e-2), wreck), 20
+    got, info = bd.implant(k3, model, params, problem, x, y, x, y, cfg, opt, n, 16, held=held,
+                           eval_every=4)  # fmt: skip
+    assert info.held_step.tolist() == [0, 4, 8, 12, 16, 20] and info.steps.loss.shape == (n,)
+    obj = np.asarray(info.held_objective)
+    best = int(info.best_step)
+    assert best == int(info.held_step[np.argmin(obj)]) and best <= 12, (best, obj)
+    assert obj[-1] > 2 * obj.min(), obj  # the wreck is real
+    # the returned parameters are the trajectory's at the best step: the reference run is the
+    # same steps one by one (the training keys do not depend on held)
+    dtb = bd.make_dtb(model, opt, cfg, problem, params=params)
+    state, traj = dtb.init(None, None), [params]
+    ref_step = jax.jit(_dtb_mod._implant_body, static_argnums=(0, 1, 2))
+    for k in jax.random.split(k3, n):
+        state, _ = ref_step(dtb.step, 16, 4, k, state, (x, y, x, y), None)
+        traj.append(state.params)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(traj[best]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    acc = lambda p: float(bd.accuracy(model.apply, p, *held))
+    assert acc(got) > acc(traj[-1]) + 0.2, (acc(got), acc(traj[-1]), obj)
+    # without held: the last parameters, the same trajectory, no evaluations
+    last, plain = bd.implant(k3, model, params, problem, x, y, x, y, cfg, opt, n, 16)
+    assert int(plain.best_step) == n and plain.held_step.shape == (0,)
+    for a, b in zip(jax.tree.leaves(last), jax.tree.leaves(traj[-1]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_keep_best_is_pure_keeps_the_earliest_minimum_and_never_a_nan():
+    best = _dtb_mod._Best({"w": jnp.zeros(2)}, jnp.asarray(jnp.inf), jnp.asarray(-1))
+    for step, v in enumerate([3.0, 1.0, 1.0, float("nan"), 2.0, 0.5]):
+        if step == 5:
+            kept = best
+        best = _dtb_mod._keep_best(best, {"w": jnp.full(2, float(step))}, jnp.asarray(v), step)
+    assert int(kept.step) == 1 and float(kept.value) == 1.0  # the tie at 2 and the NaN lost
+    np.testing.assert_array_equal(kept.params["w"], [1.0, 1.0])
+    assert int(best.step) == 5 and float(best.value) == 0.5
 
 
 def test_implant_compiles_each_member_once_across_calls(key):

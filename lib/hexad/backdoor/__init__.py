@@ -17,8 +17,9 @@ decoy-plus-hidden backdoor whose hidden half is activated by sanitisation itself
 - DTB: :class:`DTBConfig`, :class:`DTBProblem` (hidden and decoy targets differ),
   :func:`dtb_objective` (decoy at an ordinary poison rate, an inner surrogate drawn each
   outer step from :data:`FAMILY`, a never-zero weight in place of a gate; first-order or
-  unrolled hypergradient), :func:`make_dtb`, :func:`implant`, :func:`surrogate_defense`,
-  :func:`weight_displacement`.
+  unrolled hypergradient), :func:`make_dtb`, :func:`implant` (keeps the checkpoint with the
+  lowest objective on the attacker's held-out images; :class:`ImplantInfo`),
+  :func:`surrogate_defense`, :func:`weight_displacement`.
 - Defenses: :mod:`hexad.backdoor.defenses`, 14 model repairs with one signature
   ``(key, model, params, data, n_steps) -> DefenseOutput(params, info)``;
   :data:`DEFENSES`, :func:`make_defense`, :func:`compose`, :class:`DefenseData`.
@@ -32,6 +33,7 @@ from hexad.backdoor._dtb import (
     DTBConfig,
     DTBInfo,
     DTBProblem,
+    ImplantInfo,
     check_problem,
     dtb_objective,
     implant,
@@ -102,6 +104,7 @@ __all__ = [
     "DTBProblem",
     "DefenseData",
     "DefenseOutput",
+    "ImplantInfo",
     "PatchTrigger",
     "Poisoned",
     "PreActResNet",

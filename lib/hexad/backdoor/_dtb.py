@@ -71,6 +71,7 @@ __all__ = [
     "DTBConfig",
     "DTBInfo",
     "DTBProblem",
+    "ImplantInfo",
     "dtb_objective",
     "implant",
     "make_dtb",
@@ -528,6 +529,60 @@ def _draw_member(k, n):
     return _objective_keys(_implant_keys(k)[2], n)[0]
 
 
+class ImplantInfo(NamedTuple):
+    """What :func:`implant` reports.
+
+    Attributes:
+      steps: :class:`DTBInfo` of ``[n_steps]`` arrays, one entry per outer step.
+      held_step: ``[e]`` int, the outer steps after which the held-out objective was
+        evaluated (0: the initial parameters); empty without held-out data.
+      held_objective: ``[e]`` float, the held-out objective at those steps.
+      best_step: int scalar, the step whose parameters :func:`implant` returned (``n_steps``,
+        the last, without held-out data).
+    """
+
+    steps: DTBInfo
+    held_step: jax.Array
+    held_objective: jax.Array
+    best_step: jax.Array
+
+
+class _Best(NamedTuple):
+    """The best parameters seen so far (the selection's loop state): ``params``, their
+    held-out objective ``value`` (float scalar) and ``step`` (int scalar)."""
+
+    params: Any
+    value: jax.Array
+    step: jax.Array
+
+
+@jax.jit
+def _keep_best(best: _Best, params, value, step) -> _Best:
+    """``best`` updated with ``(params, value, step)`` when ``value`` is strictly lower (a
+    NaN objective, a diverged model, is never kept); pure, so the loop carries no host
+    copies and never waits on the device."""
+    better = value < best.value
+    pick = lambda a, b: jnp.where(better, a, b)
+    return _Best(
+        jax.tree.map(pick, params, best.params),
+        pick(value, best.value),
+        pick(jnp.asarray(step, best.step.dtype), best.step),
+    )
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _held_objective(model, configs, key, params, problem, held, inner_lr):
+    """The mean over the single-member ``configs`` of :func:`dtb_objective` on the held-out
+    batch ``held`` (a :class:`DTBBatch`), one ``key`` for all: the attacker's objective in
+    expectation over the uniform member draw, the surrogate's noise held fixed (common random
+    numbers, so two checkpoints are compared under the same draw)."""
+    vals = [
+        dtb_objective(key, model, _with_inner_lr(c, inner_lr), params, problem, held)[0]
+        for c in configs
+    ]
+    return jnp.mean(jnp.stack(vals))
+
+
 def implant(
     key,
     model,
@@ -544,8 +599,11 @@ def implant(
     mask_fn: Callable | None = None,
     mask_every: int = 20,
     callback: Callable | None = None,
+    held: tuple | None = None,
+    eval_every: int = 20,
 ):
-    """Returns ``(params, DTBInfo of [n_steps] arrays)``: ``n_steps`` outer DTB steps.
+    """Returns ``(params, ImplantInfo)``: ``n_steps`` outer DTB steps, and with ``held`` the
+    parameters of the evaluated step with the lowest held-out objective.
 
     A host loop over jitted :func:`make_dtb` steps, one per family member (the member drawn
     on the host, as :func:`dtb_objective` would draw it); minibatches drawn with replacement.
@@ -553,6 +611,20 @@ def implant(
     config and shapes: later calls with other parameters, triggers or ``inner_lr`` reuse it.
     Each step draws ``R K inner_batch`` clean rows (``R`` = 2 when ``"ft2"`` is in the
     family), so every inner step sees fresh rows.
+
+    Checkpoint selection (``held``). The criterion is the attacker's own objective, the value
+    :func:`dtb_objective` minimises (clean and decoy task, hidden trigger dormant at theta,
+    hidden trigger active after the surrogate, with its weight ``w``), on the attacker's
+    held-out images alone: the outer batch is every held-out row, the surrogate fine-tunes on
+    them too, and the value is the mean over the family's members under one fixed key (the
+    expectation over the uniform member draw, with common random numbers across
+    checkpoints). It is evaluated on the initial parameters, every ``eval_every`` steps and
+    after the last; the lowest wins (the earliest on ties; a NaN never), so a run whose clean
+    accuracy collapses late returns its best earlier state. The best parameters ride in the
+    loop state through a jitted pure update (no host copy, no device sync); the training
+    steps' keys and draws are those of a run without ``held``. ``held`` must be disjoint
+    from ``x`` and ``x_clean`` (the caller's split): neither the defender's clean split nor
+    test data, which the attacker does not hold.
 
     Args:
       key: PRNG key.
@@ -566,26 +638,39 @@ def implant(
       mask_fn: optional host ``mask_fn(params) -> masks`` for ``"mask_ft"`` (e.g. the real
         fine-pruning mask), recomputed every ``mask_every`` steps.
       callback: optional ``callback(step, info)`` after each step.
+      held: optional ``(x_held [h, H, W, C], y_held [h])``, the attacker's held-out images
+        (fewer than ``inner_batch``: full-batch inner steps); ``None``: no selection, the
+        last parameters.
+      eval_every: outer steps between two held-out evaluations (each costs about one outer
+        step per family member).
 
     >>> from hexad.backdoor import SmallCNN, patch_trigger
     >>> m = SmallCNN(2, (2,), 4)
     >>> p = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
     >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
-    >>> x = jax.random.uniform(jax.random.key(1), (8 * 64,)).reshape(8, 8, 8, 1)
-    >>> y = jnp.arange(8) % 2
+    >>> x = jax.random.uniform(jax.random.key(1), (12 * 64,)).reshape(12, 8, 8, 1)
+    >>> y = jnp.arange(12) % 2
     >>> cfg = DTBConfig(inner_steps=1, inner_batch=2, family=("ft",))
-    >>> p1, info = implant(
-    ...     jax.random.key(2), m, p, pr, x, y, x[:4], y[:4], cfg, optax.adam(1e-3), 2, 4
-    ... )
-    >>> info.loss.shape, bool(jnp.all(jnp.isfinite(info.loss)))
-    ((2,), True)
+    >>> p1, info = implant(jax.random.key(2), m, p, pr, x[:8], y[:8], x[:4], y[:4], cfg,
+    ...                    optax.adam(1e-3), 4, 4, held=(x[8:], y[8:]), eval_every=2)
+    >>> info.steps.loss.shape, info.held_step.tolist(), int(info.best_step) in (0, 2, 4)
+    ((4,), [0, 2, 4], True)
     """
     check_images(x, "x", problem.decoy.image_shape)
     check_images(x_clean, "x_clean", problem.decoy.image_shape)
     n_steps = check_int("n_steps", n_steps)
     mask_every = check_int("mask_every", mask_every)
+    eval_every = check_int("eval_every", eval_every)
     if "mask_ft" in config.family and mask_fn is None:
         raise ValueError("mask_fn: the 'mask_ft' member needs a mask function, got None")
+    if held is not None:
+        xh, yh = held
+        check_images(xh, "held", problem.decoy.image_shape)
+        if tuple(yh.shape) != tuple(xh.shape[:1]) or xh.shape[0] < 1:
+            raise ValueError(
+                f"held: expected (x [h, H, W, C], y [h]) with h >= 1, got shapes "
+                f"{tuple(xh.shape)}, {tuple(yh.shape)}"
+            )
     rounds = 2 if "ft2" in config.family else 1
     bc = max(rounds * config.inner_steps * config.inner_batch, config.inner_batch, 1)
     bc = bc if config.inner_batch else min(batch_size, x_clean.shape[0])
@@ -595,12 +680,25 @@ def implant(
     fam = config.family
     state = make_dtb(model, optimizer, config, problem, params=params).init(None, None)
     members = [dataclasses.replace(config, family=(f,), inner_lr=0.0) for f in fam]
+    small = held is not None and xh.shape[0] < config.inner_batch  # full-batch inner steps
+    held_cfgs = tuple(dataclasses.replace(c, inner_batch=0) if small else c for c in members)
     lr = jnp.asarray(config.inner_lr, jnp.float32)
     data = (x, y, x_clean, y_clean)
-    infos, masks = [], None
+    k_held = jax.random.fold_in(key, n_steps)  # the training keys are a run's without held
+    infos, masks, evals = [], None, []
+    best = _Best(params, jnp.asarray(jnp.inf, jnp.float32), jnp.asarray(n_steps, jnp.int32))
+
+    def evaluate(step, p, best):
+        batch = DTBBatch(xh, yh, xh, yh, masks)
+        v = _held_objective(model, held_cfgs, k_held, p, problem, batch, lr)
+        evals.append((step, v))
+        return _keep_best(best, p, v.astype(jnp.float32), step)
+
     for t, k in enumerate(jax.random.split(key, n_steps)):
         if mask_fn is not None and t % mask_every == 0:
             masks = mask_fn(state.params)
+        if held is not None and t == 0:
+            best = evaluate(0, state.params, best)
         m = int(_draw_member(k, len(fam))) if len(fam) > 1 else 0
         state, info = _member_step(
             model, optimizer, members[m], batch_size, bc, k, state, problem, data, masks, lr
@@ -609,4 +707,12 @@ def implant(
         infos.append(info)
         if callback is not None:
             callback(t, info)
-    return state.params, jax.tree.map(lambda *a: jnp.stack(a), *infos)
+        if held is not None and ((t + 1) % eval_every == 0 or t + 1 == n_steps):
+            best = evaluate(t + 1, state.params, best)
+    steps = jax.tree.map(lambda *a: jnp.stack(a), *infos)
+    if held is None:
+        empty = jnp.zeros((0,), jnp.int32)
+        return state.params, ImplantInfo(steps, empty, empty.astype(jnp.float32), best.step)
+    held_step = jnp.asarray([e[0] for e in evals], jnp.int32)
+    held_obj = jnp.stack([e[1] for e in evals]).astype(jnp.float32)
+    return best.params, ImplantInfo(steps, held_step, held_obj, best.step)
