@@ -25,6 +25,7 @@ from hexad import backdoor as bd
 
 ASR_OK, ACC_LOSS_OK = 0.2, 0.05  # a defense removes a backdoor: ASR below, accuracy kept
 IMPLANT_OK = 0.5  # an implanted model below this clean accuracy (10 classes) has collapsed
+ATTACKER_HELD = 0.1  # the share of the attacker's images held out to select the implant
 
 
 class Stages:
@@ -217,6 +218,7 @@ class Setup:
     data: Any
     test: tuple
     attacker: tuple
+    held: tuple
     keys: Any
 
 
@@ -231,12 +233,13 @@ def make_model(cfg: Any, num_classes: int = 10):
 
 
 def setup(cfg: Any, images: Any, seed: int) -> Setup:
-    """Splits ``images`` (1/6 test; the defender's clean split the last 5% of the rest, the
-    attacker's images the others), builds the triggers (decoy: a checkerboard patch of side
-    ``size / 8`` at the bottom-right; hidden: a uniform-noise blend), the CNN and its
-    initialisation, the BadNets-poisoned training set and the defender's
-    :class:`hexad.backdoor.DefenseData` (with decoy-triggered non-target clean rows as
-    BackdoorBench's backdoor validation data)."""
+    """Splits ``images`` (1/6 test; the defender's clean split the last 5% of the rest; of the
+    others, the attacker's, ``ATTACKER_HELD`` held out to select the implant's checkpoint,
+    the rest its training images; the four are disjoint), builds the triggers (decoy: a
+    checkerboard patch of side ``size / 8`` at the bottom-right; hidden: a uniform-noise
+    blend), the CNN and its initialisation, the BadNets-poisoned training set and the
+    defender's :class:`hexad.backdoor.DefenseData` (with decoy-triggered non-target clean
+    rows as BackdoorBench's backdoor validation data)."""
     from hexad.data.images import train_test_split
 
     tr, te = train_test_split(images, 1 / 6, seed=seed)
@@ -251,11 +254,13 @@ def setup(cfg: Any, images: Any, seed: int) -> Setup:
     p0 = jax.jit(model.init)(keys[1], x[:1])
     pois = bd.poison(keys[2], x, y, decoy, cfg.poison_rate, cfg.decoy_target, images.num_classes)
     xc, yc = x[-n_c:], y[-n_c:]
+    n_a = x.shape[0] - n_c - int(ATTACKER_HELD * (x.shape[0] - n_c))  # attacker's training rows
     nt = yc != cfg.decoy_target
     x_bd = bd.apply_trigger(decoy, xc[nt])
     data = bd.DefenseData(xc, yc, pois.x, pois.y, x_bd, jnp.full(x_bd.shape[0], cfg.decoy_target))
     test = (jnp.asarray(te.x), jnp.asarray(te.y))
-    return Setup(model, p0, problem, pois, data, test, (x[:-n_c], y[:-n_c]), keys)
+    held = (x[n_a:-n_c], y[n_a:-n_c])
+    return Setup(model, p0, problem, pois, data, test, (x[:n_a], y[:n_a]), held, keys)
 
 
 def trajectories(ctx: Any, s: Setup, models: dict, n_steps: int) -> None:

@@ -26,6 +26,9 @@ cost of the CNN's at 32x32.
    two-backdoor model (no post-sanitisation term), DTB (surrogate drawn from ``family`` each
    outer step) and, on the first seed only, an oracle DTB trained against fine-pruning's own
    mask (``"mask_ft"``), the control for whether this model can carry the effect at all.
+   Each implant trains on the attacker's images less a held-out tenth and keeps the
+   checkpoint with the lowest DTB objective on that tenth (``hexad.backdoor.implant``, every
+   20 steps): a run whose clean accuracy collapses late returns its best earlier state.
 4. Naive and DTB are sanitised by every defense and ``compositions``; the oracle by FP.
 5. First seed: decoy and hidden ASR along one real fine-tuning run of 4 ``defense_steps``.
 
@@ -53,8 +56,9 @@ summary.json (means over ``n_seeds`` seeds; every numeric key also as ``<key>_sd
   seed; ``_sd`` 0); ``surrogate_displacement_ratio`` (surrogate vs real FT weight displacement
   on BadNets, after matching), ``surrogate_displacement_ratio_unmatched``, ``displacement_ft``,
   ``inner_lr_matched``; ``dtb_weight_mean``, ``dtb_decoy_prob_after_mean``,
-  ``dtb_hidden_prob_after_mean`` (the implant's last 20% of steps; absent when the implants
-  were restored by ``--resume``); ``defenses``; ``runtime_s``.
+  ``dtb_hidden_prob_after_mean`` (the implant's last 20% of steps), ``<arm>_implant_best_step``
+  for ``dtb``, ``naive``, ``oracle`` (the step of the checkpoint kept); both absent when the
+  implants were restored by ``--resume``; ``defenses``; ``runtime_s``.
 metrics.jsonl: per seed, each stage's seconds (``stage``, ``seconds``), each defense's within
   a stage (``stage``, ``defense``, ``seconds``), then the seed's figures; the trajectory rows.
 Plots: ``asr.png`` (hidden vs decoy ASR per defense), ``trajectory.png``.
@@ -184,17 +188,18 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
         arms["oracle"] = (dataclasses.replace(dcfg, family=("mask_ft",)),
                           {"mask_fn": _backdoor.fp_mask_fn(model, data)})  # fmt: skip
     models, infos = {}, {}
-    xa, ya = s.attacker  # the attacker's own images stand in for the clean split too
+    (xa, ya), h = s.attacker, s.held  # the attacker's images stand in for the clean split too
     for tag, (c, kw) in arms.items():
         with stage(f"implant_{tag}"), ctx.checkpointed(f"seed{seed}_{tag}", s.p0) as (st, p, save):
-            if st == 0:
+            if st == 0:  # the checkpoint kept: the best on the attacker's held-out images
                 p, infos[tag] = bd.implant(keys[4], model, s.p0, problem, xa, ya, xa, ya, c, opt,
-                                           cfg.dtb_steps, cfg.batch_size, **kw)  # fmt: skip
+                                           cfg.dtb_steps, cfg.batch_size, held=h, **kw)  # fmt: skip
                 save(0, p)
         models[tag] = p
     tail = slice(int(0.8 * cfg.dtb_steps), None)
+    out |= {f"{t}_implant_best_step": float(i.best_step) for t, i in infos.items()}
     for k in ("weight", "decoy_prob_after", "hidden_prob_after") if "dtb" in infos else ():
-        out[f"dtb_{k}_mean"] = float(jnp.mean(getattr(infos["dtb"], k)[tail]))
+        out[f"dtb_{k}_mean"] = float(jnp.mean(getattr(infos["dtb"].steps, k)[tail]))
     tables = {}
     for tag in ("dtb", "naive"):
         with stage(f"defenses_{tag}"):

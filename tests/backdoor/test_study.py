@@ -57,3 +57,30 @@ def test_backdoor_dtb_smoke(tmp_path):
 def test_quick_covers_every_defense():
     cfg = backdoor_dtb.STUDY.make_config(True)
     assert cfg.defenses == tuple(bd.DEFENSES) and cfg.n_seeds >= 2
+
+
+def test_attacker_held_out_split_is_disjoint_from_everything_else():
+    # the implant's checkpoint is chosen on the attacker's held-out images: none of them may be
+    # among the attacker's training images, the defender's clean split or the test set
+    import numpy as np
+
+    from experiments import _backdoor
+    from hexad.data.images import load_shapes_rgb
+
+    cfg = backdoor_dtb.STUDY.make_config(True, TINY)
+    images = load_shapes_rgb(0, cfg.n_per_class, cfg.size)
+    s = _backdoor.setup(cfg, images, 0)
+    rows = lambda x: {r.tobytes() for r in np.asarray(x)}
+    parts = {
+        "train": rows(s.attacker[0]),
+        "held": rows(s.held[0]),
+        "clean": rows(s.data.x_clean),
+        "test": rows(s.test[0]),
+    }
+    assert len(rows(images.x)) == len(images.y)  # every image distinct: bytes identify rows
+    for other in ("train", "clean", "test"):
+        assert not parts["held"] & parts[other], other
+    assert sum(map(len, parts.values())) == len(images.y)
+    n_att = s.attacker[0].shape[0] + s.held[0].shape[0]
+    assert s.held[0].shape[0] == int(_backdoor.ATTACKER_HELD * n_att) > 0
+    assert s.held[1].shape == s.held[0].shape[:1]
