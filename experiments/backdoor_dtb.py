@@ -15,8 +15,9 @@ cost of the CNN's at 32x32.
    step budget ``defense_steps`` (ABL, AC, SS on the poisoned training set; ANP, RNP select
    their pruning level by BackdoorBench's rule). With ``defense_lrs`` (e.g. ``--set
    defense_lrs=0.01,0.003,0.001``) the fine-tuning defenses (FT, FP, NAD, FT-SAM, MCR)
-   choose their step size among them as a defender can, on a held-out fifth of the clean
-   split: the largest that loses at most 5 points of held-out clean accuracy
+   choose their step size among them as a defender can, by two-fold cross-fitting on the
+   clean split: the largest whose held-out loss of clean accuracy is not over 5 points by
+   more than one paired standard error, then run on the whole split
    (``hexad.backdoor.defenses.select_lr``), here and in every later sanitisation; the
    default ``()`` keeps BackdoorBench's fixed 0.01, which throws some models to chance.
 2. Surrogate matching: the DTB surrogate's step size is rescaled so that its ``"ft"``

@@ -1,6 +1,8 @@
 """Defenses: one signature for the whole registry, compose over every member, bad input, and
 the behaviour of FT, NC, CLP, the detectors and their retraining."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -267,38 +269,129 @@ def _fake_defense(ruin_above, seen):
     return defense
 
 
-def test_select_lr_keeps_the_largest_step_size_that_keeps_held_out_accuracy(trained):
+@pytest.mark.parametrize("folds", [1, 2])
+def test_select_lr_keeps_the_largest_step_size_that_keeps_held_out_accuracy(trained, folds):
     data = _data(trained)
     seen = []
-    out = dfs.select_lr(_fake_defense(0.005, seen), lrs=(0.001, 0.01, 0.003))(
+    out = dfs.select_lr(_fake_defense(0.005, seen), lrs=(0.001, 0.01, 0.003), folds=folds)(
         jax.random.key(0), trained.model, trained.bad, data, 7
     )
-    # tried from the largest; 0.01 ruins the model, 0.003 keeps it and stops the search
-    assert [lr for lr, _ in seen] == [0.01, 0.003]
-    assert out.info["lr"] == 0.003 and out.info["n_steps"] == 7
+    # tried from the largest, once per fold; 0.01 ruins the model, 0.003 keeps it and stops
+    # the search; with cross-fitting the kept step size then runs on the whole split
+    refit = [0.003] if folds > 1 else []
+    assert [lr for lr, _ in seen] == [0.01] * folds + [0.003] * folds + refit
+    assert out.info["lr"] == 0.003 and out.info["n_steps"] == 7 and out.info["folds"] == folds
     assert out.info["held_acc"][0.003] == out.info["held_acc_before"] > 0.5
     assert out.info["held_acc"][0.01] < out.info["held_acc_before"] - 0.05
+    assert out.info["held_drop_se"][0.003] == 0.0  # no verdict changed
     for a, b in zip(jax.tree.leaves(out.params), jax.tree.leaves(trained.bad), strict=True):
         np.testing.assert_array_equal(a, b)
-    # the defense saw only the fit part: 80% of the clean split, none of the held part
     m = data.x_clean.shape[0]
-    fit = seen[0][1]
-    assert fit.shape[0] == m - round(0.2 * m)
-    rows = {r.tobytes() for r in np.asarray(data.x_clean)}
-    assert all(r.tobytes() in rows for r in fit)
+    rows = lambda x: [r.tobytes() for r in np.asarray(x)]
+    assert len(set(rows(data.x_clean))) == m  # distinct images: bytes identify rows
+    fits = [set(rows(x)) for _, x in seen[:folds]]
+    assert all(f <= set(rows(data.x_clean)) for f in fits)
+    if folds == 1:  # the fit part only: 80% of the clean split
+        assert len(fits[0]) == m - round(0.2 * m)
+    else:  # each fold trains on the other half, so every image is judged by a run that
+        # never saw it; the model returned is trained on the whole split
+        assert not fits[0] & fits[1] and len(fits[0] | fits[1]) == m
+        assert len(seen[-1][1]) == m
     # when every step size ruins the model, the best held-out accuracy is kept (the smallest)
     seen.clear()
-    out = dfs.select_lr(_fake_defense(0.0, seen), lrs=(0.01, 0.003))(
+    out = dfs.select_lr(_fake_defense(0.0, seen), lrs=(0.01, 0.003), folds=folds)(
         jax.random.key(0), trained.model, trained.bad, data, 7
     )
-    assert [lr for lr, _ in seen] == [0.01, 0.003] and out.info["lr"] in (0.01, 0.003)
+    assert [lr for lr, _ in seen][: 2 * folds] == [0.01] * folds + [0.003] * folds
+    assert out.info["lr"] in (0.01, 0.003)
     assert out.info["held_acc"][out.info["lr"]] == max(out.info["held_acc"].values())
+
+
+@dataclasses.dataclass(frozen=True)
+class _Lookup:
+    """A classifier that looks its answers up: image ``i`` (pixel ``[0, 0, 0]`` holds ``i``)
+    gets the class ``params["params"]["table"][i]``."""
+
+    k: int = 3
+
+    def apply(self, params, x, *masks):
+        return jax.nn.one_hot(params["params"]["table"][x[:, 0, 0, 0].astype(int)], self.k)
+
+
+def _known_effect(m=500, seed=0):
+    """A clean split of ``m`` images, a :class:`_Lookup` model right on 90% of them, and a
+    defense whose effect is known exactly: at step size ``lr`` it makes ``DROPS[lr] * m``
+    right verdicts wrong, plus churn (3% of the images right -> wrong, 3% wrong -> right),
+    whatever data it is given. It changes 9% of the verdicts at ``lr`` 0.01 (true loss 0.03)."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(m) % 3
+    right = rng.permutation(m) >= m // 10
+    table = np.where(right, y, (y + 1) % 3)
+    drops = {0.03: 0.20, 0.01: 0.03, 0.003: 0.0}
+    churn = m * 3 // 100
+    r, w = rng.permutation(np.flatnonzero(right)), rng.permutation(np.flatnonzero(~right))
+
+    def defense(key, model, params, data, n_steps=100, lr=0.01):
+        t = table.copy()
+        lost = r[: int(round(drops[lr] * m)) + churn]
+        t[lost] = (y[lost] + 1) % 3
+        t[w[:churn]] = y[w[:churn]]
+        return bd.DefenseOutput({"params": {"table": jnp.asarray(t)}}, {})
+
+    x = jnp.zeros((m, 2, 2, 1)).at[:, 0, 0, 0].set(jnp.arange(m, dtype=jnp.float32))
+    data = bd.DefenseData(x, jnp.asarray(y))
+    return _Lookup(), {"params": {"table": jnp.asarray(table)}}, data, defense
+
+
+def test_select_lr_on_a_defense_of_known_effect_is_stable():
+    # true losses: lr 0.03 -> 0.20 (over the 5-point budget), 0.01 -> 0.03 (within), 0.003 -> 0
+    model, params, data, defense = _known_effect()
+    grid = (0.03, 0.01, 0.003)
+
+    def select(key, **kw):
+        return dfs.select_lr(defense, grid, **kw)(key, model, params, data, 1)
+
+    def kept(key, **kw):
+        return select(key, **kw).info["lr"]
+
+    keys = jax.random.split(jax.random.key(0), 40)
+    # the former rule (one held-out fifth, bare comparison). Simulated over 20,000 splits:
+    # P(keep 0.01 | 0.03 rejected) = 0.83. Over 40 splits: rejected ~6.9 times, sd 2.4.
+    former = [kept(k, folds=1, z=0.0) for k in keys]
+    assert former.count(0.03) == 0 and former.count(0.003) >= 2, former
+    # one held-out fifth with the one-SE tolerance: P(keep 0.01) = 0.975 (simulated), so
+    # ~1 of 40 rejected (sd 1); and 0.03 (true loss 0.20) kept with probability 0.004
+    one_se = [kept(k, folds=1) for k in keys]
+    assert one_se.count(0.03) <= 1 and one_se.count(0.003) <= 4, one_se
+    # the default, two-fold cross-fitting: every image judged once by a run that did not see
+    # it, so this defense (same effect on any data) is measured exactly: 0.03 rejected (loss
+    # 0.20), 0.01 kept (loss 0.03) on every split, and the held-out figures are the truth
+    outs = [select(k) for k in keys[:5]]
+    assert all(o.info["lr"] == 0.01 for o in outs)
+    for o in outs:
+        assert o.info["held_acc_before"] == pytest.approx(0.9)
+        assert o.info["held_acc"][0.03] == pytest.approx(0.70)
+        assert o.info["held_acc"][0.01] == pytest.approx(0.87)
+        # paired SE of the 0.03 loss: 6% lost, 3% gained, sqrt((0.09 - 0.03^2) / 500)
+        assert o.info["held_drop_se"][0.01] == pytest.approx(np.sqrt((0.09 - 0.0009) / 500))
+
+
+def test_paired_drop_is_the_mcnemar_standard_error():
+    # 10 images: 3 lost, 1 gained, 6 unchanged: drop 0.2, se sqrt((0.4 - 0.04) / 10)
+    before = np.array([1, 1, 1, 0, 1, 1, 0, 1, 0, 1], bool)
+    after = np.array([0, 0, 0, 1, 1, 1, 0, 1, 0, 1], bool)
+    drop, se = dfs.paired_drop(before, after)
+    assert drop == pytest.approx(0.2) and se == pytest.approx(np.sqrt(0.036))
+    assert dfs.paired_drop(before, before) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="before, after"):
+        dfs.paired_drop(before, after[:3])
 
 
 def test_select_lr_bad_input(trained):
     data = _data(trained)
     bad = (({"lrs": ()}, "lrs"), ({"lrs": (0.01, -1.0)}, "lrs"),
-           ({"acc_drop": 2.0}, "acc_drop"), ({"held_frac": 1.0}, "held_frac"))  # fmt: skip
+           ({"acc_drop": 2.0}, "acc_drop"), ({"held_frac": 1.0}, "held_frac"),
+           ({"z": -1.0}, "z"), ({"folds": 0}, "folds"))  # fmt: skip
     for kw, name in bad:
         with pytest.raises(ValueError, match=name):
             dfs.select_lr(dfs.finetune, **kw)
@@ -307,7 +400,7 @@ def test_select_lr_bad_input(trained):
     with pytest.raises(ValueError, match="settings: lr is chosen"):
         dfs.select_lr(dfs.finetune)(jax.random.key(0), trained.model, trained.bad, data, lr=0.1)
     one = bd.DefenseData(data.x_clean[:1], data.y_clean[:1])
-    with pytest.raises(ValueError, match="at least 2 images"):
+    with pytest.raises(ValueError, match="at least max"):
         dfs.select_lr(dfs.finetune)(jax.random.key(0), trained.model, trained.bad, one, 1)
 
 

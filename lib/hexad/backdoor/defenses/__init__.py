@@ -110,7 +110,7 @@ from hexad.backdoor.defenses.detectors import (
 from hexad.backdoor.defenses.finetuning import finetune, ft_sam, mcr, nad
 from hexad.backdoor.defenses.nc import neural_cleanse
 from hexad.backdoor.defenses.pruning import anp, clp, fine_pruning, rnp
-from hexad.backdoor.defenses.selection import select_lr
+from hexad.backdoor.defenses.selection import paired_drop, select_lr
 
 # DefenseData and DefenseOutput are importable here and documented once, in hexad.backdoor.
 __all__ = [
@@ -129,6 +129,7 @@ __all__ = [
     "mcr",
     "nad",
     "neural_cleanse",
+    "paired_drop",
     "rnp",
     "sau",
     "select_lr",
