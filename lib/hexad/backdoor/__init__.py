@@ -33,7 +33,6 @@ from hexad.backdoor._dtb import (
     DTBConfig,
     DTBInfo,
     DTBProblem,
-    ImplantInfo,
     check_problem,
     dtb_objective,
     implant,
@@ -42,6 +41,7 @@ from hexad.backdoor._dtb import (
     surrogate_defense,
     weight_displacement,
 )
+from hexad.backdoor._dtb import ImplantInfo as ImplantInfo  # noqa: F401 (re-export)
 from hexad.backdoor._eval import (
     BackdoorMetrics,
     benchmark_defenses,
@@ -104,7 +104,6 @@ __all__ = [
     "DTBProblem",
     "DefenseData",
     "DefenseOutput",
-    "ImplantInfo",
     "PatchTrigger",
     "Poisoned",
     "PreActResNet",
