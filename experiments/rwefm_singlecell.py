@@ -24,8 +24,8 @@ continues from each arm's newest durable chunk trained with the same settings.
 Command:  python -m experiments.rwefm_singlecell [--quick] [--out DIR] [--seed N] [--set k=v ...]
           [--resume] [--ckpt DIR]
 Runtime:  --quick about 2 minutes on 2 idle cores, mostly compilation; the full study
-          (2 arms x 3 seeds x 5000 steps) about 2.5-3 hours on 2 cores (a 100-step chunk of
-          the RWEFM arm takes about 30 s).
+          (2 arms x 3 seeds x 5000 steps) 80 min measured on 2 cores beside other work
+          (35-70 s per 100-step chunk, about 35 s when the cores are free; results/).
 
 summary.json keys: every key of :func:`experiments._rwefm.compare` (``noise``,
 ``map_converged_frac_rwefm``, ``map_converged_frac_euclid``, ``eval_converged_frac``, the
