@@ -42,7 +42,8 @@ Command:  python -m experiments.cvxclust_phase [--quick] [--out DIR] [--seed N] 
           [--resume] [--ckpt DIR]
 Runtime:  --quick (n = 24, one panel, 2 x 2 grid, 3 trials) about 1-2 min on 2 CPU cores; the
           full study (n = 60, 4 panels, 5 x 5 grids, 20 trials, 3 factors), extrapolated from
-          one timed cell, is several hours on 2 CPU cores.
+          two timed cells (40 and 68 s on one idle core), about 1.5 h in one process, or
+          about 45 min as two panel processes side by side (``--set ks=2``, ``--set ks=3``).
 
 summary.json keys: ``dpq_grid``, ``sep_grid``, ``panels`` (``"K{k}_d{d}"``); for regime in
 ``fixed``, ``tuned`` and program in ``graph``, ``node``, ``joint``, ``linear``:
