@@ -212,9 +212,14 @@ def test_low_rank_path_matches_full_eigh(solve):
     assert bool(low.converged) and not bool(low.rank_saturated)
     np.testing.assert_allclose(float(low.objective), float(full.objective), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(low.l), np.asarray(full.l), atol=1e-4)
-    # Small mu: the optimum is (nearly) A itself, of high rank; rank 6 cannot be the exact prox
-    # and the output must say so instead of returning a silently different answer.
-    low = jax.jit(cc.NuclearSolver(tol=1e-7, max_iters=5000, rank=6))(cc.graph_problem(a, 0.5))
+    # Eight clusters of four: the optimum has rank 9 (> 6), so no rank-6 step is the exact prox
+    # at the solution, and the output must say so instead of returning a silently different
+    # answer. (Whether an earlier iterate of an easier problem needed more than 6 eigenvalues
+    # depends on the ADMM path, i.e. on rounding: only the solution's rank is asserted on.)
+    a8, _ = _sbm(np.random.default_rng(6), (4,) * 8, 0.9, 0.1)
+    p8 = cc.graph_problem(a8, 0.5)
+    assert int(np.sum(np.linalg.eigvalsh(np.asarray(solve(p8).l)) > 1e-3)) > 6
+    low = jax.jit(cc.NuclearSolver(tol=1e-7, max_iters=5000, rank=6))(p8)
     assert bool(low.rank_saturated)
 
 
