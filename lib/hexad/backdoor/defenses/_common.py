@@ -141,9 +141,15 @@ def masked_accuracy(model, params, masks, x, y):
 
 
 @functools.partial(jax.jit, static_argnums=0)
+def masked_correct(model, params, masks, x, y):
+    """``[n]`` bool: whether each image of ``x`` is classified as ``y`` under ``masks``."""
+    return jnp.argmax(model.apply(params, x, masks, masks), -1) == y
+
+
+@functools.partial(jax.jit, static_argnums=0)
 def masked_hits(model, params, masks, x, y):
     """Fraction of ``x`` classified as ``y`` (the ASR on backdoor data) under ``masks``."""
-    return jnp.mean(jnp.argmax(model.apply(params, x, masks, masks), -1) == y)
+    return jnp.mean(masked_correct(model, params, masks, x, y))
 
 
 @functools.partial(jax.jit, static_argnums=0)

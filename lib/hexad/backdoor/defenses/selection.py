@@ -22,22 +22,14 @@ measurement resolves.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from hexad._base import check_int
-from hexad.backdoor.defenses._common import DefenseOutput, check_data
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _correct(model, params, x, y):
-    """``[n]`` bool: whether ``model`` (unmasked) classifies each image of ``x`` as ``y``."""
-    return jnp.argmax(model.apply(params, x, None, None), -1) == y
+from hexad.backdoor.defenses._common import DefenseOutput, check_data, masked_correct
 
 
 def paired_drop(before, after) -> tuple[float, float]:
@@ -151,14 +143,14 @@ def select_lr(
             splits = [(h, np.concatenate(parts[:f] + parts[f + 1 :])) for f, h in enumerate(parts)]
         sub = lambda rows: data._replace(x_clean=data.x_clean[rows], y_clean=data.y_clean[rows])
         judged = np.concatenate([h for h, _ in splits])
-        c0 = np.asarray(_correct(model, params, data.x_clean[judged], data.y_clean[judged]))
+        c0 = np.asarray(masked_correct(model, params, None, *sub(judged)[:2]))
         tried, ses, best = {}, {}, None
         for lr in grid:
             c1, outs = [], []
             for f, (h, fit) in enumerate(splits):
                 k = k_run if folds == 1 else jax.random.fold_in(k_run, f)
                 outs.append(defense(k, model, params, sub(fit), n_steps, lr=lr, **settings))
-                c1.append(np.asarray(_correct(model, outs[-1].params, *sub(h)[:2])))
+                c1.append(np.asarray(masked_correct(model, outs[-1].params, None, *sub(h)[:2])))
             c1 = np.concatenate(c1)
             loss, se = paired_drop(c0, c1)
             tried[lr], ses[lr] = float(c1.mean()), se
