@@ -397,14 +397,54 @@ def _fmt(v: Any) -> str:
     return str(v).replace("|", "\\|")
 
 
-def _load(study: str) -> tuple[dict, dict] | None:
-    d = RESULTS / study
-    if not (d / "summary.json").is_file() or not (d / "config.json").is_file():
-        return None
-    return (
-        json.loads((d / "config.json").read_text(encoding="utf-8")),
-        json.loads((d / "summary.json").read_text(encoding="utf-8")),
-    )
+def _runs(study: str) -> list[tuple[str, dict, dict]]:
+    """The committed runs of ``study``: ``[("", config, summary)]`` for a whole-study folder, or
+    one ``(part, config, summary)`` per subfolder when the study was run in parts (e.g.
+    ``rwefm_synthetic``, one ``--set manifolds=...`` run per manifold in ``s2/`` and ``t2/``;
+    their summary keys carry the part's prefix, so the claims read them merged)."""
+    root = RESULTS / study
+    if (root / "summary.json").is_file():
+        dirs = [("", root)]
+    else:
+        dirs = [(d.name, d) for d in sorted(root.glob("*/")) if (d / "summary.json").is_file()]
+    files = ("config.json", "summary.json")
+    return [
+        (part, *(json.loads((d / f).read_text(encoding="utf-8")) for f in files))
+        for part, d in dirs
+        if all((d / f).is_file() for f in files)
+    ]
+
+
+def _run_lines(paper: Paper, study: str, part: str, config: dict, summary: dict) -> list[str]:
+    prov = config.get("provenance", {})
+    machine = prov.get("machine", {})
+    lines = [f"### run `{part}`", ""] if part else []
+    if config.get("quick"):
+        lines += ["**A `--quick` run, not the full study.**", ""]
+    lines += [
+        f"- command: `{prov.get('command', '?')}`",
+        f"- commit: `{prov.get('commit', '?')}`"
+        + (" (with local changes)" if prov.get("dirty") else ""),
+        f"- date: {prov.get('date', '?')}; seed {config.get('seed')}; "
+        f"runtime {_fmt(summary.get('runtime_s'))} s",
+        f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
+        f"{machine.get('backend', '?')}, jax {machine.get('jax', '?')}",
+        "",
+        "| key | value |",
+        "| --- | --- |",
+    ]
+    lines += [f"| `{k}` | {_fmt(v)} |" for k, v in sorted(summary.items())]
+    lines.append("")
+    if study in paper.tables:
+        lines += paper.tables[study](summary)
+    src = RESULTS / study / part
+    name = f"{study}/{part}".rstrip("/")
+    img_dir = OUT / "_img" / name
+    for png in sorted(src.glob("*.png")):
+        img_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(png, img_dir / png.name)
+        lines += [f"![{png.stem}](_img/{name}/{png.name})", ""]
+    return lines
 
 
 def render(paper: Paper) -> str:
@@ -413,41 +453,25 @@ def render(paper: Paper) -> str:
     study_lines: list[str] = []
     for study in paper.studies:
         study_lines += [f"## `{study}`", ""]
-        loaded = _load(study)
-        if loaded is None:
+        runs = _runs(study)
+        if not runs:
             study_lines += [
                 f"No full run of this study is committed under `results/{study}/` yet. "
                 f"It is measured by `python -m experiments.{study} --out results/{study}`.",
                 "",
             ]
             continue
-        config, summary = loaded
-        summaries[study] = summary
-        prov = config.get("provenance", {})
-        machine = prov.get("machine", {})
-        if config.get("quick"):
-            study_lines += ["**A `--quick` run, not the full study.**", ""]
-        study_lines += [
-            f"- command: `{prov.get('command', '?')}`",
-            f"- commit: `{prov.get('commit', '?')}`"
-            + (" (with local changes)" if prov.get("dirty") else ""),
-            f"- date: {prov.get('date', '?')}; seed {config.get('seed')}; "
-            f"runtime {_fmt(summary.get('runtime_s'))} s",
-            f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
-            f"{machine.get('backend', '?')}, jax {machine.get('jax', '?')}",
-            "",
-            "| key | value |",
-            "| --- | --- |",
-        ]
-        study_lines += [f"| `{k}` | {_fmt(v)} |" for k, v in sorted(summary.items())]
-        study_lines.append("")
-        if study in paper.tables:
-            study_lines += paper.tables[study](summary)
-        img_dir = OUT / "_img" / study
-        for png in sorted((RESULTS / study).glob("*.png")):
-            img_dir.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(png, img_dir / png.name)
-            study_lines += [f"![{png.stem}](_img/{study}/{png.name})", ""]
+        if len(runs) > 1 or runs[0][0]:
+            study_lines += [
+                f"Run in parts, one folder each under `results/{study}/`: "
+                + ", ".join(f"`{part}`" for part, _, _ in runs)
+                + ".",
+                "",
+            ]
+        summaries[study] = {}
+        for part, config, summary in runs:
+            summaries[study] |= summary
+            study_lines += _run_lines(paper, study, part, config, summary)
     lines += [
         "## Verdicts",
         "",

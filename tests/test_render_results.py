@@ -36,3 +36,28 @@ def test_rwefm_rule_decides_on_the_paired_distance_from_one_half():
 def test_rwefm_rule_needs_converged_evaluation_and_two_seeds():
     assert _verdict(_summary([0.6, 0.62, 0.61], [0.7, 0.75, 0.72], conv=0.98)) == "not measured"
     assert _verdict(_summary([0.6], [0.7])) == "not measured"
+
+
+def test_a_study_run_in_parts_is_read_from_its_part_folders(tmp_path, monkeypatch):
+    import json
+
+    def write(d, summary):
+        d.mkdir(parents=True)
+        (d / "config.json").write_text(json.dumps({"seed": 0, "provenance": {"commit": "c"}}))
+        (d / "summary.json").write_text(json.dumps(summary))
+
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    monkeypatch.setattr(render, "OUT", tmp_path / "out")
+    good, bad = [0.6, 0.62, 0.61], [0.7, 0.75, 0.72]
+    write(tmp_path / "rwefm_synthetic" / "s2", _summary(good, bad, prefix="s2_"))
+    write(tmp_path / "rwefm_synthetic" / "t2", _summary(bad, good, prefix="t2_"))
+    (tmp_path / "rwefm_synthetic" / "notes").mkdir()  # a folder without a run is skipped
+    assert [part for part, _, _ in render._runs("rwefm_synthetic")] == ["s2", "t2"]
+    page = render.render(next(p for p in render.PAPERS if "rwefm_synthetic" in p.studies))
+    assert "### run `s2`" in page and "### run `t2`" in page
+    rows = [line for line in page.splitlines() if line.startswith("| S^2") or
+            line.startswith("| T^2 (mixtures")]  # fmt: skip
+    assert "**reproduced**" in rows[0] and "**not reproduced**" in rows[1]
+    # a whole-study folder wins over parts
+    write(tmp_path / "rwefm_protein", _summary(good, bad))
+    assert [part for part, _, _ in render._runs("rwefm_protein")] == [""]
