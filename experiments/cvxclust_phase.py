@@ -25,9 +25,12 @@ tuning budget of the joint. A draw is recovered when the program's partition equ
 truth (matrix programs: the components of ``L > 1/2``; node: the fused clusters); the
 stricter exact recovery ``max |L - 1[y_u = y_v]| <= recovery_tol`` is reported as well (the
 shared-model program's ``L`` keeps small entries across clusters, so it is rarely exact).
-A solve is certified when it converged and (graph, joint, linear) its relative duality gap
-is ``<= cert_tol`` (node: every path solve converged). The graph draw of a trial does not
-depend on ``sep`` or ``d`` (same generator), so ``graph`` is solved once per ``(K, dpq)``.
+A solve is certified when it converged (residuals ``<= tol``) and (graph, joint, linear) its
+relative duality gap is ``<= cert_tol`` (node: every path solve converged); a matrix solve
+whose gap is above ``cert_tol`` continues from its own iterate at ``tol / 10``, then ``tol /
+100`` (up to ``max_iters`` more each), until the gap certifies it. The graph draw of a trial
+does not depend on ``sep`` or ``d`` (same generator), so ``graph`` is solved once per ``(K,
+dpq)``.
 A synergy cell: the joint rate ``>= 0.5``, both single sources ``<= 0.3``, and the joint's
 Wilson 95% interval above both of theirs.
 

@@ -61,3 +61,28 @@ def test_phase_study_resumes_cell_by_cell(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
     assert [x["restored"] for x in lines] == [True, True, False, False]
     assert two["fixed_graph_recovery"][0] == first["fixed_graph_recovery"][0]
+
+
+def test_phase_solves_continue_until_certified():
+    # A loose first solve (tol 1e-2) of a noisy graph program stops above the 1e-3 gap; the
+    # study's continuation resumes it at tol 1e-3, then 1e-4, until its gap certifies it. A
+    # solve already certified is returned as it is (same iterations).
+    import jax
+    import numpy as np
+
+    from experiments import _cvxclust
+    from hexad import cvxclust as cc
+
+    g = cc.contextual_sbm(np.random.default_rng(3), 16, 0.7, 0.3, 0.0, 1, 4, 0.0)
+    p = cc.graph_problem(g.adjacency, 1.0)
+    gap = lambda p, o: cc.nuclear_certificate(p, o.l, o.rho * o.dual).rel_gap  # noqa: E731
+    warm = lambda o: (o.l, o.dual, o.rho)  # noqa: E731
+    ladder = [cc.NuclearSolver(tol=t, max_iters=2000) for t in (1e-2, 1e-3, 1e-4)]
+    first = ladder[0](p)
+    assert float(gap(p, first)) > 1e-3  # the precondition: the loose solve is not certified
+    out, conv, g1 = jax.jit(_cvxclust._refined(ladder, gap, warm, 1e-3))(p)
+    assert float(g1) <= 1e-3 and bool(conv) and int(out.n_iters) > 0
+    np.testing.assert_allclose(float(g1), float(gap(p, out)), rtol=1e-6)
+    again, _, g2 = jax.jit(_cvxclust._refined(ladder, gap, warm, 1.0))(p)
+    assert int(again.n_iters) == int(first.n_iters)
+    np.testing.assert_allclose(float(g2), float(gap(p, first)), rtol=1e-9)
