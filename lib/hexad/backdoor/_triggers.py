@@ -229,6 +229,28 @@ def apply_trigger(trigger, x: jax.Array) -> jax.Array:
     )
 
 
+def shift(key, x: jax.Array, pad: int) -> jax.Array:
+    """Returns ``x`` (``[n, H, W, C]``) translated by up to ``pad`` pixels per axis with zero
+    fill (torchvision's ``RandomCrop(size, padding=pad)`` of the images' own size), an offset
+    drawn independently per image from ``key``; ``pad`` <= 0 (static): ``x`` itself, no draw.
+
+    The random-shift augmentation shared by training (:func:`hexad.backdoor.fit`, the DTB
+    implant) and the fine-tuning defenses. Apply triggers first: BackdoorBench stamps the
+    trigger on the stored image and augments at load time, so the trigger moves with it.
+
+    >>> x = jnp.ones((2, 4, 4, 1))
+    >>> float(shift(jax.random.key(0), x, 1).sum()) <= 32.0
+    True
+    """
+    if pad <= 0:
+        return x
+    n, h, w, c = x.shape
+    xp = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
+    off = jax.random.randint(key, (n, 2), 0, 2 * pad + 1)
+    crop = lambda im, o: jax.lax.dynamic_slice(im, (o[0], o[1], 0), (h, w, c))
+    return jax.vmap(crop)(xp, off)
+
+
 class Poisoned(NamedTuple):
     """A poisoned data set.
 

@@ -12,7 +12,7 @@ import optax
 
 from hexad._base import check_int
 from hexad.backdoor._train import accuracy, cross_entropy, minimize
-from hexad.backdoor._triggers import check_images
+from hexad.backdoor._triggers import check_images, shift
 
 
 class DefenseData(NamedTuple):
@@ -97,18 +97,6 @@ def sgd(lr: float, momentum: float = 0.9, n_steps: int = 0, weight_decay: float 
 def adam(lr: float):
     """Adam at a constant ``lr`` (cached, see :func:`sgd`)."""
     return optax.adam(lr)
-
-
-def shift(key, x, pad: int):
-    """Random translation by up to ``pad`` pixels with zero fill (RandomCrop(pad) of the
-    images' own size), independently per image."""
-    if pad <= 0:
-        return x
-    n, h, w, _ = x.shape
-    xp = jnp.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0)))
-    off = jax.random.randint(key, (n, 2), 0, 2 * pad + 1)
-    crop = lambda im, o: jax.lax.dynamic_slice(im, (o[0], o[1], 0), (h, w, x.shape[-1]))
-    return jax.vmap(crop)(xp, off)
 
 
 @dataclasses.dataclass(frozen=True)
