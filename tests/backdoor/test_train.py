@@ -131,3 +131,73 @@ def test_der_closed_form():
     assert bd.defense_effectiveness_rating(0.9, 0.9, 1.0, 0.0) == 1.0
     assert bd.defense_effectiveness_rating(0.9, 0.8, 1.0, 1.0) == pytest.approx(0.45)
     assert bd.defense_effectiveness_rating(0.9, 0.95, 0.5, 0.7) == 0.5
+
+
+def _small_fit_problem():
+    model = bd.SmallCNN(num_classes=3, widths=(2,), hidden=4)
+    x = jax.random.uniform(jax.random.key(1), (24 * 64,)).reshape(24, 8, 8, 1)
+    y = jnp.arange(24) % 3
+    return model, model.init(jax.random.key(0), x[:1]), x, y
+
+
+def test_fit_without_pad_is_the_unaugmented_run_bit_for_bit():
+    # pad 0 draws nothing from the step key: the run is minimize on plain cross-entropy (what
+    # fit ran before it had augmentation), the same keys, the same rows, the same floats
+    model, p0, x, y = _small_fit_problem()
+    opt = optax.sgd(0.1, momentum=0.9)
+    got, lg = bd.fit(jax.random.key(2), p0, x, y, model.apply, opt, 4, 8, pad=0)
+
+    def plain(p, k, batch):
+        del k
+        return bd.cross_entropy(model.apply(p, batch[0]), batch[1])
+
+    want, lw = bd.minimize(jax.random.key(2), p0, plain, (x, y), opt, 4, 8)
+    np.testing.assert_array_equal(lg, lw)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(a, b)
+    shifted = bd.fit(jax.random.key(2), p0, x, y, model.apply, opt, 4, 8, pad=1)[1]
+    assert not np.array_equal(shifted, lw)  # pad 1 does change the batches
+
+
+def _offset(seen, image, pad):
+    """The ``(dy, dx)`` with ``seen == image`` translated by it (zero fill), or None."""
+    h, w = image.shape[:2]
+    for dy in range(-pad, pad + 1):
+        for dx in range(-pad, pad + 1):
+            want = np.zeros_like(image)
+            src = image[max(dy, 0) : h + min(dy, 0), max(dx, 0) : w + min(dx, 0)]
+            want[max(-dy, 0) : h + min(-dy, 0), max(-dx, 0) : w + min(-dx, 0)] = src
+            if np.array_equal(seen, want):
+                return dy, dx
+    return None
+
+
+@pytest.mark.parametrize("pad", [0, 1])
+def test_fit_trains_on_shifted_copies_and_the_trigger_moves_with_the_image(pad):
+    # A linear model whose one-step SGD update from zero is the batch itself: with the loss
+    # the mean over b rows and per-row weights p [b, d, 2], lr b, the update of row r is
+    # x_r (e_1 - e_0) / 2, so x_r = p1[r, :, 1] - p1[r, :, 0] exactly. The data set is one
+    # BadNets-stamped image (values in [0.2, 1], so zero fill is visible), drawn b times.
+    b, shape = 16, (6, 6, 1)
+    trig = bd.patch_trigger(shape, size=2)
+    x0 = jax.random.uniform(jax.random.key(3), (36,), minval=0.2).reshape((1,) + shape)
+    image = bd.apply_trigger(trig, x0)
+    apply = lambda p, x: jnp.einsum("nd,ndk->nk", x.reshape(x.shape[0], -1), p)
+    p0 = jnp.zeros((b, 36, 2))
+    p1, _ = bd.fit(jax.random.key(4), p0, image, jnp.ones(1, int), apply, optax.sgd(float(b)),
+                   n_steps=1, batch_size=b, pad=pad)  # fmt: skip
+    seen = np.asarray(p1[..., 1] - p1[..., 0]).reshape((b,) + shape)
+    offsets = [_offset(s, np.asarray(image[0]), pad) for s in seen]
+    assert None not in offsets, offsets  # each row: the stamped image, translated, zero fill
+    if pad == 0:
+        assert set(offsets) == {(0, 0)}
+    else:
+        # independent offsets per row: all 16 draws of 9 equal with probability 9^-15
+        assert len(set(offsets)) > 1, offsets
+
+
+def test_fit_rejects_a_negative_pad():
+    model, p0, x, y = _small_fit_problem()
+    for bad in (-1, 1.5):
+        with pytest.raises(ValueError, match="pad: expected an int >= 0"):
+            bd.fit(jax.random.key(0), p0, x, y, model.apply, optax.sgd(0.1), 1, 4, pad=bad)

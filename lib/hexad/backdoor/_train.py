@@ -18,7 +18,7 @@ from jax.sharding import Mesh
 
 from hexad import sharding
 from hexad._base import DATA_AXIS, Algorithm, TrainState, check_int
-from hexad.backdoor._triggers import apply_trigger, check_images
+from hexad.backdoor._triggers import apply_trigger, check_images, shift
 
 __all__ = [
     "TrainInfo",
@@ -236,8 +236,15 @@ def fit(
     mesh: Mesh | None = None,
     axis: str = DATA_AXIS,
     chunk: int = 1,
+    pad: int = 0,
 ):
     """Returns ``(params, losses [n_steps])``: cross-entropy training (see :func:`minimize`).
+
+    With ``pad > 0`` each minibatch is randomly shifted by up to ``pad`` pixels with zero
+    fill (:func:`hexad.backdoor._triggers.shift`; BackdoorBench's RandomCrop with padding), the
+    offsets drawn from the step's key: the training distribution of the fine-tuning defenses,
+    which shift too. Poisoned rows of ``x`` carry their trigger already, so it moves with the
+    image. ``pad = 0`` draws nothing: the same run as without augmentation.
 
     Args:
       key: PRNG key.
@@ -253,6 +260,7 @@ def fit(
         each batch is sharded along ``axis``.
       axis: the mesh axis of the batch (static).
       chunk: steps per jitted call (static), see :func:`minimize`.
+      pad: the largest shift in pixels (static, an int >= 0; 0: no augmentation).
 
     >>> from hexad.backdoor import SmallCNN
     >>> m = SmallCNN(2, (2,), 4)
@@ -263,13 +271,14 @@ def fit(
     check_images(x, "x")
     if y.shape != x.shape[:1]:
         raise ValueError(f"y: expected shape [{x.shape[0]}], got {tuple(y.shape)}")
+    pad = check_int("pad", pad, lo=0)
     spec = _batch_spec(mesh, axis)
     if spec is not None:
         sharding.check_divisible(spec.mesh, axis, batch_size, "batch_size")
 
     def loss_fn(p, k, batch):
-        del k
         xb, yb = batch
+        xb = shift(k, xb, pad)  # pad 0: xb itself, k unused
         if spec is not None:
             xb = jax.lax.with_sharding_constraint(xb, spec)
             yb = jax.lax.with_sharding_constraint(yb, spec)
