@@ -371,3 +371,121 @@ def test_dtb_init_from_a_key_builds_the_model(key):
     assert jax.tree.structure(state.params) == jax.tree.structure(want)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+class _Recorder:
+    """A linear stand-in for a model that records every batch it is applied to (run eagerly:
+    the batches are concrete), so a test can read what the objective fed it."""
+
+    def __init__(self):
+        self.seen = []
+
+    def apply(self, p, x, *masks, **kw):
+        self.seen.append(np.asarray(x))
+        return jnp.sum(x.reshape(x.shape[0], -1), -1, keepdims=True) * p["w"][None, :]
+
+
+def _offsets(seen, base, pad):
+    """Per row, the ``(dy, dx)`` with ``seen[r] == base[r]`` translated (zero fill), or None."""
+    out = []
+    for s, im in zip(seen, np.asarray(base), strict=True):
+        h, w = im.shape[:2]
+        hit = None
+        for dy in range(-pad, pad + 1):
+            for dx in range(-pad, pad + 1):
+                want = np.zeros_like(im)
+                src = im[max(dy, 0) : h + min(dy, 0), max(dx, 0) : w + min(dx, 0)]
+                want[max(-dy, 0) : h + min(-dy, 0), max(-dx, 0) : w + min(-dx, 0)] = src
+                hit = (dy, dx) if hit is None and np.array_equal(s, want) else hit
+        out.append(hit)
+    return out
+
+
+def _pad_setup(key):
+    _, _, problem, batch = _setup(key, jnp.float32, widths=(2,))
+    # values in [0.2, 1]: zero fill and the moved patches are visible
+    batch = batch._replace(x=0.2 + 0.8 * batch.x, x_clean=0.2 + 0.8 * batch.x_clean)
+    return problem, batch, {"w": jnp.array([0.1, -0.2, 0.3])}
+
+
+def test_pad_shifts_each_outer_row_after_its_triggers_one_crop_per_image(key):
+    problem, batch, params = _pad_setup(key)
+    model = _Recorder()
+    cfg = bd.DTBConfig(inner_steps=0, family=("ft",), decoy_rate=0.34, pad=1)
+    bd.dtb_objective(jax.random.key(5), model, cfg, params, problem, batch)
+    xd = bd.apply_trigger(problem.decoy, batch.x)
+    xh = bd.apply_trigger(problem.hidden, batch.x)
+    x_mix = batch.x.at[:2].set(xd[:2])
+    # at theta: the mixed batch, the hidden-triggered and the decoy-triggered rows; after the
+    # (empty) surrogate the decoy- and hidden-triggered rows again
+    seen = model.seen
+    assert len(seen) == 5
+    offs = [_offsets(s, b, 1) for s, b in zip(seen, (x_mix, xh, xd, xd, xh), strict=True)]
+    # every row is its stamped image translated: a trigger stamped after the crop would sit
+    # at its fixed place and match no offset (unless the offset is 0)
+    assert all(None not in o for o in offs), offs
+    assert all(o == offs[0] for o in offs), offs  # one crop per image, shared by its copies
+    assert len(set(offs[0])) > 1, offs[0]  # 6 rows, 9 offsets each: drawn per row
+    # pad 0: the rows as they are
+    model.seen.clear()
+    bd.dtb_objective(jax.random.key(5), model, dataclasses.replace(cfg, pad=0), params,
+                     problem, batch)  # fmt: skip
+    for s, b in zip(model.seen, (x_mix, xh, xd, xd, xh), strict=True):
+        np.testing.assert_array_equal(s, b)
+
+
+def test_pad_shifts_each_inner_step_rows_fresh_per_step(key):
+    problem, batch, params = _pad_setup(key)
+    model = _Recorder()
+    cfg = bd.DTBConfig(inner_steps=3, inner_batch=2, family=("ft",), pad=1)
+    xc, yc = batch.x_clean, batch.y_clean
+    bd.sanitise_surrogate(jax.random.key(6), model, cfg, params, problem, xc, yc)
+    xd = bd.apply_trigger(problem.decoy, xc)
+    assert len(model.seen) == 6  # per step: the clean rows, their decoy-triggered copies
+    offs = []
+    for j, rows in enumerate((np.array([0, 1]), np.array([2, 3]), np.array([4, 0]))):
+        o_clean = _offsets(model.seen[2 * j], xc[rows], 1)
+        o_decoy = _offsets(model.seen[2 * j + 1], xd[rows], 1)
+        assert None not in o_clean and o_clean == o_decoy, (o_clean, o_decoy)
+        offs += o_clean
+    assert len(set(offs)) > 1, offs
+
+
+def test_held_out_selection_is_unaugmented_and_pad_zero_keeps_the_keys(key):
+    model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
+    x, y = jnp.concatenate([batch.x, batch.x_clean]), jnp.concatenate([batch.y, batch.y_clean])
+    cfg = bd.DTBConfig(inner_steps=1, inner_batch=2, family=("noise_ft",))
+    run = lambda c: bd.implant(jax.random.key(8), model, params, problem, x[:6], y[:6],
+                               x[:6], y[:6], c, optax.adam(1e-2), 1, 4, held=(x[6:], y[6:]),
+                               eval_every=1)  # fmt: skip
+    p0, i0 = run(cfg)
+    p2, i2 = run(dataclasses.replace(cfg, pad=2))
+    # the initial checkpoint's held-out objective: the same with and without augmentation
+    np.testing.assert_array_equal(i0.held_objective[0], i2.held_objective[0])
+    assert float(i0.steps.loss[0]) != float(i2.steps.loss[0])  # training did shift
+    # pad 0 consumes the keys as the unaugmented objective did: the step's weight noise is
+    # the one sanitise_surrogate draws from the objective's surrogate key
+    k3 = _dtb_mod._implant_keys(jax.random.key(8))[2]
+    member, k2 = _dtb_mod._objective_keys(k3, 1)
+    _, info = bd.dtb_objective(k3, model, cfg, params, problem, batch)
+    q = bd.sanitise_surrogate(k2, model, cfg, params, problem, batch.x_clean, batch.y_clean, 0)
+    want = bd.cross_entropy(model.apply(q, bd.apply_trigger(problem.hidden, batch.x)),
+                            jnp.full_like(batch.y, problem.hidden_target))  # fmt: skip
+    np.testing.assert_allclose(info.hidden_post, want, rtol=1e-6)
+
+
+def test_dtb_step_with_pad_traces_once(key):
+    model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
+    cfg = bd.DTBConfig(inner_steps=1, inner_batch=2, family=("ft", "ft2"), pad=1)
+    dtb = bd.make_dtb(model, optax.adam(1e-2), cfg, problem, params=params)
+    step = jax.jit(chex.assert_max_traces(dtb.step, n=1))
+    state = dtb.init(None, batch)
+    for i in range(3):
+        state, info = step(jax.random.key(i), state, batch)
+    assert int(state.step) == 3 and bool(jnp.isfinite(info.loss))
+
+
+def test_bad_pad():
+    for bad in (-1, 2.0, True):
+        with pytest.raises(ValueError, match="pad: expected an int >= 0"):
+            bd.DTBConfig(pad=bad)

@@ -38,6 +38,13 @@ the fraction of the decoy the surrogate removed, never below ``floor > 0``. The 
 is always trained at the sanitised weights and most where the decoy fell; "only after" is
 the dormancy term at ``theta``.
 
+Augmentation (``DTBConfig.pad``): BackdoorBench trains the attacked model and fine-tunes it
+in defense with RandomCrop(padding), the trigger stamped before the crop so that it moves
+with the image. With ``pad > 0`` every outer image (clean, decoy- and hidden-triggered rows;
+trigger first, one crop per image shared by its copies) and every inner surrogate step's
+rows (clean and decoy-triggered, as the real fine-tuning defenses shift theirs) are shifted
+by up to ``pad`` pixels; ``pad = 0`` draws nothing and is the unaugmented objective.
+
 Hypergradients (``DTBConfig.hypergrad``): ``"unrolled"``, exact reverse-mode through the
 inner steps; ``"first_order"``, the inner updates stop-gradiented, so ``d theta_r / d
 theta`` is the identity (times the held mask or the noise factor; first-order MAML, arXiv
@@ -62,7 +69,7 @@ import optax
 from hexad._base import Algorithm, TrainState, check_int
 from hexad.backdoor._models import apply_channel_mask, conv_layers
 from hexad.backdoor._train import cross_entropy
-from hexad.backdoor._triggers import apply_trigger, check_images
+from hexad.backdoor._triggers import apply_trigger, check_images, shift
 from hexad.backdoor.defenses import DefenseOutput
 
 __all__ = [
@@ -102,6 +109,8 @@ class DTBConfig:
       decoy_rate: fraction of each outer batch carrying the decoy, in (0, 1).
       w_clean, w_hidden_pre, w_hidden_post: outer weights.
       weight_floor: the smallest weight of the hidden term, in (0, 1] (1: constant weight).
+      pad: random-shift augmentation of the outer batch and the inner steps' rows by up to
+        ``pad`` pixels (module docstring), an int >= 0; 0: none.
     """
 
     inner_steps: int = 10
@@ -119,9 +128,11 @@ class DTBConfig:
     w_hidden_pre: float = 1.0
     w_hidden_post: float = 1.0
     weight_floor: float = 0.2
+    pad: int = 0
 
     def __post_init__(self):
         check_int("inner_steps", self.inner_steps, lo=0)
+        check_int("pad", self.pad, lo=0)
         check_int("inner_batch", self.inner_batch, lo=0)
         if self.hypergrad not in ("first_order", "unrolled"):
             raise ValueError(
@@ -238,19 +249,23 @@ def _target_prob(logits, target):
     return jnp.mean(jax.nn.softmax(logits, -1)[:, target])
 
 
-def _sgd_round(model, config, problem, p, x_c, y_c, xd, masks, start):
+def _sgd_round(model, config, problem, p, x_c, y_c, xd, masks, start, key=None):
     """``K`` inner SGD steps from ``p`` (fresh momentum) on consecutive row blocks from
-    block ``start``; ``masks`` held as channel scales. Returns ``(p, next block)``."""
+    block ``start``; ``masks`` held as channel scales; with ``config.pad`` each step's rows
+    shifted (``key``; the same crop for a row's clean and decoy-triggered copy). Returns
+    ``(p, next block)``."""
     n = x_c.shape[0]
     b = config.inner_batch or n
     first_order = config.hypergrad == "first_order"
+    pad = config.pad
+    keys = jax.random.split(key, config.inner_steps) if pad and config.inner_steps else None
 
-    def inner_loss(q, rows):
-        xb, yb = x_c[rows], y_c[rows]
+    def inner_loss(q, rows, k):
+        xb, yb = shift(k, x_c[rows], pad), y_c[rows]  # pad 0: no shift, k is None
         loss = cross_entropy(model.apply(q, xb, masks, masks), yb)
         if config.unlearn_weight == 0:
             return loss
-        logits = model.apply(q, xd[rows], masks, masks)
+        logits = model.apply(q, shift(k, xd[rows], pad), masks, masks)
         if config.unlearn == "ce":
             unl = cross_entropy(logits, yb)
         elif config.unlearn == "bounded":
@@ -266,10 +281,11 @@ def _sgd_round(model, config, problem, p, x_c, y_c, xd, masks, start):
 
     v = jax.tree.map(jnp.zeros_like, p)
     i = start
-    for _ in range(config.inner_steps):
+    for j in range(config.inner_steps):
         rows = np.arange(i * b, (i + 1) * b) % n  # static: wraps to row 0 at the end
         i += 1
-        g = jax.grad(inner_loss)(p, slice(None) if b == n else rows)
+        k = None if keys is None else keys[j]
+        g = jax.grad(inner_loss)(p, slice(None) if b == n else rows, k)
         if first_order:
             g = jax.lax.stop_gradient(g)
         if config.inner_momentum > 0:
@@ -290,12 +306,16 @@ def _prune_mask(model, config, p, x_c):
 
 def _member(name, key, model, config, problem, params, x_c, y_c, masks):
     xd = apply_trigger(problem.decoy, x_c)
-    run = lambda p, m, s=0: _sgd_round(model, config, problem, p, x_c, y_c, xd, m, s)
+    ka = None
+    if config.pad:  # pad 0 draws nothing: the noise key is the unaugmented objective's
+        key, ka = jax.random.split(key)
+    run = lambda p, m, s=0, k=ka: _sgd_round(model, config, problem, p, x_c, y_c, xd, m, s, k)
     if name == "ft":
         return run(params, None)[0]
     if name == "ft2":
-        p, i = run(params, None)
-        return run(p, None, i)[0]
+        k1, k2 = jax.random.split(ka) if config.pad else (None, None)
+        p, i = run(params, None, 0, k1)
+        return run(p, None, i, k2)[0]
     if name == "noise_ft":
         leaves, tdef = jax.tree.flatten(params)
         ks = jax.random.split(key, len(leaves))
@@ -318,7 +338,7 @@ def sanitise_surrogate(
     ``config.family``; ``None``: drawn uniformly from ``key``).
 
     Args:
-      key: PRNG key (member draw, weight noise).
+      key: PRNG key (member draw, weight noise, shifts).
       model: a flax classifier with channel scales (static).
       config: :class:`DTBConfig` (static).
       params: parameters ``theta``.
@@ -432,10 +452,15 @@ def dtb_objective(key, model, config: DTBConfig, params, problem: DTBProblem, ba
     x_mix = jnp.where(is_dec[:, None, None, None], xd, x)
     y_mix = jnp.where(is_dec, jnp.asarray(problem.decoy_target, y.dtype), y)
     th = jnp.full_like(y, problem.hidden_target)
+    member, k2 = _objective_keys(key, len(config.family))
+    if config.pad:  # pad 0 draws nothing: the unaugmented objective's keys
+        k2, ka = jax.random.split(k2)
+        # the triggers are stamped, then the images cropped; one key, so one crop per image
+        # shared by its clean, decoy- and hidden-triggered copies
+        x_mix, xh, xd = (shift(ka, a, config.pad) for a in (x_mix, xh, xd))
     clean = cross_entropy(model.apply(params, x_mix), y_mix)
     hidden_pre = cross_entropy(model.apply(params, xh), y)
     pd0 = jax.lax.stop_gradient(_target_prob(model.apply(params, xd), problem.decoy_target))
-    member, k2 = _objective_keys(key, len(config.family))
     q = sanitise_surrogate(
         k2, model, config, params, problem, batch.x_clean, batch.y_clean, member, batch.masks
     )
@@ -618,12 +643,13 @@ def implant(
     held-out images alone: the outer batch is every held-out row, the surrogate fine-tunes on
     them too, and the value is the mean over the family's members under one fixed key (the
     expectation over the uniform member draw, with common random numbers across
-    checkpoints). It is evaluated on the initial parameters, every ``eval_every`` steps and
-    after the last; the lowest wins (the earliest on ties; a NaN never), so a run whose clean
-    accuracy collapses late returns its best earlier state. The best parameters ride in the
-    loop state through a jitted pure update (no host copy, no device sync); the training
-    steps' keys and draws are those of a run without ``held``. ``held`` must be disjoint
-    from ``x`` and ``x_clean`` (the caller's split): neither the defender's clean split nor
+    checkpoints), without augmentation (``pad`` 0, as test metrics are). It is evaluated on
+    the initial parameters, every ``eval_every`` steps and after the last; the lowest wins
+    (the earliest on ties; a NaN never), so a run whose clean accuracy collapses late
+    returns its best earlier state. The best parameters ride in the loop state through a
+    jitted pure update (no host copy, no device sync); the training steps' keys and draws
+    are those of a run without ``held``. ``held`` must be disjoint from ``x`` and
+    ``x_clean`` (the caller's split): neither the defender's clean split nor
     test data, which the attacker does not hold.
 
     Args:
@@ -681,7 +707,10 @@ def implant(
     state = make_dtb(model, optimizer, config, problem, params=params).init(None, None)
     members = [dataclasses.replace(config, family=(f,), inner_lr=0.0) for f in fam]
     small = held is not None and xh.shape[0] < config.inner_batch  # full-batch inner steps
-    held_cfgs = tuple(dataclasses.replace(c, inner_batch=0) if small else c for c in members)
+    # the held-out objective is evaluated without augmentation (pad 0): a deterministic
+    # criterion, as test metrics are
+    held_kw = {"pad": 0, **({"inner_batch": 0} if small else {})}
+    held_cfgs = tuple(dataclasses.replace(c, **held_kw) for c in members)
     lr = jnp.asarray(config.inner_lr, jnp.float32)
     data = (x, y, x_clean, y_clean)
     k_held = jax.random.fold_in(key, n_steps)  # the training keys are a run's without held
