@@ -108,6 +108,19 @@ def suppressed_entries(pre: str, table: dict[str, float], names: list[str]) -> d
     return out
 
 
+def lr_entries(pre: str, table: dict) -> dict:
+    """The step sizes the defenses of a table chose (``lr_<d>``), with the prefix ``pre``."""
+    return {pre + k: v for k, v in table.items() if k.startswith("lr_")}
+
+
+def badnets(cfg: Any, s: Setup, opt) -> Any:
+    """The BadNets model: ``cfg.train_steps`` of ``opt`` on the poisoned training set, each
+    batch randomly shifted by up to ``cfg.train_pad`` pixels (trigger stamped first)."""
+    x, y = s.pois.x, s.pois.y
+    return bd.fit(s.keys[3], s.p0, x, y, s.model.apply, opt, cfg.train_steps, cfg.batch_size,
+                  pad=cfg.train_pad)[0]  # fmt: skip
+
+
 def match_inner_lr(key, model, params, data, cfg: bd.DTBConfig, problem, real: float, iters=2):
     """Returns ``(config, ratio)``: ``cfg`` with ``inner_lr`` rescaled ``iters`` times by
     ``real / displacement`` of the ``"ft"`` surrogate member, and the final ratio of the

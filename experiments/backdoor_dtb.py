@@ -8,7 +8,11 @@ SmallCNN (``widths`` conv channels, ``hidden`` dense units). The default is the 
 BackdoorBench's fine-tuning settings (SGD 0.01, momentum 0.9, tuned for normalised ResNets)
 diverge on the norm-free CNN and leave it at chance accuracy, so the fine-tuning defenses
 would "fail" for a reason that is not the backdoor's; 16x16 keeps its step at about the
-cost of the CNN's at 32x32.
+cost of the CNN's at 32x32. The BadNets model and the implants train with BackdoorBench's
+augmentation: each batch randomly shifted by up to ``train_pad`` pixels (2, zero fill;
+RandomCrop with padding, the trigger stamped before the shift so it moves with the image;
+``hexad.backdoor.fit(pad=...)``, ``DTBConfig.pad``), the shift the fine-tuning defenses apply
+too; ``--set train_pad=0`` trains without it (then fine-tuning meets a distribution shift).
 
 1. Calibration (first seed; later seeds run FT alone, for step 2): a BadNets model (decoy
    patch, 10% poison) is sanitised by every defense of ``hexad.backdoor.DEFENSES`` at the
@@ -103,6 +107,7 @@ class Config:
     hypergrad: str = "first_order"
     w_hidden_post: float = 1.0
     weight_floor: float = 0.2
+    train_pad: int = 2
     defenses: tuple[str, ...] = tuple(bd.DEFENSES)
     compositions: tuple[str, ...] = ("ft+ft", "nc+ft", "fp+nad")
     defense_steps: int = 200
@@ -112,6 +117,7 @@ class Config:
         ones = ("n_seeds", "widths", "hidden", "train_steps", "batch_size", "dtb_steps")
         _runner.at_least(self, 1, *ones, "defense_steps", "n_per_class")
         _runner.at_least(self, 8, "size")
+        _runner.at_least(self, 0, "train_pad")
         _runner.one_of(self, ("cnn", "preact"), "model")
         _runner.in_range(self, 0, 9, "decoy_target", "hidden_target")
         _runner.in_unit(self, "blend_alpha")
@@ -130,7 +136,7 @@ class Config:
     def dtb(self) -> bd.DTBConfig:
         names = {f.name for f in dataclasses.fields(bd.DTBConfig)}
         kw = {k: v for k, v in dataclasses.asdict(self).items() if k in names}
-        return bd.DTBConfig(decoy_rate=self.poison_rate, **kw)
+        return bd.DTBConfig(decoy_rate=self.poison_rate, pad=self.train_pad, **kw)
 
 
 # quick is a smoke run, compile-bound: the norm-free CNN compiles about twice as fast
@@ -139,9 +145,7 @@ QUICK = {"n_seeds": 2, "size": 16, "n_per_class": 200, "model": "cnn", "widths":
          "defense_steps": 6, "compositions": ("ft+ft",)}  # fmt: skip
 
 
-def _lr_entries(pre: str, table: dict) -> dict:
-    """The step sizes the defenses of a table chose (``lr_<d>``), with the prefix ``pre``."""
-    return {pre + k: v for k, v in table.items() if k.startswith("lr_")}
+_lr_entries = _backdoor.lr_entries  # the step sizes the defenses chose, ``lr_<d>``
 
 
 def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
@@ -161,9 +165,7 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
         )
 
     with stage("badnets"):
-        badnets, _ = bd.fit(
-            keys[3], s.p0, s.pois.x, s.pois.y, model.apply, opt, cfg.train_steps, cfg.batch_size
-        )
+        badnets = _backdoor.badnets(cfg, s, opt)
     # the full calibration on the first seed; later seeds run FT alone, for the matching
     calib = list(cfg.defenses) if first else ["ft"]
     with stage("calibration"):

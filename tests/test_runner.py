@@ -209,6 +209,7 @@ def test_every_study_config_passes_its_own_checks():
         ("cvxclust_phase", "label_noise=2", "label_noise"),
         ("cachex_durability", "runs_per_fault=0", "runs_per_fault"),
         ("backdoor_dtb", "poison_rate=1.5", "poison_rate"),
+        ("backdoor_dtb", "train_pad=-1", "train_pad"),
     ],
 )
 def test_study_cli_exits_2_naming_the_key(study, item, key):
