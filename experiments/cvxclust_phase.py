@@ -44,9 +44,11 @@ then assembled from their cells with ``--resume``.
 Command:  python -m experiments.cvxclust_phase [--quick] [--out DIR] [--seed N] [--set k=v]
           [--resume] [--ckpt DIR]
 Runtime:  --quick (n = 24, one panel, 2 x 2 grid, 3 trials) about 1-2 min on 2 CPU cores; the
-          full study (n = 60, 4 panels, 5 x 5 grids, 20 trials, 3 factors), extrapolated from
-          two timed cells (40 and 68 s on one idle core), about 1.5 h in one process, or
-          about 45 min as two panel processes side by side (``--set ks=2``, ``--set ks=3``).
+          full study (n = 60, 4 panels, 5 x 5 grids, 20 trials, 3 factors) several hours: with
+          every solve continued to a certified gap, one hard cell takes about 35 s per factor
+          for the three matrix programs on one busy core, most of it the linear surrogate's
+          continuation. Run the panels as separate processes (``--set ks=2``, ``--set ks=3``)
+          and assemble the study with ``--resume``.
 
 summary.json keys: ``dpq_grid``, ``sep_grid``, ``panels`` (``"K{k}_d{d}"``); for regime in
 ``fixed``, ``tuned`` and program in ``graph``, ``node``, ``joint``, ``linear``:
