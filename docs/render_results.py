@@ -403,10 +403,8 @@ def _runs(study: str) -> list[tuple[str, dict, dict]]:
     ``rwefm_synthetic``, one ``--set manifolds=...`` run per manifold in ``s2/`` and ``t2/``;
     their summary keys carry the part's prefix, so the claims read them merged)."""
     root = RESULTS / study
-    if (root / "summary.json").is_file():
-        dirs = [("", root)]
-    else:
-        dirs = [(d.name, d) for d in sorted(root.glob("*/")) if (d / "summary.json").is_file()]
+    whole = (root / "summary.json").is_file()
+    dirs = [("", root)] if whole else [(d.name, d) for d in sorted(root.glob("*/"))]
     files = ("config.json", "summary.json")
     return [
         (part, *(json.loads((d / f).read_text(encoding="utf-8")) for f in files))
