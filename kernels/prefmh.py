@@ -15,10 +15,12 @@ Rows:
 Bounds: a K-budget step does at least the work of one random-walk MH step (one score of the
 proposal, one uniform), so each K-budget row's bound is the BlackJAX step timed in the same run
 (a fraction of 1.0 is RWMH's cost); the external-judge row's bound is the same chain with the
-in-graph judge (what remains is the host round trip). On this small target the random bits
-dominate a step: RWMH draws 7 32-bit words per chain step (a two-way key split, two normals, one
-uniform), a K-budget step 7 + K (its proposal and judge keys and its acceptance uniform in one
-draw of 5 words, two normals, K comparison uniforms), so K = 1 can reach about 7/8 of the bound.
+in-graph judge (what remains is the host round trip). On this small target the random bits and
+the transcendentals dominate a step. RWMH draws 7 32-bit words per chain step in three draws (a
+two-way key split, two normals, one uniform) and takes one log. A K-budget step with the
+in-graph Bradley-Terry judge draws 5 + K in two (its proposal key, its acceptance uniform and
+its K comparison uniforms in one draw, two normals) and takes one exp (the judge's sigmoid; the
+rule ``min(1, rho k / (K + 1 - k))`` needs none for a symmetric proposal), so K = 1 can match it.
 
 Run: ``python -m kernels prefmh [--quick]`` (``--quick``: 1024 chains, 20 steps).
 """

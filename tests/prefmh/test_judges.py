@@ -27,6 +27,21 @@ def test_bradley_terry_frequency(key):
     assert float(judge.log_odds(x, y)) == pytest.approx(float(_score(y) - _score(x)))
 
 
+def test_bradley_terry_outcomes_from_given_uniforms(key):
+    # A kernel hands a BT judge the comparisons' uniforms instead of a key: the outcomes must be
+    # those compare() draws from the key's uniforms, through features and pullbacks alike.
+    x, y = jnp.array([0.3, -0.2]), jnp.array([1.0, 0.5])
+    for judge in (
+        prefmh.bradley_terry_judge(_score, position_bias=0.4),
+        prefmh.pullback_judge(prefmh.bradley_terry_judge(_score), lambda z: 2.0 * z),
+    ):
+        u = jax.random.uniform(key, (64,))
+        given = judge.compare_uniforms(u, judge.featurize(x), judge.featurize(y))
+        np.testing.assert_array_equal(given, judge.compare(key, x, y, 64))
+        assert 0 < int(given.sum()) < 64
+    assert prefmh.external_judge(lambda a, b: a[:, 0] < b[:, 0]).compare_uniforms is None
+
+
 def test_bradley_terry_invalid_scores(key):
     judge = prefmh.bradley_terry_judge(lambda x: jnp.log(x[0]))
     # log(0) = -inf is a zero density: the proposal always loses, validly.

@@ -33,16 +33,22 @@ def test_step_traces_once(key, rule):
 
 
 @pytest.mark.parametrize(
-    "rule,k,log_rho",
+    "rule,k,log_rho,uniforms",
     [
-        ("kbudget", 3, np.log(2.0)),
-        pytest.param("kbudget", 4, 0.0, marks=pytest.mark.slow),
-        ("two_coin", 1, 0.7),
+        ("kbudget", 3, np.log(2.0), True),
+        ("kbudget", 3, np.log(2.0), False),
+        pytest.param("kbudget", 4, 0.0, True, marks=pytest.mark.slow),
+        ("two_coin", 1, 0.7, True),
     ],
 )
-def test_single_step_acceptance_matches_closed_form(key, rule, k, log_rho):
+def test_single_step_acceptance_matches_closed_form(key, rule, k, log_rho, uniforms):
+    # uniforms: the judge takes the comparisons' uniforms from the step's one draw of random
+    # bits (an in-graph BT judge); False: the same judge through its key, as a judge without
+    # compare_uniforms is asked.
     x, y = jnp.array([0.2, 0.1]), jnp.array([0.9, -0.4])
     judge = prefmh.bradley_terry_judge(_score)
+    if not uniforms:
+        judge = judge._replace(compare_uniforms=None)
     kernel = prefmh.build_kernel(judge, _fixed_proposal(y, log_rho), rule, k)
     n = 20000
     _, info = jax.jit(jax.vmap(kernel, in_axes=(0, None)))(

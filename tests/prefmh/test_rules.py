@@ -160,6 +160,12 @@ def test_closed_forms():
     assert float(prefmh.two_coin_acceptance(jnp.log(0.5), jnp.log(3.0))) == pytest.approx(0.75)
     k = jnp.arange(4)
     np.testing.assert_allclose(prefmh.kbudget_acceptance(k, 3, 0.0), [0, 1 / 3, 1, 1], rtol=1e-6)
+    # rho = inf accepts any win and rho = 0 none; zero wins never accept, whatever rho.
+    np.testing.assert_allclose(prefmh.kbudget_acceptance(k, 3, jnp.inf), [0, 1, 1, 1])
+    np.testing.assert_allclose(prefmh.kbudget_acceptance(k, 3, -jnp.inf), [0, 0, 0, 0])
+    np.testing.assert_allclose(
+        prefmh.kbudget_acceptance(k, 3, jnp.log(0.5)), [0, 1 / 6, 1 / 2, 1], rtol=1e-6
+    )
     np.testing.assert_allclose(prefmh.majority_acceptance(k, 3), [0, 0, 1, 1])
     np.testing.assert_allclose(prefmh.majority_acceptance(jnp.arange(3), 2), [0, 0.5, 1])
 

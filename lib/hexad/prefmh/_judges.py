@@ -60,12 +60,19 @@ class Judge(NamedTuple):
         P(first wins)``, or ``None`` for a judge that only samples (external judges). Only
         the oracle rules (``"mh"``, ``"barker_oracle"``) use it.
       counter: host-side :class:`JudgeCounter` of an external judge, else ``None``.
+      compare_uniforms: ``compare_uniforms(u, f_first, f_second) -> [num]`` the same outcomes
+        as ``compare_features`` from ``num`` given uniforms ``u`` in ``[0, 1)`` instead of a key
+        (``compare_features(key, ...)`` must equal it at ``u = uniform(key, (num,))``), or
+        ``None``. A kernel then draws the comparisons' uniforms with its other random bits in
+        one draw rather than deriving a judge key: a judge that samples in-graph (Bradley-Terry)
+        has it; an external judge draws on the host and has not.
     """
 
     compare_features: Callable[..., jax.Array]
     features: Callable[[Any], Any] | None = None
     log_odds_features: Callable[..., jax.Array] | None = None
     counter: JudgeCounter | None = None
+    compare_uniforms: Callable[..., jax.Array] | None = None
 
     def featurize(self, x: Any) -> Any:
         """Returns what the judge looks at for candidate ``x``."""
@@ -101,11 +108,11 @@ class JudgeCounter:
             self.comparisons = 0
 
 
-def _bt_outcomes(key: jax.Array, logit: jax.Array, num: int) -> jax.Array:
+def _bt_outcomes(u: jax.Array, logit: jax.Array) -> jax.Array:
     # A NaN logit (NaN score, or -inf against -inf) or a +inf score is not a comparison
     # a judge can make: return the INVALID code rather than a silent loss.
     bad = jnp.isnan(logit)
-    wins = jax.random.uniform(key, (num,), dtype=jnp.result_type(float)) < jax.nn.sigmoid(logit)
+    wins = u < jax.nn.sigmoid(logit)
     return jnp.where(bad, INVALID_OUTCOME, wins.astype(jnp.int32))
 
 
@@ -145,11 +152,20 @@ def bradley_terry_judge(score_fn: Callable[[Any], jax.Array], position_bias: flo
     def log_odds(s_first, s_second):
         return s_second - s_first
 
+    def compare_uniforms(u, s_first, s_second):
+        return _bt_outcomes(u, s_second - s_first + bias)
+
     def compare(key, s_first, s_second, num):
         num = check_num_comparisons(num)
-        return _bt_outcomes(key, s_second - s_first + bias, num)
+        u = jax.random.uniform(key, (num,), dtype=jnp.result_type(float))
+        return compare_uniforms(u, s_first, s_second)
 
-    return Judge(compare_features=compare, features=_score, log_odds_features=log_odds)
+    return Judge(
+        compare_features=compare,
+        features=_score,
+        log_odds_features=log_odds,
+        compare_uniforms=compare_uniforms,
+    )
 
 
 def classifier_judge(

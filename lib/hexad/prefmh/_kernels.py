@@ -115,14 +115,27 @@ def _check_outcomes(outcomes: jax.Array, num: int) -> jax.Array:
     return outcomes.astype(jnp.int32)
 
 
-def _step_randomness(key: jax.Array, ftype) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Returns ``(proposal key, judge key, acceptance uniform)`` from one draw of random bits.
+def _uniforms(words: jax.Array, wide: bool) -> jax.Array:
+    """Uniforms in ``[0, 1)`` from 32-bit words: one word each in float32, two in float64."""
+    if wide:
+        pairs = words.reshape(-1, 2).astype(jnp.uint64)
+        w = (pairs[:, 0] << 32) | pairs[:, 1]
+        one = jnp.uint64(0x3FF0000000000000)
+        return jax.lax.bitcast_convert_type((w >> 12) | one, jnp.float64) - 1.0
+    one = jnp.uint32(0x3F800000)
+    return jax.lax.bitcast_convert_type((words >> 9) | one, jnp.float32) - 1.0
 
-    ``jax.random.split(key, 3)`` and a uniform from the third key cost four draws (three keys'
-    words and the uniform's); one ``random_bits`` of ``2 m + n`` words (``m`` per key, ``n``
-    for the uniform: 1 in float32, 2 in float64) gives the same independent streams in one
-    draw, which is most of a small-target step's cost (the random-walk MH step it is measured
-    against makes three draws).
+
+def _step_randomness(key: jax.Array, ftype, num_uniforms: int):
+    """Returns ``(proposal key, judge key, acceptance uniform, comparison uniforms)``.
+
+    All from one draw of random bits: ``m`` words per key and one word per uniform (two in
+    float64). ``jax.random.split(key, 3)`` and a uniform from the third key cost four draws;
+    one ``random_bits`` of the same words gives the same independent streams in one, which is
+    most of a small-target step's cost (the random-walk MH step it is measured against makes
+    three draws). With ``num_uniforms > 0`` (a judge with ``compare_uniforms``) the
+    comparisons' uniforms come from the same draw and the judge key is ``None``; with 0 the
+    judge key is drawn and the uniforms are ``None``.
     """
     typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
     if not typed:
@@ -130,17 +143,13 @@ def _step_randomness(key: jax.Array, ftype) -> tuple[jax.Array, jax.Array, jax.A
     impl = jax.random.key_impl(key)
     m = jax.random.key_data(key).shape[-1]
     wide = jnp.dtype(ftype).itemsize == 8
-    words = jax.random.bits(key, (2 * m + (2 if wide else 1),), jnp.uint32)
+    per = 2 if wide else 1
+    n_keys = 1 if num_uniforms else 2
+    words = jax.random.bits(key, (n_keys * m + per * (1 + num_uniforms),), jnp.uint32)
     k_prop = jax.random.wrap_key_data(words[:m], impl=impl)
-    k_judge = jax.random.wrap_key_data(words[m : 2 * m], impl=impl)
-    if wide:
-        w = (words[2 * m].astype(jnp.uint64) << 32) | words[2 * m + 1].astype(jnp.uint64)
-        one = jnp.uint64(0x3FF0000000000000)
-        u = jax.lax.bitcast_convert_type((w >> 12) | one, jnp.float64) - 1.0
-    else:
-        one = jnp.uint32(0x3F800000)
-        u = jax.lax.bitcast_convert_type((words[2 * m] >> 9) | one, jnp.float32) - 1.0
-    return k_prop, k_judge, u.astype(ftype)
+    k_judge = None if num_uniforms else jax.random.wrap_key_data(words[m : 2 * m], impl=impl)
+    u = _uniforms(words[n_keys * m :], wide).astype(ftype)
+    return k_prop, k_judge, u[0], (u[1:] if num_uniforms else None)
 
 
 def _validate(judge, proposal, rule, num_comparisons, max_rounds):
@@ -181,10 +190,14 @@ def build_kernel(
     3
     """
     num_comparisons, max_rounds = _validate(judge, proposal, rule, num_comparisons, max_rounds)
+    # The K comparisons' uniforms come with the step's other random bits when the judge can
+    # take them; the two-coin factory draws per round, so it keeps a judge key.
+    in_graph = judge.compare_uniforms is not None and rule in ("kbudget", "majority")
 
     def kernel(key, state):
         ftype = jnp.result_type(float)
-        k_prop, k_judge, u_acc = _step_randomness(key, ftype)
+        n_u = num_comparisons if in_graph else 0
+        k_prop, k_judge, u_acc, u_cmp = _step_randomness(key, ftype, n_u)
         x = state.position
         y, log_rho = proposal(k_prop, x)
         y = jnp.asarray(y)
@@ -207,9 +220,11 @@ def build_kernel(
             calls = jnp.zeros((), jnp.int32)
             accept = u_acc < a
         elif rule in ("kbudget", "majority"):
-            outcomes = _check_outcomes(
-                judge.compare_features(k_judge, fx, fy, num_comparisons), num_comparisons
-            )
+            if in_graph:
+                outcomes = judge.compare_uniforms(u_cmp, fx, fy)
+            else:
+                outcomes = judge.compare_features(k_judge, fx, fy, num_comparisons)
+            outcomes = _check_outcomes(outcomes, num_comparisons)
             valid = valid & jnp.all((outcomes == 0) | (outcomes == 1))
             wins = jnp.sum(outcomes).astype(jnp.int32)
             if rule == "kbudget":

@@ -86,8 +86,10 @@ def kbudget_acceptance(wins: jax.Array, num_comparisons: int, log_rho: jax.Array
     0.3333
     """
     k = jnp.asarray(wins).astype(jnp.result_type(float))
-    log_a = jnp.minimum(0.0, log_rho + jnp.log(k) - jnp.log(num_comparisons + 1.0 - k))
-    return jnp.where(k > 0, jnp.exp(log_a), 0.0)
+    # rho * (k / (K + 1 - k)) rather than exp(log rho + log k - log(K + 1 - k)): one exp, which
+    # folds away for a symmetric proposal's constant log rho = 0; rho = inf gives 1 for k > 0.
+    a = jnp.minimum(1.0, jnp.exp(log_rho) * (k / (num_comparisons + 1.0 - k)))
+    return jnp.where(k > 0, a, 0.0)
 
 
 def majority_acceptance(wins: jax.Array, num_comparisons: int) -> jax.Array:
