@@ -86,3 +86,10 @@ def test_phase_solves_continue_until_certified():
     again, _, g2 = jax.jit(_cvxclust._refined(ladder, gap, warm, 1.0))(p)
     assert int(again.n_iters) == int(first.n_iters)
     np.testing.assert_allclose(float(g2), float(gap(p, first)), rtol=1e-9)
+    # Planetoid's certificate is that of out.l, the matrix its labels are read from: a loose
+    # l beside a certified low_rank iterate is not certified.
+    good = out._replace(converged=conv)
+    assert _cvxclust.certify(p, good, 1e-3)["certified"]
+    loose = good._replace(l=first.l, low_rank=good.l)
+    rep = _cvxclust.certify(p, loose, 1e-3)
+    assert not rep["certified"] and rep["rel_gap"] > 1e-3
