@@ -344,7 +344,9 @@ class SharedAtomOutput(NamedTuple):
     Attributes:
       l: ``[n, n]`` the ``Z_L`` iterate (in ``B``) made PSD by :func:`psd_repair`.
       u: ``[n, p]`` the ``Z_U`` iterate: node ``v``'s model ``(m_v, s_v)``.
-      m: ``[n + p, n + p]`` the PSD iterate.
+      m: ``[n + p, n + p]`` the ``Z`` iterate ``[[Z_L, Z_U], [Z_U^T, Z_T]]`` (the box and
+        loss-prox block of the splitting, not the PSD iterate): ``l`` is its ``Z_L`` made PSD,
+        ``u`` its ``Z_U``; a warm start's ``init`` takes it as ``z``.
       dual: ``[n + p, n + p]`` scaled ADMM dual; rho: final penalty.
       objective: :func:`shared_atom_objective` at ``(l, u)``.
       min_eig: smallest eigenvalue of ``l`` (``>= 0`` up to rounding).
