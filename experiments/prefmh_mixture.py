@@ -16,7 +16,7 @@ skips the finished rules and gives the same summary as an uninterrupted run.
 
 Command:  python -m experiments.prefmh_mixture [--quick] [--out DIR] [--seed N] [--set k=v ...]
 Runtime:  --quick (256 chains, 300 steps) about 1.5 min on 2 shared CPU cores; full (4096
-          chains, 2000 steps) measured 11 min on 2 shared CPU cores.
+          chains, 2000 steps) measured 2 min on 2 shared CPU cores (results/prefmh_mixture).
 
 summary.json keys, for each method ``m`` in ``mh``, ``prefmh_k1``, ``prefmh_k3``,
 ``prefmh_k5``, ``prefmh_k9`` (one per K in ``ks``), ``two_coin``, ``majority_k3``:
