@@ -204,6 +204,21 @@ def test_hexad_imports_follow_the_layers():
     assert lib_violations() == []
 
 
+def test_backdoor_core_does_not_import_its_defenses():
+    # Inside hexad.backdoor the attack, models, training and triggers sit below the defenses:
+    # the defenses import them, never the other way (the shared types are in _types). _eval,
+    # which runs defenses on a model, sits above both.
+    core = [LIB / "backdoor" / f"_{m}.py" for m in ("dtb", "models", "train", "triggers", "types")]
+    bad = [
+        (p.name, line, mod)
+        for p in core
+        for line, mod, names in imports(p, LIB)
+        if mod.startswith("hexad.backdoor.defenses")
+        or (mod == "hexad.backdoor" and "defenses" in names)
+    ]
+    assert bad == []
+
+
 def test_experiments_and_kernels_use_public_names_and_no_study_imports_another():
     assert user_violations() == []
 

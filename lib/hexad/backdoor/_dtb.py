@@ -70,7 +70,7 @@ from hexad._base import Algorithm, TrainState, check_int
 from hexad.backdoor._models import apply_channel_mask, conv_layers
 from hexad.backdoor._train import cross_entropy
 from hexad.backdoor._triggers import apply_trigger, check_images, shift
-from hexad.backdoor.defenses import DefenseOutput
+from hexad.backdoor._types import DefenseOutput
 
 __all__ = [
     "FAMILY",

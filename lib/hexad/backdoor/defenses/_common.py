@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -13,35 +13,8 @@ import optax
 from hexad._base import check_int
 from hexad.backdoor._train import accuracy, cross_entropy, minimize
 from hexad.backdoor._triggers import check_images, shift
-
-
-class DefenseData(NamedTuple):
-    """What the defender holds.
-
-    Attributes:
-      x_clean: ``[m, H, W, C]`` the defender's small clean split (BackdoorBench: 5% of the
-        training set); y_clean: ``[m]`` its labels.
-      x_train: optional ``[n, H, W, C]`` the (possibly poisoned) training set, needed by the
-        training-time defense ABL and the detectors AC and SS; y_train: ``[n]``.
-      x_bd: optional ``[k, H, W, C]`` backdoor-triggered validation images and y_bd ``[k]``
-        their attack targets: BackdoorBench's pruning-level selection for ANP and RNP
-        (lowest ASR on them) reads these; without them a fixed threshold is used.
-    """
-
-    x_clean: jax.Array
-    y_clean: jax.Array
-    x_train: jax.Array | None = None
-    y_train: jax.Array | None = None
-    x_bd: jax.Array | None = None
-    y_bd: jax.Array | None = None
-
-
-class DefenseOutput(NamedTuple):
-    """A defense's result: ``params``, the sanitised parameters, and ``info``, a dict of its
-    diagnostics (host or device arrays: masks, flags, the pruning level chosen, ...)."""
-
-    params: Any
-    info: dict
+from hexad.backdoor._types import DefenseData
+from hexad.backdoor._types import DefenseOutput as DefenseOutput  # the defenses import it here
 
 
 def check_data(model, params, data, need_train: bool = False, name: str = "data") -> DefenseData:
