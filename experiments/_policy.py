@@ -740,11 +740,15 @@ class Setup(NamedTuple):
     ``actor_data``: ``{level: Batch}`` each actor's offline data; ``gdata`` / ``gdata_bad``:
     the prior's goal-conditioned BC data with true / shuffled goals; ``guide_data``: the guide
     critics' goal-conditioned data (goal reward); ``kl_obs [n, o]`` / ``kl_obs_goal [n, o + g]``:
-    the KL-selection states, paired with selection goals; ``obs_fn(obs) -> o`` the networks'
-    view of the environment's observation, ``prior_obs(o, goal) -> [B, o + g]``;
-    ``evaluate(policy, specs, episodes, split) -> [M]`` the per-episode metric of episodes
-    ``episodes`` of ``split`` ("select", "test", "own": the actor's own task on the test
-    starts), ``policy(obs, [goal,] specs)``.
+    the KL-selection states, paired with selection goals (with ``task_per_level``, a tuple of
+    one such array per actor level); ``obs_fn(obs) -> o`` the networks' view of the
+    environment's observation, ``prior_obs(o, goal, level) -> [B, o + g]`` (``level [B]`` the
+    rows' actor levels); ``evaluate(policy, specs, episodes, split, levels) -> [M]`` the
+    per-episode metric of episodes ``episodes`` of ``split`` ("select", "test", "own": the
+    actor's own task on the test starts), ``policy(obs, [goal,] specs)``, ``levels [M]`` each
+    episode's actor level. ``task_per_level``: each actor level has its own shifted task (its
+    own prior command and metric), so the prior alone and the zero action are evaluated per
+    level rather than once.
     """
 
     actor_data: dict
@@ -756,6 +760,11 @@ class Setup(NamedTuple):
     obs_fn: Callable
     prior_obs: Callable
     evaluate: Callable
+    task_per_level: bool = False
+
+    def kl_goal(self, level: int):
+        """The KL-selection states with the prior's inputs for actor level ``level``."""
+        return self.kl_obs_goal[level] if self.task_per_level else self.kl_obs_goal
 
 
 def _nets(cfg, space, d):
@@ -774,7 +783,7 @@ def train_decisive(ctx, cfg, setup, key, tag) -> dict:
     """Trains (or restores, with ``--resume``) per space: an IQL actor per level and the good
     and data-corrupted BC priors; and the pretanh guide critics. Returns the parameters."""
     d = setup.gdata.actions.shape[1]
-    obs, og = setup.kl_obs[:1], setup.kl_obs_goal[:1]
+    obs, og = setup.kl_obs[:1], setup.kl_goal(0)[:1]
     act = setup.gdata.actions[:1]
     levels = list(setup.actor_data)
     keys = jax.random.split(key, 4 + len(levels))
@@ -863,7 +872,7 @@ def run_decisive_seed(ctx, cfg, setup, key, tag) -> dict:
                 pn,
                 p["good"],
                 keys[i],
-                setup.kl_obs_goal[:1],
+                setup.kl_goal(0)[:1],
                 corrupted_params=p["bad"],
                 marginal_std=std,
                 degrade_scale=cfg.degrade_scale,
@@ -878,8 +887,8 @@ def run_decisive_seed(ctx, cfg, setup, key, tag) -> dict:
     @jax.jit
     def act(obs, goal, rows):
         o = setup.obs_fn(obs)
-        og = setup.prior_obs(o, goal)
         sp, lv, pr, method, alpha = rows
+        og = setup.prior_obs(o, goal, lv)
         a = _pick([f(o) for f in actor_fns], sp * n_lv + lv)
         p = _pick([f(og) for f in prior_fns], sp * nq + pr)
         mix = jnp.where(method <= Method.ADDITIVE, alpha, 0.0)
@@ -892,8 +901,10 @@ def run_decisive_seed(ctx, cfg, setup, key, tag) -> dict:
             out = jnp.where((method == _GUIDE_METHOD[g])[:, None], steered, out)
         return jnp.where((method == Method.ZERO)[:, None], 0.0, out)
 
+    per_level = setup.task_per_level
+
     def evaluate(rows, split, n):
-        rows = list(dict.fromkeys(canon(r) for r in rows))
+        rows = list(dict.fromkeys(canon(r, per_level) for r in rows))
         stacked = [np.asarray([r[i] for r in rows], np.int32) for i in range(4)]
         stacked.append(np.asarray([r[4] for r in rows], np.float32))
         specs = np.repeat(np.arange(len(rows)), n)[:, None]
@@ -906,11 +917,11 @@ def run_decisive_seed(ctx, cfg, setup, key, tag) -> dict:
             g = jnp.asarray(goal[0], jnp.float32) if goal else None
             return act(jnp.asarray(obs, jnp.float32), g, r)
 
-        res = np.asarray(setup.evaluate(host, specs, episodes, split))
+        res = np.asarray(setup.evaluate(host, specs, episodes, split, stacked[1][specs[:, 0]]))
         return {r: res[specs[:, 0] == i] for i, r in enumerate(rows)}
 
     def mean_of(res):
-        return lambda r: float(res[canon(r)].mean())
+        return lambda r: float(res[canon(r, per_level)].mean())
 
     # KL selection, spreads and precision ratios on the selection states.
     stats, chosen = {}, {}
@@ -920,7 +931,7 @@ def run_decisive_seed(ctx, cfg, setup, key, tag) -> dict:
             a = actor_fns[si * n_lv + li](setup.kl_obs)
             stats[si, li, "actor_std"] = policy.std_quantiles(a)
             for qi in range(nq):
-                p = prior_fns[si * nq + qi](setup.kl_obs_goal)
+                p = prior_fns[si * nq + qi](setup.kl_goal(li))
                 k = (si, li, qi)
                 stats[k, "prior_std"] = policy.std_quantiles(p)
                 stats[k, "precision"] = float(np.median(policy.precision_ratio(a, p)))
@@ -929,8 +940,8 @@ def run_decisive_seed(ctx, cfg, setup, key, tag) -> dict:
                 chosen[k, "budget", False], chosen[k, "budget", True] = full, mean
     # Selection episodes: the alpha sweeps and the guides' trust regions.
     grid = [(si, li) for si in range(len(cfg.spaces)) for li in range(n_lv)]
-    zero_row = (0, 0, 0, Method.ZERO, 0.0)
-    sel = [(si, li, 0, Method.POE, 0.0) for si, li in grid] + [zero_row]
+    zero_rows = [(0, li if per_level else 0, 0, Method.ZERO, 0.0) for li in range(n_lv)]
+    sel = [(si, li, 0, Method.POE, 0.0) for si, li in grid] + zero_rows
     for si, li in grid:
         for qi in range(nq):
             sel += [
@@ -940,7 +951,7 @@ def run_decisive_seed(ctx, cfg, setup, key, tag) -> dict:
     for g in cfg.guides if pre is not None else ():
         sel += [(pre, li, 0, _GUIDE_METHOD[g], sh) for li in range(n_lv) for sh in cfg.guide_shifts]
     s_res = mean_of(evaluate(sel, "select", cfg.n_select))
-    chosen["zero_select"] = s_res(zero_row)
+    chosen["zero_select"] = [s_res(z) for z in zero_rows]  # per actor level
     for si, li in grid:
         chosen[si, li, "actor_select"] = s_res((si, li, 0, Method.POE, 0.0))
 
@@ -970,7 +981,14 @@ def run_decisive_seed(ctx, cfg, setup, key, tag) -> dict:
             test.append((pre, li, 0, _GUIDE_METHOD[g], chosen[g, li]))
     t_res = evaluate(test, "test", cfg.n_test)
     own = evaluate([(si, li, 0, Method.POE, 0.0) for si, li in grid], "own", cfg.n_test)
-    return {"test": t_res, "own": own, "chosen": chosen, "stats": stats, "d": d}
+    return {
+        "test": t_res,
+        "own": own,
+        "chosen": chosen,
+        "stats": stats,
+        "d": d,
+        "per_level": per_level,
+    }
 
 
 def kl_stats(cfg, d: int) -> Callable:
@@ -994,16 +1012,21 @@ def kl_stats(cfg, d: int) -> Callable:
     return stats
 
 
-def canon(row) -> tuple:
+def canon(row, per_level: bool = False) -> tuple:
     """A row in its canonical form, so equal policies share one evaluation: alpha 0 (either
     mix) is the actor (prior 0), additive at alpha 1 is PoE at alpha 1 (the prior alone), which
-    does not depend on the actor (level 0)."""
+    does not depend on the actor (level 0) unless each level has its own task
+    (``per_level``: the prior is commanded and scored for that level's task).
+
+    >>> canon((1, 2, 3, Method.ADDITIVE, 1.0)), canon((1, 2, 3, Method.ADDITIVE, 1.0), True)
+    ((1, 0, 3, 0, 1.0), (1, 2, 3, 0, 1.0))
+    """
     si, li, qi, m, al = row
     m, al = int(m), float(al)
     if m in (Method.POE, Method.ADDITIVE) and al == 0.0:
         return (si, li, 0, int(Method.POE), 0.0)
     if m in (Method.POE, Method.ADDITIVE) and al == 1.0:
-        return (si, 0, qi, int(Method.POE), 1.0)
+        return (si, li if per_level else 0, qi, int(Method.POE), 1.0)
     return (si, li, qi, m, al)
 
 
@@ -1081,11 +1104,13 @@ def decide(cfg, runs: Sequence[dict], levels: Sequence[str], excluded: str | Non
         "n_test": cfg.n_test,
     }
 
+    per_level = runs[0]["per_level"]
+
     def pooled(si, li, qi, m, al, key="test", alpha_of=None):
         xs = []
         for run in runs:
             a = al if alpha_of is None else alpha_of(run["chosen"])
-            xs.append(run[key][canon((si, li, qi, m, a))])
+            xs.append(run[key][canon((si, li, qi, m, a), per_level)])
         return np.concatenate(xs)
 
     strata = np.repeat(np.arange(len(runs)), cfg.n_test)
@@ -1096,18 +1121,19 @@ def decide(cfg, runs: Sequence[dict], levels: Sequence[str], excluded: str | Non
     def avg(f):
         return np.mean([f(run) for run in runs], 0).tolist()
 
-    zero_sel = float(np.mean([run["chosen"]["zero_select"] for run in runs]))
-    out["zero_select_return"] = zero_sel
+    zero_sel = np.mean([run["chosen"]["zero_select"] for run in runs], 0)  # per level
+    n_zero = len(levels) if per_level else 1
+    out |= level_keys(levels[:n_zero], "zero_select_return", zero_sel[:n_zero])
     for si, space in enumerate(cfg.spaces):
         for li, level in enumerate(levels):
             pre = ("" if si == 0 else f"{space}_") + ("" if li == 0 else f"{level}_")
             actor_sel = float(np.mean([run["chosen"][si, li, "actor_select"] for run in runs]))
-            worth = actor_sel > zero_sel
+            worth = actor_sel > float(zero_sel[li])
             out[pre + "actor_select_return"] = actor_sel
             out[pre + "actor_beats_zero"] = worth
             actor = pooled(si, li, 0, Method.POE, 0.0)
             cells = {}
-            own = np.concatenate([run["own"][canon((si, li, 0, Method.POE, 0.0))] for run in runs])
+            own = pooled(si, li, 0, Method.POE, 0.0, key="own")
             out |= {
                 pre + "actor_return": float(actor.mean()),
                 pre + "actor_return_se": _se(actor),
@@ -1232,14 +1258,35 @@ def run_seeds(cfg, ctx, setup_fn: Callable) -> tuple[list, dict]:
     return runs, {k: float(np.mean([e[k] for e in extras])) for k in extras[0]}
 
 
+#: The data sets behind each locomotion actor level.
+LEVEL_PARTS = {
+    "medium": ("medium",),
+    "medium_replay": ("medium-replay",),
+    "medium_expert": ("medium", "expert"),
+}
+
+
+def level_targets(raw: dict, levels: Sequence[str], frac: float) -> np.ndarray:
+    """``[len(levels)]`` the shifted task's ``v*`` per actor level: ``frac`` times the mean x
+    velocity of the level's own data (:data:`LEVEL_PARTS`)."""
+    v = [np.concatenate([raw[p]["infos/x_velocity"] for p in LEVEL_PARTS[lv]]) for lv in levels]
+    return frac * np.asarray([x.mean() for x in v])
+
+
+def level_keys(levels: Sequence[str], name: str, values) -> dict:
+    """``{name: values[0], "<level>_<name>": values[i]}``: one figure per actor level, the first
+    level's without a prefix (the summary's convention)."""
+    pairs = zip(levels, values, strict=True)
+    return {("" if i == 0 else f"{lv}_") + name: float(v) for i, (lv, v) in enumerate(pairs)}
+
+
 def locomotion_levels(raw: dict, batches: dict) -> dict:
     """The actors' data per level: ``medium``, ``medium_replay`` and ``medium_expert`` (medium
-    and expert together), each with rewards scaled by :func:`hexad.policy.return_range_scale`
-    of its own trajectories (the IQL reference's MuJoCo normalisation)."""
-    parts = {"medium": ("medium",), "medium_replay": ("medium-replay",)}
-    parts["medium_expert"] = ("medium", "expert")
+    and expert together, :data:`LEVEL_PARTS`), each with rewards scaled by
+    :func:`hexad.policy.return_range_scale` of its own trajectories (the IQL reference's MuJoCo
+    normalisation)."""
     out = {}
-    for name, lvs in parts.items():
+    for name, lvs in LEVEL_PARTS.items():
         b = jax.tree.map(lambda *xs: jnp.concatenate(xs), *(batches[lv] for lv in lvs))
         fields = ("rewards", "terminals", "timeouts")
         scale = policy.return_range_scale(

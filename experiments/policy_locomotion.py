@@ -14,13 +14,17 @@ velocity goals shuffled across trajectories; one CQL guide (velocity-conditioned
 replay data with the tracking reward of each transition's own goal); selection episodes reset
 with seeds ``1000 s + 500 + i``, test episodes with ``1000 s + i`` (other starts).
 
-Shifted objective: track ``v* = target_velocity_frac`` times the medium data's mean x velocity
-(1.5: faster than the medium data, so the medium actor's running is worth something; an actor
-that the zero action beats at v* is excluded by the precondition of the decision rules);
-the reward's forward term becomes ``-|x_velocity - v*|`` (control cost kept). Metric: the raw
-shifted return of a ``episode_steps`` episode. ``actor_own_task_return``: each actor on its own
-task (the environment's reward) from the test starts, with ``zero_return`` (the zero action) and
-the data's snapshot returns (``data_*_return``, ``data_eval_steps``-step episodes) beside it.
+Shifted objective, one per actor level: the actor of level L tracks ``v*_L =
+target_velocity_frac`` times the mean x velocity of its own data (medium-expert: medium and
+expert together); 1.5 asks each actor to run faster than its data, so its running is worth
+something at every level of competence and the prior, commanded with its row's ``v*_L`` (as is
+the CQL guide), can help or hurt it. The zero action and the prior alone are scored on each
+level's task; an actor that the zero action beats at its ``v*_L`` is excluded by the
+precondition of the decision rules. The reward's forward term becomes ``-|x_velocity - v*_L|``
+(control cost kept). Metric: the raw shifted return of a ``episode_steps`` episode.
+``actor_own_task_return``: each actor on its own task (the environment's reward) from the test
+starts, with ``zero_return`` (the zero action on the first level's shifted task) and the data's
+snapshot returns (``data_*_return``, ``data_eval_steps``-step episodes) beside it.
 
 Hopper and Walker2d: their medium-replay data is the first few thousand SAC steps (half of them
 uniform random) until the data is regenerated with at least 100k SAC steps; until then a run with
@@ -49,7 +53,9 @@ intervals and margins, ``precision_ratio_median_Q``, the budget sweep,
 ``actor_own_task_return``, ...), for Q in ``priors``, with the prefix ``action_`` for the
 second likelihood space and ``medium_replay_`` / ``medium_expert_`` for the other actors (the
 space first: ``action_medium_expert_...``); ``cql_guided_return``, ``cql_guided_shift``,
-``cql_guided_minus_actor_ci``; once: ``env``, ``target_velocity``, ``zero_return``,
+``cql_guided_minus_actor_ci``; per level (the first without a prefix, ``medium_replay_`` /
+``medium_expert_`` for the others): ``target_velocity``, ``zero_return`` (test episodes),
+``zero_select_return`` (selection episodes); once: ``env``,
 ``data_random_return``, ``data_medium_return``, ``data_expert_return``, ``data_steps``,
 ``verdict_admissible``, ``reward_scale``, and the shared ``alphas``, ``kl_budgets_nats``,
 ``kl_budget_verdict_nats``, ``n_seeds``, ``n_select``, ``n_test``, ``runtime_s``.
@@ -135,12 +141,11 @@ def setup(cfg: Config, ctx, seed: int, key) -> tuple[_policy.Setup, dict]:
     bad = policy.shuffle_goals_across_trajectories(key, np.asarray(vg.inputs(vg.goals)), ends)
     own_goal = jnp.asarray(offline_rl.tracking_reward(rep_raw, vg.goals), jnp.float32)
     gdata = policy.goal_conditioned(rep, vg.inputs(vg.goals), own_goal)
-    v_med = float(raw["medium"]["infos/x_velocity"].mean())
-    v_star = cfg.target_velocity_frac * v_med
-    g_star = vg.inputs(v_star)
+    v_star = _policy.level_targets(raw, cfg.levels, cfg.target_velocity_frac)  # per level
+    g_star = vg.inputs(v_star)  # [levels, 1]
 
-    def prior_obs(o, goal):  # every row commands the prior with v*
-        return jnp.concatenate([o, jnp.full((o.shape[0], 1), g_star)], -1)
+    def prior_obs(o, goal, level):  # a row commands the prior with its actor level's v*
+        return jnp.concatenate([o, g_star[level]], -1)
 
     rng = np.random.default_rng(seed)
     s = b["medium"].observations[
@@ -150,7 +155,7 @@ def setup(cfg: Config, ctx, seed: int, key) -> tuple[_policy.Setup, dict]:
     seeds["test"] = seeds["own"] = 1000 * seed + np.arange(cfg.n_test)
     policy.check_disjoint(seeds["select"], seeds["test"])
 
-    def evaluate(host, specs, episodes, split):
+    def evaluate(host, specs, episodes, split, levels):
         res = offline_rl.evaluate_locomotion(
             host,
             cfg.env,
@@ -158,7 +163,7 @@ def setup(cfg: Config, ctx, seed: int, key) -> tuple[_policy.Setup, dict]:
             seeds[split][episodes],
             min(cfg.n_envs, len(episodes)),
             cfg.episode_steps,
-            target_velocity=v_star,
+            target_velocity=v_star[levels],
             progress=ctx.progress,
         )
         return res["return" if split == "own" else "shifted_return"]
@@ -169,21 +174,24 @@ def setup(cfg: Config, ctx, seed: int, key) -> tuple[_policy.Setup, dict]:
         gdata_bad=policy.goal_conditioned(rep, bad, own_goal),
         guide_data=gdata,
         kl_obs=s,
-        kl_obs_goal=prior_obs(s, None),
+        kl_obs_goal=tuple(prior_obs(s, None, np.full(len(s), li)) for li in range(len(cfg.levels))),
         obs_fn=norm,
         prior_obs=prior_obs,
         evaluate=evaluate,
+        task_per_level=True,
     )
+    n_lv = len(cfg.levels)
     zero = evaluate(
         lambda o, sp: np.zeros((len(o), b["medium"].actions.shape[1])),
-        np.zeros((cfg.n_test, 1)),
-        np.arange(cfg.n_test),
+        np.zeros((cfg.n_test * n_lv, 1)),
+        np.tile(np.arange(cfg.n_test), n_lv),
         "test",
-    )
+        np.repeat(np.arange(n_lv), cfg.n_test),
+    ).reshape(n_lv, cfg.n_test)
     m = raw["medium"]
-    extra = {
-        "target_velocity": v_star,
-        "zero_return": float(np.mean(zero)),
+    extra = _policy.level_keys(cfg.levels, "target_velocity", v_star)
+    extra |= _policy.level_keys(cfg.levels, "zero_return", zero.mean(1))
+    extra |= {
         "data_random_return": float(m["meta/random_return"]),
         "data_medium_return": float(m["meta/policy_return"]),
         "data_expert_return": float(m["meta/expert_return"]),

@@ -147,7 +147,7 @@ def setup(cfg: Config, ctx, seed: int, key) -> tuple[_policy.Setup, dict]:
     s = data.observations[idx]
     g = jnp.asarray(ep_goals["select"][rng.integers(0, cfg.n_select, cfg.n_kl_states)])
 
-    def evaluate(host, specs, episodes, split):
+    def evaluate(host, specs, episodes, split, levels):  # one actor, one task
         steps, n_envs = cfg.episode_steps, min(cfg.n_envs, len(episodes))
         res = offline_rl.evaluate_pointmaze(
             host,
@@ -168,7 +168,7 @@ def setup(cfg: Config, ctx, seed: int, key) -> tuple[_policy.Setup, dict]:
         kl_obs=s,
         kl_obs_goal=jnp.concatenate([s, g], -1),
         obs_fn=lambda o: o,
-        prior_obs=lambda o, goal: jnp.concatenate([o, goal], -1),
+        prior_obs=lambda o, goal, level: jnp.concatenate([o, goal], -1),
         evaluate=evaluate,
     )
     oracle = partial(offline_rl.pointmaze_oracle, geom)

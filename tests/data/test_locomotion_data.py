@@ -111,22 +111,30 @@ def test_collect_locomotion_calls_the_policy_on_float32_observations():
 
 def test_evaluate_locomotion_shifted_reward():
     # A zero-action policy on HalfCheetah: the shifted return is -sum |v - v*| exactly
-    # (zero control cost), and the mean velocity is the same episode's.
+    # (zero control cost), and the mean velocity is the same episode's. Each episode has its
+    # own v*; three episodes on two environments, so the second batch wraps around.
+    target = np.array([1.0, 2.0, 1.5])
     res = D.evaluate_locomotion(
         lambda o, s: np.zeros((o.shape[0], 6)),
         "HalfCheetah-v5",
-        np.zeros((2, 1)),
-        np.arange(2),
+        np.zeros((3, 1)),
+        np.arange(3),
         n_envs=2,
         episode_steps=20,
-        target_velocity=1.0,
+        target_velocity=target,
     )
     assert np.all(res["length"] == 20)
     # It barely moves: max |v| over 2 episodes, measured over 20 seed pairs (MuJoCo, no XLA):
     # mean 0.039, sd 0.017, max 0.071 (these seeds 0.011).
     assert np.all(np.abs(res["velocity"]) < 0.5)
-    # |v - 1| = 1 - v when |v| < 1: shifted return = -(20 - 20 mean v).
-    np.testing.assert_allclose(res["shifted_return"], -(20 - 20 * res["velocity"]), rtol=1e-5)
+    # |v - v*| = v* - v when |v| < 1 <= v*: shifted return = -(20 v* - 20 mean v).
+    want = -(20 * target - 20 * res["velocity"])
+    np.testing.assert_allclose(res["shifted_return"], want, rtol=1e-5)
+    with pytest.raises(ValueError, match="target_velocity"):
+        D.evaluate_locomotion(
+            lambda o, s: np.zeros((o.shape[0], 6)), "HalfCheetah-v5", np.zeros((3, 1)),
+            np.arange(3), target_velocity=np.ones(2),
+        )  # fmt: skip
 
 
 def test_walker2d_shifted_reward_keeps_healthy_bonus():

@@ -65,6 +65,11 @@ def _smoke(tmp_path, monkeypatch, cache_root):
     assert summary["cql_guided_shift"] == [0.5] and "cql_guided_minus_actor_ci" in summary
     for k in ("target_velocity", "zero_return", "data_medium_return", "reward_scale"):
         assert k in summary
+    # Each actor level has its own task: v* from its own data, the zero action scored on it.
+    for lv in ("medium_replay_", "medium_expert_"):
+        for k in ("target_velocity", "zero_return", "zero_select_return"):
+            assert lv + k in summary
+    assert summary["target_velocity"] != summary["medium_replay_target_velocity"]
     assert (tmp_path / "run" / "selection_curves.png").is_file()
     return cfg, ckpt, summary
 

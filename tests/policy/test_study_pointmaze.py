@@ -138,3 +138,16 @@ def test_decision_rules_follow_their_statement():
     assert all(v.startswith("excluded") for v in verdicts(fine, bad, below, 2.0, fine, 2.0, False))
     out = verdicts(fine, bad, below, 2.0, fine, 2.0, True, "data too small")
     assert out == ("excluded: data too small",) * 3
+
+
+def test_rows_share_an_evaluation_only_when_they_are_the_same_policy_on_the_same_task():
+    from experiments._policy import canon
+    from hexad.policy import Method
+
+    # alpha 0 is the actor whatever the prior or mix; alpha 1 is the prior alone, the same for
+    # every actor level when the levels share one task, and its own per level otherwise.
+    assert canon((1, 2, 3, Method.ADDITIVE, 0.0)) == (1, 2, 0, Method.POE, 0.0)
+    assert canon((1, 2, 3, Method.ADDITIVE, 1.0)) == canon((1, 0, 3, Method.POE, 1.0))
+    assert canon((1, 2, 3, Method.POE, 1.0), True) == (1, 2, 3, Method.POE, 1.0)
+    assert canon((1, 2, 3, Method.POE, 1.0), True) != canon((1, 0, 3, Method.POE, 1.0), True)
+    assert canon((1, 2, 3, Method.POE, 0.5), True) == (1, 2, 3, Method.POE, 0.5)

@@ -241,7 +241,7 @@ def evaluate_locomotion(
     seeds: np.ndarray,
     n_envs: int = 16,
     episode_steps: int = 1000,
-    target_velocity: float | None = None,
+    target_velocity: float | np.ndarray | None = None,
     progress=None,
 ) -> dict[str, np.ndarray]:
     """Runs deterministic episodes of ``policy`` in a gymnasium MuJoCo ``SyncVectorEnv``.
@@ -253,7 +253,8 @@ def evaluate_locomotion(
 
     With ``target_velocity`` ``v*`` the *shifted* reward of a step is :func:`tracking_reward`:
     the environment's forward term replaced by ``-|x_velocity - v*|`` (keeping the control cost
-    and, for Hopper and Walker2d, the healthy bonus).
+    and, for Hopper and Walker2d, the healthy bonus); a ``[M]`` array gives each episode its
+    own ``v*`` (e.g. one per actor being evaluated).
 
     Args:
       policy: host-callable returning actions in ``[-1, 1]``.
@@ -262,7 +263,8 @@ def evaluate_locomotion(
       seeds: ``[M]`` int reset seeds (the same seed gives the same start for every method).
       n_envs: environments stepped together.
       episode_steps: steps per episode.
-      target_velocity: ``v*`` of the shifted reward, or None.
+      target_velocity: ``v*`` of the shifted reward (a scalar, or ``[M]`` per episode), or
+        None.
       progress: optional ``progress(iterable, desc)`` wrapper for a progress bar.
 
     Returns:
@@ -280,6 +282,14 @@ def evaluate_locomotion(
     m = seeds.shape[0]
     if seeds.shape != (m,) or specs.shape[0] != m:
         raise ValueError(f"specs, seeds: expected [M, k], [M], got {specs.shape}, {seeds.shape}")
+    target = None
+    if target_velocity is not None:
+        target = np.asarray(target_velocity, np.float64)
+        target = np.full(m, target) if target.ndim == 0 else target
+        if target.shape != (m,) or not np.isfinite(target).all():
+            raise ValueError(
+                f"target_velocity: expected a finite scalar or [{m}] array, got {target_velocity!r}"
+            )
     env = make_vec(env_id, n_envs, episode_steps + 1)
     out = {k: np.zeros(m) for k in ("return", "velocity", "length", "shifted_return")}
     chunks = range(0, m, n_envs)
@@ -298,8 +308,8 @@ def evaluate_locomotion(
                 acc["return"] += w * tr["rewards"]
                 acc["velocity"] += w * tr["infos/x_velocity"]
                 acc["length"] += w
-                if target_velocity is not None:
-                    acc["shifted_return"] += w * tracking_reward(tr, target_velocity)
+                if target is not None:
+                    acc["shifted_return"] += w * tracking_reward(tr, target[idx])
                 alive &= tr["terminals"] == 0
                 if not alive.any():
                     break
