@@ -9,7 +9,12 @@ prints one row per case; ``--json FILE`` appends the rows as JSON lines.
 Timing protocol (DESIGN.md): for a jitted case, compile seconds come from
 ``jax.jit(f).lower(*args).compile()``; then ``warmup`` calls, then at least ``repeats`` timed
 calls, each ended with ``jax.block_until_ready``; the row reports the median. The peer gets the
-same protocol. ``ratio = median(ours) / median(peer)``: below 1 means faster than the peer.
+same protocol, interleaved with ours: both are compiled and warmed up, then each timed call of
+ours is followed by one of the peer's, so that a drift of the host (clock boost, another
+process, the caches) falls on both sides alike rather than on whichever ran second (a case
+whose two sides share state that a call leaves busy, e.g. a disk still committing, sets
+``interleave=False`` and is timed one side after the other). ``ratio = median(ours) /
+median(peer)``: below 1 means faster than the peer.
 
 Lower bounds: every row states the kernel's own limit and the fraction of it reached
 (``bound_s / median``, 1.0 = at the limit), beside the peer ratio; a peer can be slow too. A
@@ -42,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Case", "Roofline", "Row", "measure_roofline", "time_case", "time_call"]
+__all__ = ["Case", "Roofline", "Row", "measure_roofline", "time_call", "time_case", "time_pair"]
 
 
 @dataclasses.dataclass
@@ -80,6 +85,8 @@ class Case:
         the timer: e.g. letting the background work of earlier calls finish, so that each
         timed call starts on a quiet host.
       peer_setup: the same for ``peer``.
+      interleave: alternate the timed calls of ``fn`` and ``peer`` (the default); False times
+        all of ``fn``'s, then all of the peer's.
     """
 
     name: str
@@ -107,6 +114,7 @@ class Case:
     bound_note: str = ""
     setup: Callable[[], Any] | None = None
     peer_setup: Callable[[], Any] | None = None
+    interleave: bool = True
 
 
 @dataclasses.dataclass
@@ -170,27 +178,60 @@ def time_call(
     what gets timed, so the timed calls can never include a retrace. ``setup()``, if given,
     runs before every call, untimed.
     """
-    compile_s = None
-    call = fn
-    if jit:
-        # Without this, a function object compiled earlier in the process (by the roofline
-        # calibration, or by another case) reuses its executable and reports ~0 s compile.
-        jax.clear_caches()
-        t0 = time.perf_counter()
-        call = jax.jit(fn).lower(*args).compile()
-        compile_s = time.perf_counter() - t0
+    compile_s, call = _compiled(fn, args, jit)
     for _ in range(max(warmup, 1)):
-        if setup is not None:
-            setup()
-        _block(call(*args))
-    times = []
+        _timed(call, args, setup)
+    return compile_s, [_timed(call, args, setup) for _ in range(max(repeats, 5))]
+
+
+def _compiled(fn: Callable, args: Sequence, jit: bool) -> tuple[float | None, Callable]:
+    """``(compile seconds or None, the callable to time)``: with ``jit`` the AOT-compiled
+    executable, so a timed call can never include a retrace."""
+    if not jit:
+        return None, fn
+    # Without this, a function object compiled earlier in the process (by the roofline
+    # calibration, or by another case) reuses its executable and reports ~0 s compile.
+    jax.clear_caches()
+    t0 = time.perf_counter()
+    call = jax.jit(fn).lower(*args).compile()
+    return time.perf_counter() - t0, call
+
+
+def _timed(call: Callable, args: Sequence, setup: Callable[[], Any] | None) -> float:
+    """Seconds of one call (ended with ``block_until_ready``), ``setup()`` run before, untimed."""
+    if setup is not None:
+        setup()
+    t0 = time.perf_counter()
+    _block(call(*args))
+    return time.perf_counter() - t0
+
+
+def time_pair(
+    fn: Callable,
+    args: Sequence,
+    peer: Callable,
+    peer_args: Sequence,
+    *,
+    jit: bool,
+    peer_jit: bool,
+    repeats: int,
+    warmup: int,
+    setup: Callable[[], Any] | None = None,
+    peer_setup: Callable[[], Any] | None = None,
+) -> tuple[float | None, list[float], float | None, list[float]]:
+    """:func:`time_call` for ``fn`` and ``peer`` with their calls interleaved: both compiled,
+    both warmed up, then ``fn``, ``peer``, ``fn``, ... Returns ``(compile_s, times,
+    peer_compile_s, peer_times)``."""
+    compile_s, call = _compiled(fn, args, jit)
+    p_compile_s, p_call = _compiled(peer, peer_args, peer_jit)
+    for _ in range(max(warmup, 1)):
+        _timed(call, args, setup)
+        _timed(p_call, peer_args, peer_setup)
+    times, p_times = [], []
     for _ in range(max(repeats, 5)):
-        if setup is not None:
-            setup()
-        t0 = time.perf_counter()
-        _block(call(*args))
-        times.append(time.perf_counter() - t0)
-    return compile_s, times
+        times.append(_timed(call, args, setup))
+        p_times.append(_timed(p_call, peer_args, peer_setup))
+    return compile_s, times, p_compile_s, p_times
 
 
 def measure_roofline(quick: bool = False) -> Roofline:
@@ -218,15 +259,25 @@ def measure_roofline(quick: bool = False) -> Roofline:
 
 
 def time_case(case: Case, roofline: Roofline) -> Row:
-    """Times ``case`` (and its peer, in the same run) and returns its row."""
-    compile_s, times = time_call(
-        case.fn,
-        case.args,
-        jit=case.jit,
-        repeats=case.repeats,
-        warmup=case.warmup,
-        setup=case.setup,
-    )
+    """Times ``case`` (and its peer, in the same run, interleaved unless the case says not)
+    and returns its row."""
+    peer_args = case.args if case.peer_args is None else case.peer_args
+    timing = dict(repeats=case.repeats, warmup=case.warmup)
+    paired = case.peer is not None and case.interleave
+    if paired:
+        compile_s, times, p_compile, p_times = time_pair(
+            case.fn,
+            case.args,
+            case.peer,
+            peer_args,
+            jit=case.jit,
+            peer_jit=case.peer_jit,
+            setup=case.setup,
+            peer_setup=case.peer_setup,
+            **timing,
+        )
+    else:
+        compile_s, times = time_call(case.fn, case.args, jit=case.jit, setup=case.setup, **timing)
     median = statistics.median(times)
     frac = None
     if case.flops or case.bytes:
@@ -246,15 +297,10 @@ def time_case(case: Case, roofline: Roofline) -> Row:
         goal=case.goal,
     )
     if case.peer is not None:
-        peer_args = case.args if case.peer_args is None else case.peer_args
-        p_compile, p_times = time_call(
-            case.peer,
-            peer_args,
-            jit=case.peer_jit,
-            repeats=case.repeats,
-            warmup=case.warmup,
-            setup=case.peer_setup,
-        )
+        if not paired:
+            p_compile, p_times = time_call(
+                case.peer, peer_args, jit=case.peer_jit, setup=case.peer_setup, **timing
+            )
         row.peer_name = case.peer_name or getattr(case.peer, "__name__", "peer")
         row.peer_compile_s = p_compile
         row.peer_median_s = statistics.median(p_times)

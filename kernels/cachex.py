@@ -9,8 +9,8 @@ Rows (peers timed in the same run, on the same disk):
 - ``cachex/stall``: the blocking part of one save, i.e. what the training loop waits for.
   Each timed call saves on its own manager, warmed by one earlier completed save, so no call
   waits for a previous commit (orbax keeps one save in flight per manager), and the harness
-  lets every earlier save of the row commit before it (untimed, both sides), so no timed save
-  runs beside another manager's commit. Ours: CacheX T0
+  lets every earlier save commit before it (untimed, both sides, whose calls it interleaves),
+  so no timed save runs beside another manager's commit. Ours: CacheX T0
   staging into the reused double-buffered pool, replica server on loopback. Peer: orbax's
   async ``CheckpointManager.save`` with ``StandardSave`` (on CPU its blocking part does not
   copy the arrays: about 5 ms at 256 MiB against a 14 ms copy, so there no copying save can
@@ -118,10 +118,11 @@ class _OneShotSaves:
         self._save(next(self._it), 1, tree)
 
     def settle(self) -> None:
-        """The harness's untimed per-call setup: every earlier save of this row committed, so
-        a timed save never runs beside another manager's commit (in a real job each rank is
-        its own process and saves every few minutes, long after its last commit)."""
-        for m in self._managers:
+        """The harness's untimed per-call setup: every save in flight committed (this row's,
+        and the other side's, whose calls the harness interleaves with these), so a timed save
+        never runs beside another manager's commit (in a real job each rank is its own process
+        and saves every few minutes, long after its last commit)."""
+        for m in _OPEN:
             m.wait_until_finished()
 
 

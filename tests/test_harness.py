@@ -70,6 +70,34 @@ def test_time_case_ratio_against_peer(roofline):
     assert row.roofline_frac == pytest.approx(max(1e6 / 1e11, 1e5 / 1e10) / row.median_s)
 
 
+def test_peer_calls_interleave_with_ours_unless_the_case_opts_out(roofline):
+    # Ours and the peer alternate (a drift of the host falls on both); each side's setup runs
+    # before each of its own calls. interleave=False times one side after the other.
+    def case(log, interleave):
+        def side(name):
+            return lambda: log.append(name)
+
+        return _harness.Case(
+            name="t/order",
+            fn=side("f"),
+            jit=False,
+            peer=side("p"),
+            peer_jit=False,
+            repeats=5,
+            warmup=1,
+            setup=side("s"),
+            peer_setup=side("ps"),
+            interleave=interleave,
+        )
+
+    log = []
+    row = _harness.time_case(case(log, True), roofline)
+    assert log == ["s", "f", "ps", "p"] * 6 and row.runs == 5  # one warm-up, five timed each
+    log = []
+    _harness.time_case(case(log, False), roofline)
+    assert log == ["s", "f"] * 6 + ["ps", "p"] * 6
+
+
 def test_roofline_measurement_is_sane():
     r = _harness.measure_roofline(quick=True)
     # Any machine that runs JAX does more than 100 MFLOP/s and 100 MB/s, and no CPU or
