@@ -17,13 +17,13 @@ too; ``--set train_pad=0`` trains without it (then fine-tuning meets a distribut
 1. Calibration (first seed; later seeds run FT alone, for step 2): a BadNets model (decoy
    patch, 10% poison) is sanitised by every defense of ``hexad.backdoor.DEFENSES`` at the
    step budget ``defense_steps`` (ABL, AC, SS on the poisoned training set; ANP, RNP select
-   their pruning level by BackdoorBench's rule). With ``defense_lrs`` (e.g. ``--set
-   defense_lrs=0.01,0.003,0.001``) the fine-tuning defenses (FT, FP, NAD, FT-SAM, MCR)
-   choose their step size among them as a defender can, by two-fold cross-fitting on the
-   clean split: the largest whose held-out loss of clean accuracy is not over 5 points by
-   more than one paired standard error, then run on the whole split
-   (``hexad.backdoor.defenses.select_lr``), here and in every later sanitisation; the
-   default ``()`` keeps BackdoorBench's fixed 0.01, which throws some models to chance.
+   their pruning level by BackdoorBench's rule). The fine-tuning defenses (FT, FP, NAD,
+   FT-SAM, MCR) choose their step size among ``defense_lrs`` (0.01, 0.003, 0.001) as a
+   defender can, by two-fold cross-fitting on the clean split: the largest whose held-out
+   loss of clean accuracy is not over 5 points by more than one paired standard error, then
+   run on the whole split (``hexad.backdoor.defenses.select_lr``), here and in every later
+   sanitisation. ``--set defense_lrs=`` (empty) keeps BackdoorBench's fixed 0.01, at which
+   FT-SAM and, for some keys, FP throw a BadNets model trained with the shift to chance.
 2. Surrogate matching: the DTB surrogate's step size is rescaled so that its ``"ft"``
    member moves the BadNets model's weights as far as the real FT does.
 3. Three implants from the same start and data (decoy at ``poison_rate`` of each batch,
@@ -38,13 +38,14 @@ too; ``--set train_pad=0`` trains without it (then fine-tuning meets a distribut
 5. First seed: decoy and hidden ASR along one real fine-tuning run of 4 ``defense_steps``.
 
 Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [--set k=v ...]
-Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) about 2.5
-          minutes on 2 CPU cores from an empty cache, mostly compilation (once per defense
-          and surrogate member: the first seed about 2 min, the second 20 s); full (3 seeds,
-          budget 200) 81 min measured on 2 CPU cores (results/backdoor_dtb): the first seed
-          46 min (BadNets 1.2, calibration 8.6, the implants 2, 11 and 3.3, the DTB and
-          naive sanitisation suites 7 each, the trajectory 4.7), later seeds 17.5 min (the
-          implants' compiles are reused).
+Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) about 3.5
+          minutes on 2 busy CPU cores from an empty cache (2.6 with ``--set defense_lrs=``),
+          mostly compilation, once per defense and surrogate member; full (3 seeds,
+          budget 200) about 2 h on 2 CPU cores, estimated: 81 min measured with fixed step
+          sizes (the first seed 46 min: BadNets 1.2, calibration 8.6, the implants 2, 11 and
+          3.3, the DTB and naive sanitisation suites 7 each, the trajectory 4.7; later seeds
+          17.5 min, the implants' compiles reused), and the step-size selection makes the
+          five fine-tuning defenses about 2.5x as long (97 s to 247 s on one BadNets model).
           With ``--resume`` the implants are restored from their checkpoints.
 summary.json (means over ``n_seeds`` seeds; every numeric key also as ``<key>_sd``):
   ``efficacy_<d>`` (1 if the defense brings BadNets' ASR below 0.2 losing < 5 points of
@@ -111,7 +112,7 @@ class Config:
     defenses: tuple[str, ...] = tuple(bd.DEFENSES)
     compositions: tuple[str, ...] = ("ft+ft", "nc+ft", "fp+nad")
     defense_steps: int = 200
-    defense_lrs: tuple[float, ...] = ()
+    defense_lrs: tuple[float, ...] = (0.01, 0.003, 0.001)
 
     def __post_init__(self):
         ones = ("n_seeds", "widths", "hidden", "train_steps", "batch_size", "dtb_steps")
@@ -153,7 +154,7 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
     model, problem, data, keys = s.model, s.problem, s.data, s.keys
     stage = _backdoor.Stages(ctx, seed)
     names = [*cfg.defenses, *cfg.compositions]
-    lrs = cfg.defense_lrs or None  # () keeps BackdoorBench's fixed step sizes
+    lrs = cfg.defense_lrs or None  # (): BackdoorBench's fixed step sizes
     defs = {n: bd.make_defense(n, cfg.defense_steps, lrs) for n in names}
 
     def bench(p, ds, tag):

@@ -31,7 +31,9 @@ Each entry: BackdoorBench default / value here / why.
   FT, FP, NAD, FT-SAM and MCR choose the step size on held-out clean data instead: at 0.01
   FT leaves a DTB implant at chance accuracy (0.10 after 200 steps; its clean-split gradient
   is 4.7x a BadNets model's at the same weight norm), and BadNets itself passes through 0.16
-  at step 30 before recovering to 0.92.
+  at step 30 before recovering to 0.92. On a BadNets model trained with the 2-pixel shift
+  (200 steps at 0.01) FT-SAM still ends at 0.10 and FP at 0.14 or 0.97 depending on the key;
+  ``experiments.backdoor_dtb`` selects among 0.01, 0.003 and 0.001 by default.
 - FP: prune the last layer's inputs by mean activation until a relative test-accuracy drop
   of 0.1, then FT / the last conv layer's channels (our dense part reads them), one at a
   time, until a relative clean-split drop of 0.1, then ``n`` FT steps / the defender holds no
