@@ -249,7 +249,7 @@ def _dtb_table(s: Mapping[str, Any]) -> list[str]:
     head = "| defense | BadNets ASR after | BadNets acc after | effective | " + " | ".join(
         f"{a} {m} after" for a in arms for m in ("acc", "decoy ASR", "hidden ASR")
     )
-    lines = ["Per defense (mean ± sd over seeds; calibration on the first seed):", "",
+    lines = ["Per defense (mean ± sd over the seeds that ran each figure):", "",
              head + " |", "| --- " * 10 + "|"]  # fmt: skip
     for d in s.get("defenses", []):
         cells = [f"`{d}`", _pm(s, f"calib_asr_{d}"), _pm(s, f"calib_acc_{d}"),

@@ -14,9 +14,10 @@ RandomCrop with padding, the trigger stamped before the shift so it moves with t
 ``hexad.backdoor.fit(pad=...)``, ``DTBConfig.pad``), the shift the fine-tuning defenses apply
 too; ``--set train_pad=0`` trains without it (then fine-tuning meets a distribution shift).
 
-1. Calibration (first seed; later seeds run FT alone, for step 2): a BadNets model (decoy
-   patch, 10% poison) is sanitised by every defense of ``hexad.backdoor.DEFENSES`` at the
-   step budget ``defense_steps`` (ABL, AC, SS on the poisoned training set; ANP, RNP select
+1. Calibration (every seed: at these budgets a defense's outcome can change with the key,
+   e.g. FP at 0.01 leaves accuracy 0.14 or 0.97): a BadNets model (decoy patch, 10% poison)
+   is sanitised by every defense of ``hexad.backdoor.DEFENSES`` at the step budget
+   ``defense_steps`` (ABL, AC, SS on the poisoned training set; ANP, RNP select
    their pruning level by BackdoorBench's rule). The fine-tuning defenses (FT, FP, NAD,
    FT-SAM, MCR) choose their step size among ``defense_lrs`` (0.01, 0.003, 0.001) as a
    defender can, by two-fold cross-fitting on the clean split: the largest whose held-out
@@ -41,16 +42,17 @@ Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [-
 Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) about 3.5
           minutes on 2 busy CPU cores from an empty cache (2.6 with ``--set defense_lrs=``),
           mostly compilation, once per defense and surrogate member; full (3 seeds,
-          budget 200) about 2 h on 2 CPU cores, estimated: 81 min measured with fixed step
+          budget 200) about 2.5 h on 2 CPU cores, estimated: 81 min measured with fixed step
           sizes (the first seed 46 min: BadNets 1.2, calibration 8.6, the implants 2, 11 and
           3.3, the DTB and naive sanitisation suites 7 each, the trajectory 4.7; later seeds
           17.5 min, the implants' compiles reused), and the step-size selection makes the
-          five fine-tuning defenses about 2.5x as long (97 s to 247 s on one BadNets model).
+          five fine-tuning defenses about 2.5x as long (97 s to 247 s on one BadNets model),
+          and the later seeds' calibration adds about 13 min each.
           With ``--resume`` the implants are restored from their checkpoints.
 summary.json (means over ``n_seeds`` seeds; every numeric key also as ``<key>_sd``):
   ``efficacy_<d>`` (1 if the defense brings BadNets' ASR below 0.2 losing < 5 points of
   clean accuracy), ``calib_asr_<d>``, ``calib_acc_<d>``, ``calib_lr_<d>`` (the chosen step
-  size), ``n_defenses_effective`` (first seed; ``_sd`` 0); ``badnets_clean_acc``, ``badnets_asr``;
+  size), ``n_defenses_effective``; ``badnets_clean_acc``, ``badnets_asr``;
   ``clean_acc_before``, ``decoy_asr_before``, ``hidden_asr_before``, ``implant_ok``
   (clean accuracy before >= 0.5: the implant did not collapse),
   ``{clean_acc,decoy_asr,hidden_asr}_after_<d>``, ``{decoy,hidden}_asr_after_mean``,
@@ -167,11 +169,10 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
 
     with stage("badnets"):
         badnets = _backdoor.badnets(cfg, s, opt)
-    # the full calibration on the first seed; later seeds run FT alone, for the matching
-    calib = list(cfg.defenses) if first else ["ft"]
+    calib = list(cfg.defenses)  # on every seed: a defense's outcome can change with the key
     with stage("calibration"):
         t_bad = bench(badnets, {d: defs[d] for d in calib}, "calibration")
-    out = _backdoor.efficacy_entries(t_bad, calib) | _lr_entries("calib_", t_bad) if first else {}
+    out = _backdoor.efficacy_entries(t_bad, calib) | _lr_entries("calib_", t_bad)
     out |= {
         "badnets_clean_acc": t_bad["clean_acc_before"],
         "badnets_asr": t_bad["decoy_asr_before"],
