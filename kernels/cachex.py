@@ -76,9 +76,15 @@ def _cachex_manager(name: str, rank: int) -> cachex.CacheXManager:
 _OPEN: list = []
 
 
-def _close_all() -> None:
-    for m in _OPEN:  # let the timed saves' background commits finish before exit
+def _wait_all() -> None:
+    """Every open manager's save in flight committed (both sides of every row)."""
+    for m in _OPEN:
         m.wait_until_finished()
+
+
+def _close_all() -> None:
+    _wait_all()  # let the timed saves' background commits finish before exit
+    for m in _OPEN:
         m.close()
 
 
@@ -122,8 +128,7 @@ class _OneShotSaves:
         and the other side's, whose calls the harness interleaves with these), so a timed save
         never runs beside another manager's commit (in a real job each rank is its own process
         and saves every few minutes, long after its last commit)."""
-        for m in _OPEN:
-            m.wait_until_finished()
+        _wait_all()
 
 
 def _save_ours(m, step, tree):
@@ -158,8 +163,7 @@ class _HostCopy:
 
     def __call__(self, tree):
         if not self._quiet:
-            for m in _OPEN:
-                m.wait_until_finished()
+            _wait_all()
             self._quiet = True
         for buf, x in zip(self.bufs, tree.values(), strict=True):
             np.copyto(buf, np.asarray(x))
