@@ -1266,11 +1266,16 @@ LEVEL_PARTS = {
 }
 
 
-def level_targets(raw: dict, levels: Sequence[str], frac: float) -> np.ndarray:
+def level_targets(raw: dict, levels: Sequence[str], frac: float, floor: str = "") -> np.ndarray:
     """``[len(levels)]`` the shifted task's ``v*`` per actor level: ``frac`` times the mean x
-    velocity of the level's own data (:data:`LEVEL_PARTS`)."""
-    v = [np.concatenate([raw[p]["infos/x_velocity"] for p in LEVEL_PARTS[lv]]) for lv in levels]
-    return frac * np.asarray([x.mean() for x in v])
+    velocity of the level's own data (:data:`LEVEL_PARTS`), or of the level ``floor``'s data
+    where that is faster (``""``: no floor)."""
+
+    def mean_velocity(lv):
+        return np.concatenate([raw[p]["infos/x_velocity"] for p in LEVEL_PARTS[lv]]).mean()
+
+    v = np.asarray([mean_velocity(lv) for lv in levels])
+    return frac * (np.maximum(v, mean_velocity(floor)) if floor else v)
 
 
 def level_keys(levels: Sequence[str], name: str, values) -> dict:

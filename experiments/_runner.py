@@ -619,8 +619,9 @@ class Study:
       quick: field overrides that ``--quick`` applies (before any ``--set``).
       doc: the module docstring, shown by ``--help``.
       resume_shared: config fields that only choose which parts of the study run (its panels,
-        its manifolds): left out of the checkpoints' :func:`settings_stamp`, so a run of some
-        parts and a later full run with ``--resume`` share those parts' checkpoints.
+        its manifolds) or what is asked of a checkpointed model (an evaluation task): left
+        out of the checkpoints' :func:`settings_stamp`, so a run of some parts and a later
+        full run with ``--resume`` share those parts' checkpoints.
     """
 
     name: str

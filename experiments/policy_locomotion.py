@@ -16,12 +16,15 @@ with seeds ``1000 s + 500 + i``, test episodes with ``1000 s + i`` (other starts
 
 Shifted objective, one per actor level: the actor of level L tracks ``v*_L =
 target_velocity_frac`` times the mean x velocity of its own data (medium-expert: medium and
-expert together); 1.5 asks each actor to run faster than its data, so its running is worth
-something at every level of competence and the prior, commanded with its row's ``v*_L`` (as is
-the CQL guide), can help or hurt it. The zero action and the prior alone are scored on each
-level's task; an actor that the zero action beats at its ``v*_L`` is excluded by the
-precondition of the decision rules. The reward's forward term becomes ``-|x_velocity - v*_L|``
-(control cost kept). Metric: the raw shifted return of a ``episode_steps`` episode.
+expert together) or of the ``target_floor`` level's data, whichever is faster; 1.5 asks each
+actor to run faster than its data, and the floor (medium) asks the medium-replay actor, whose
+data is mostly slow, to run too, so that running is worth something at every level of
+competence (at 1.5 times its own data, standing still beats it) and the prior, commanded with
+its row's ``v*_L`` (as is the CQL guide), can help or hurt it. The zero action and the
+prior alone are scored on each level's task; an actor that the zero action beats at its
+``v*_L`` is excluded by the precondition of the decision rules. The reward's forward term
+becomes ``-|x_velocity - v*_L|`` (control cost kept). Metric: the raw shifted return of a
+``episode_steps`` episode.
 ``actor_own_task_return``: each actor on its own task (the environment's reward) from the test
 starts, with ``zero_return`` (the zero action on the first level's shifted task) and the data's
 snapshot returns (``data_*_return``, ``data_eval_steps``-step episodes) beside it.
@@ -103,11 +106,13 @@ class Config(_policy.DecisiveConfig):
     guide_shifts: tuple[float, ...] = (0.25, 0.5, 1.0)
     velocity_horizon: int = 10
     target_velocity_frac: float = 1.5
+    target_floor: str = "medium"
 
     def __post_init__(self):
         super().__post_init__()
         _runner.one_of(self, offline_rl.LOCOMOTION_ENVS, "env")
         _runner.one_of(self, LEVELS, "levels")
+        _runner.one_of(self, ("", *LEVELS), "target_floor")
         _runner.at_least(self, 1, "data_steps", "data_hidden", "data_per_level", "velocity_horizon")
         _runner.at_least(self, 1, "data_snapshot_every", "data_eval_steps")
         _runner.at_least(self, 0, "data_start_steps")
@@ -141,16 +146,14 @@ def setup(cfg: Config, ctx, seed: int, key) -> tuple[_policy.Setup, dict]:
     bad = policy.shuffle_goals_across_trajectories(key, np.asarray(vg.inputs(vg.goals)), ends)
     own_goal = jnp.asarray(offline_rl.tracking_reward(rep_raw, vg.goals), jnp.float32)
     gdata = policy.goal_conditioned(rep, vg.inputs(vg.goals), own_goal)
-    v_star = _policy.level_targets(raw, cfg.levels, cfg.target_velocity_frac)  # per level
+    v_star = _policy.level_targets(raw, cfg.levels, cfg.target_velocity_frac, cfg.target_floor)
     g_star = vg.inputs(v_star)  # [levels, 1]
 
     def prior_obs(o, goal, level):  # a row commands the prior with its actor level's v*
         return jnp.concatenate([o, g_star[level]], -1)
 
-    rng = np.random.default_rng(seed)
-    s = b["medium"].observations[
-        rng.choice(b["medium"].observations.shape[0], cfg.n_kl_states, replace=False)
-    ]
+    obs = b["medium"].observations
+    s = obs[np.random.default_rng(seed).choice(obs.shape[0], cfg.n_kl_states, replace=False)]
     seeds = {"select": 1000 * seed + 500 + np.arange(cfg.n_select)}
     seeds["test"] = seeds["own"] = 1000 * seed + np.arange(cfg.n_test)
     policy.check_disjoint(seeds["select"], seeds["test"])
@@ -226,6 +229,7 @@ STUDY = _runner.Study(
         "kl_budgets": (0.3, 3.0),
     },
     doc=__doc__,
+    resume_shared=("target_floor",),  # the task only: the networks do not depend on it
 )
 
 if __name__ == "__main__":

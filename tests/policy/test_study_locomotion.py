@@ -3,6 +3,7 @@ Hopper out of the verdicts, resumes."""
 
 import json
 
+import numpy as np
 import pytest
 
 from experiments import _runner
@@ -69,9 +70,24 @@ def _smoke(tmp_path, monkeypatch, cache_root):
     for lv in ("medium_replay_", "medium_expert_"):
         for k in ("target_velocity", "zero_return", "zero_select_return"):
             assert lv + k in summary
-    assert summary["target_velocity"] != summary["medium_replay_target_velocity"]
+    # The floor (medium) lifts a slower level's v* to medium's.
+    assert summary["medium_replay_target_velocity"] >= summary["target_velocity"]
     assert (tmp_path / "run" / "selection_curves.png").is_file()
     return cfg, ckpt, summary
+
+
+def test_level_targets_floor():
+    from experiments import _policy
+
+    raw = {
+        lv: {"infos/x_velocity": np.asarray(v)}
+        for lv, v in (("medium", [1.0, 3.0]), ("expert", [5.0]), ("medium-replay", [0.5]))
+    }
+    levels = ("medium", "medium_replay", "medium_expert")
+    own = _policy.level_targets(raw, levels, 1.5)
+    np.testing.assert_allclose(own, [3.0, 0.75, 4.5])  # 1.5 x (2, 0.5, 3)
+    floored = _policy.level_targets(raw, levels, 1.5, "medium")
+    np.testing.assert_allclose(floored, [3.0, 3.0, 4.5])  # replay lifted to medium's 2
 
 
 def test_bad_env_and_level_raise():
@@ -80,6 +96,8 @@ def test_bad_env_and_level_raise():
         study.STUDY.make_config(True, {"env": "Walker2d-v4"})
     with pytest.raises(_runner.ConfigError, match="levels"):
         study.STUDY.make_config(True, {"levels": ("expert",)})
+    with pytest.raises(_runner.ConfigError, match="target_floor"):
+        study.STUDY.make_config(True, {"target_floor": "expert"})
 
 
 def test_locomotion_study_smoke(tmp_path, monkeypatch, tiny_hopper_cache, fast_compile):
