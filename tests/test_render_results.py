@@ -1,4 +1,4 @@
-"""The reproduction report's RWEFM rule on hand-made summaries (docs/render_results.py)."""
+"""The reproduction report's rules and tables on hand-made summaries (docs/render_results.py)."""
 
 import importlib.util
 import sys
@@ -61,3 +61,29 @@ def test_a_study_run_in_parts_is_read_from_its_part_folders(tmp_path, monkeypatc
     # a whole-study folder wins over parts
     write(tmp_path / "rwefm_protein", _summary(good, bad))
     assert [part for part, _, _ in render._runs("rwefm_protein")] == [""]
+
+
+def _phase(tuned=1, uncertified=0, eig=0.0):
+    grid = [[[0.9, 0.1], [0.2, 0.0]]]  # [panel][dpq][sep]
+    s = {"dpq_grid": [0.3, 0.5], "sep_grid": [2.0, 4.0], "panels": ["K2_d1"], "trials": 20,
+         "synergy_cells_tuned": tuned, "synergy_cells_fixed": 0,
+         "synergy_cell_list_tuned": [["K2_d1", 0.3, 2.0]] * tuned, "synergy_cell_list_fixed": [],
+         "uncertified_solves": uncertified, "max_min_eig_violation": eig}  # fmt: skip
+    for regime in ("fixed", "tuned"):
+        for p in render.CVXCLUST_PROGRAMS:
+            s[f"{regime}_{p}_recovery"] = grid
+    return s
+
+
+def test_cvxclust_rule_needs_certified_solves_and_table_marks_synergy():
+    def verdict(s):
+        return render._cvxclust({"cvxclust_phase": s})[0]
+
+    assert verdict(_phase()) == "reproduced"
+    assert verdict(_phase(tuned=0)) == "not reproduced"
+    assert verdict(_phase(uncertified=2)) == "not measured"
+    assert verdict(_phase(eig=-1e-3)) == "not measured"
+    rows = [line for line in render._cvxclust_table(_phase()) if line.startswith("| 0.")]
+    assert len(rows) == 4  # two regimes x two dpq rows
+    bold = "**0.90 / 0.90 / 0.90 / 0.90**"
+    assert bold in rows[2] and bold not in rows[0]  # tuned lists the cell, fixed does not
