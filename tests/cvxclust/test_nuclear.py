@@ -259,6 +259,9 @@ def test_one_trace_per_jitted_solve(small):
 def test_non_convergence_is_reported(small):
     out = cc.NuclearSolver(tol=1e-12, max_iters=2)(cc.graph_problem(small[0], 1.0))
     assert not bool(out.converged) and int(out.n_iters) == 2
+    # An objective not computed is absent, not a stand-in number.
+    quiet = cc.NuclearSolver(tol=1e-12, max_iters=2, compute_objective=False)
+    assert quiet(cc.graph_problem(small[0], 1.0)).objective is None
 
 
 def test_assign_labels_marks_unsupported_nodes():

@@ -480,7 +480,8 @@ class NuclearOutput(NamedTuple):
       low_rank: ``[n, n]`` the ``L`` iterate (eigen-thresholded; equals ``l`` at convergence).
       dual: ``[n, n]`` scaled ADMM dual.
       rho: final ADMM penalty.
-      objective: ``nuclear_objective(problem, l)`` (NaN-free; 0 when not computed).
+      objective: ``nuclear_objective(problem, l)``; ``None`` when the solver's
+        ``compute_objective`` is False (never a stand-in number).
       rank: number of nonzero eigenvalues kept in the last ``L`` step.
       rank_saturated: with a rank-``k`` eigen step, True if the last step may not have been
         the exact prox: all ``k`` Ritz values exceeded the threshold ``mu / rho`` (in absolute
@@ -507,7 +508,7 @@ class NuclearOutput(NamedTuple):
     low_rank: jax.Array
     dual: jax.Array
     rho: jax.Array
-    objective: jax.Array
+    objective: jax.Array | None
     rank: jax.Array
     rank_saturated: jax.Array
     primal_residuals: jax.Array
@@ -588,7 +589,8 @@ class NuclearSolver:
         eigenvalue (PSD-hard) or the spectral norm (soft) of the ADMM matrix projected off the
         subspace, which must not exceed the threshold ``mu / rho`` for the step to be the
         exact prox (reported in ``rank_saturated``).
-      compute_objective: evaluate ``nuclear_objective`` at the end (a full ``eigvalsh``).
+      compute_objective: evaluate ``nuclear_objective`` at the end (a full ``eigvalsh``);
+        False leaves the output's ``objective`` ``None``.
       relaxation: over-relaxation ``alpha`` in ``(0, 2)`` (Boyd et al. 2011, Sec. 3.4.3;
         Eckstein & Bertsekas 1992): the ``Z`` and dual steps use
         ``alpha L + (1 - alpha) Z_prev`` in place of ``L``; 1 is plain ADMM.
@@ -859,7 +861,7 @@ class NuclearSolver:
             l_out, min_eig = psd_repair(s.z)
         else:
             l_out, min_eig = s.z, min_eigenvalue(s.z)
-        obj = nuclear_objective(problem, l_out) if self.compute_objective else jnp.zeros((), dt)
+        obj = nuclear_objective(problem, l_out) if self.compute_objective else None
         return NuclearOutput(
             l=l_out,
             low_rank=s.l,

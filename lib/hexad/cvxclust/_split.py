@@ -247,7 +247,7 @@ class SplitNuclearSolver:
             return jnp.asarray(padded.max(axis=0), dt)
 
         l = jnp.asarray(l_full, dt)
-        obj = nuclear_objective(problem, l) if self.solver.compute_objective else jnp.zeros((), dt)
+        obj = nuclear_objective(problem, l) if self.solver.compute_objective else None
         return NuclearOutput(
             l=l,
             low_rank=jnp.asarray(lr_full, dt),
