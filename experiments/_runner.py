@@ -466,6 +466,40 @@ class Context:
         with _checkpoints(self._ckpt_root(), tag, init_state, self.resume) as out:
             yield out
 
+    def memo(self, tag: str, fn: Callable[[], Mapping[str, float]]) -> dict[str, float]:
+        """``fn()``, a flat ``{name: number}`` that is slow to compute (one defense's figures,
+        say), kept in ``checkpoint_dir / settings / <tag>.json``: with ``--resume`` and that
+        file, it is read back instead of calling ``fn``. The file is written to a temporary
+        name and renamed, so a stopped run never leaves a partial one, and it is read as JSON
+        numbers only; anything else in it is an error naming the file. Without a checkpoint
+        folder ``fn`` is just called.
+
+        >>> import tempfile
+        >>> ctx = Context("doc", Path(tempfile.mkdtemp()), checkpoint_dir=Path(tempfile.mkdtemp()))
+        >>> ctx.memo("a", lambda: {"x": 1.5})
+        {'x': 1.5}
+        >>> ctx.resume = True
+        >>> ctx.memo("a", lambda: {"x": 2.0})  # restored, not recomputed
+        {'x': 1.5}
+        """
+        root = self._ckpt_root()
+        path = None if root is None else root / f"{tag}.json"
+        if path is not None and self.resume and path.is_file():
+            kept = json.loads(path.read_text(encoding="utf-8"))
+            ok = isinstance(kept, dict) and all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in kept.values()
+            )
+            if not ok:
+                raise ValueError(f"{path}: expected a JSON object of numbers")
+            return {k: float(v) for k, v in kept.items()}
+        out = {k: float(v) for k, v in fn().items()}
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps(out), encoding="utf-8")
+            os.replace(tmp, path)
+        return out
+
     def _ckpt_root(self) -> Path | None:
         if self.checkpoint_dir is None or not self.settings:
             return self.checkpoint_dir

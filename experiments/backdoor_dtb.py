@@ -48,7 +48,9 @@ Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) ab
           17.5 min, the implants' compiles reused), and the step-size selection makes the
           five fine-tuning defenses about 2.5x as long (97 s to 247 s on one BadNets model),
           and the later seeds' calibration adds about 13 min each.
-          With ``--resume`` the implants are restored from their checkpoints.
+          With ``--resume`` the implants are restored from their checkpoints and each
+          finished defense suite (a seed's calibration, its DTB and naive suites, the
+          oracle's FP) from its figures, so a run can be spread over several sittings.
 summary.json (means over ``n_seeds`` seeds; every numeric key also as ``<key>_sd``):
   ``efficacy_<d>`` (1 if the defense brings BadNets' ASR below 0.2 losing < 5 points of
   clean accuracy), ``calib_asr_<d>``, ``calib_acc_<d>``, ``calib_lr_<d>`` (the chosen step
@@ -163,9 +165,9 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
         def log(name, _, seconds):
             ctx.log(seed=seed, stage=tag, defense=name, seconds=round(seconds, 2))
 
-        return bd.benchmark_defenses(
+        return ctx.memo(f"seed{seed}_{tag}", lambda: bd.benchmark_defenses(
             keys[5], model, p, problem, s.test, ds, data, is_poison=s.pois.is_poison, callback=log
-        )
+        ))  # fmt: skip
 
     with stage("badnets"):
         badnets = _backdoor.badnets(cfg, s, opt)

@@ -22,7 +22,7 @@ TINY = {
 }
 
 
-def test_backdoor_dtb_smoke(tmp_path):
+def test_backdoor_dtb_smoke(tmp_path, monkeypatch):
     cfg = backdoor_dtb.STUDY.make_config(True, TINY)
     s = backdoor_dtb.STUDY.execute(
         cfg, out_dir=tmp_path, checkpoint_dir=tmp_path / "ckpt", show_progress=False
@@ -52,6 +52,20 @@ def test_backdoor_dtb_smoke(tmp_path):
     assert "lr_clp+ft_0" not in s and "lr_clp" not in s
     assert math.isfinite(s["surrogate_displacement_ratio"])
     assert (tmp_path / "asr.png").is_file() and (tmp_path / "trajectory.png").is_file()
+    # --resume restores the implants and every finished defense suite: no defense runs again.
+    def no_defense(*args, **kwargs):
+        raise AssertionError("a finished defense suite ran again")
+
+    monkeypatch.setattr(bd, "benchmark_defenses", no_defense)
+    again = backdoor_dtb.STUDY.execute(
+        cfg, out_dir=tmp_path / "again", checkpoint_dir=tmp_path / "ckpt", resume=True,
+        show_progress=False,
+    )  # fmt: skip
+    # timings differ; the implants' training figures are absent when they are restored
+    skip = ("seconds", "runtime", "implant_best_step", "dtb_weight", "_prob_after")
+    for k, v in s.items():
+        if not any(t in k for t in skip):
+            assert again[k] == v or (math.isnan(v) and math.isnan(again[k])), k
 
 
 def test_quick_covers_every_defense():
