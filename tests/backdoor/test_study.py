@@ -52,6 +52,7 @@ def test_backdoor_dtb_smoke(tmp_path, monkeypatch):
     assert "lr_clp+ft_0" not in s and "lr_clp" not in s
     assert math.isfinite(s["surrogate_displacement_ratio"])
     assert (tmp_path / "asr.png").is_file() and (tmp_path / "trajectory.png").is_file()
+
     # --resume restores the implants and every finished defense suite: no defense runs again.
     def no_defense(*args, **kwargs):
         raise AssertionError("a finished defense suite ran again")
