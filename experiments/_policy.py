@@ -1278,6 +1278,22 @@ def level_targets(raw: dict, levels: Sequence[str], frac: float, floor: str = ""
     return frac * (np.maximum(v, mean_velocity(floor)) if floor else v)
 
 
+def joined_parts(raw: dict, batches: dict, parts: Sequence[str]) -> tuple[dict, Any]:
+    """The locomotion data sets ``parts`` joined: their per-transition fields of ``raw``
+    concatenated (each part's last transition marked as a timeout, so that no trajectory runs
+    on into the next part) and their ``batches`` concatenated."""
+    n = {p: len(raw[p]["rewards"]) for p in parts}
+    keys = [k for k, v in raw[parts[0]].items() if np.ndim(v) >= 1 and len(v) == n[parts[0]]]
+
+    def field(p, k):
+        v = np.asarray(raw[p][k])
+        return np.concatenate([v[:-1], np.ones_like(v[-1:])]) if k == "timeouts" else v
+
+    joined = {k: np.concatenate([field(p, k) for p in parts]) for k in keys}
+    batch = jax.tree.map(lambda *xs: jnp.concatenate(xs), *(batches[p] for p in parts))
+    return joined, batch
+
+
 def level_keys(levels: Sequence[str], name: str, values) -> dict:
     """``{name: values[0], "<level>_<name>": values[i]}``: one figure per actor level, the first
     level's without a prefix (the summary's convention)."""

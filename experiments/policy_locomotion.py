@@ -6,13 +6,16 @@ an SAC run of ``data_steps`` online steps on ``env`` gives the *random*, *medium
 *medium-replay* levels. Offline, IQL (rewards scaled by 1000 / (max - min trajectory return), as
 the IQL reference) trains one frozen actor per level of ``levels``: ``medium``,
 ``medium_replay`` and ``medium_expert`` (medium and expert together). The good prior is
-velocity-conditioned BC on the medium-replay data, its goal the hindsight mean x velocity over
-the next ``velocity_horizon`` steps. Priors, likelihood spaces, the KL-budget sweep (full and
-mean-only KL), the selection/test split and the decision rules are those of
-``experiments.policy_pointmaze`` (see its docstring), with: the data-corrupted prior trained on
-velocity goals shuffled across trajectories; one CQL guide (velocity-conditioned, trained on the
-replay data with the tracking reward of each transition's own goal); selection episodes reset
-with seeds ``1000 s + 500 + i``, test episodes with ``1000 s + i`` (other starts).
+velocity-conditioned BC on the ``prior_data`` levels together (medium-replay, medium and
+expert: a prior that has seen running at the speeds the actors are asked for; on the replay
+data alone it is itself worse than the weak actor at that actor's target), its goal the
+hindsight mean x velocity over the next ``velocity_horizon`` steps. Priors, likelihood
+spaces, the KL-budget sweep (full and mean-only KL), the selection/test split and the
+decision rules are those of ``experiments.policy_pointmaze`` (see its docstring), with: the
+data-corrupted prior trained on velocity goals shuffled across trajectories; one CQL guide
+(velocity-conditioned, trained on the prior's data with the tracking reward of each
+transition's own goal); selection episodes reset with seeds ``1000 s + 500 + i``, test
+episodes with ``1000 s + i`` (other starts).
 
 Shifted objective, one per actor level: the actor of level L tracks ``v*_L =
 target_velocity_frac`` times the mean x velocity of its own data (medium-expert: medium and
@@ -108,21 +111,22 @@ class Config(_policy.DecisiveConfig):
     velocity_horizon: int = 10
     target_velocity_frac: float = 1.5
     target_floor: str = "medium"
+    prior_data: tuple[str, ...] = ("medium-replay", "medium", "expert")
 
     def __post_init__(self):
         super().__post_init__()
         _runner.one_of(self, offline_rl.LOCOMOTION_ENVS, "env")
         _runner.one_of(self, LEVELS, "levels")
         _runner.one_of(self, ("", *LEVELS), "target_floor")
+        _runner.one_of(self, ("medium-replay", "medium", "expert"), "prior_data")
+        _runner.require(len(self.prior_data) > 0, "prior_data", "expected at least one level")
         _runner.at_least(self, 1, "data_steps", "data_hidden", "data_per_level", "velocity_horizon")
         _runner.at_least(self, 1, "data_snapshot_every", "data_eval_steps")
         _runner.at_least(self, 0, "data_start_steps")
 
     def data(self, level: str, seed: int, progress=None) -> dict:
-        kw = {
-            k.removeprefix("data_"): getattr(self, k)
-            for k in ("data_start_steps", "data_snapshot_every", "data_eval_steps")
-        }
+        names = ("data_start_steps", "data_snapshot_every", "data_eval_steps")
+        kw = {k.removeprefix("data_"): getattr(self, k) for k in names}
         return policy.locomotion_dataset(
             self.env,
             level,
@@ -141,7 +145,7 @@ def setup(cfg: Config, ctx, seed: int, key) -> tuple[_policy.Setup, dict]:
     norm = policy.Normaliser.fit(np.concatenate([r["observations"] for r in raw.values()]))
     b = {lv: norm.batch(policy.batch_from_dataset(r)) for lv, r in raw.items()}
     levels = _policy.locomotion_levels(raw, b)
-    rep_raw, rep = raw["medium-replay"], b["medium-replay"]
+    rep_raw, rep = _policy.joined_parts(raw, b, cfg.prior_data)  # the priors' and guide's
     vg = policy.velocity_goals(rep_raw, cfg.velocity_horizon)
     ends = policy.trajectory_ends(rep_raw["terminals"], rep_raw["timeouts"])
     bad = policy.shuffle_goals_across_trajectories(key, np.asarray(vg.inputs(vg.goals)), ends)
@@ -185,13 +189,9 @@ def setup(cfg: Config, ctx, seed: int, key) -> tuple[_policy.Setup, dict]:
         task_per_level=True,
     )
     n_lv = len(cfg.levels)
-    zero = evaluate(
-        lambda o, sp: np.zeros((len(o), b["medium"].actions.shape[1])),
-        np.zeros((cfg.n_test * n_lv, 1)),
-        np.tile(np.arange(cfg.n_test), n_lv),
-        "test",
-        np.repeat(np.arange(n_lv), cfg.n_test),
-    ).reshape(n_lv, cfg.n_test)
+    zero_policy = lambda o, sp: np.zeros((len(o), b["medium"].actions.shape[1]))  # noqa: E731
+    rows = np.tile(np.arange(cfg.n_test), n_lv), "test", np.repeat(np.arange(n_lv), cfg.n_test)
+    zero = evaluate(zero_policy, np.zeros((cfg.n_test * n_lv, 1)), *rows).reshape(n_lv, -1)
     m = raw["medium"]
     extra = _policy.level_keys(cfg.levels, "target_velocity", v_star)
     extra |= _policy.level_keys(cfg.levels, "zero_return", zero.mean(1))

@@ -90,6 +90,25 @@ def test_level_targets_floor():
     np.testing.assert_allclose(floored, [3.0, 3.0, 4.5])  # replay lifted to medium's 2
 
 
+def test_joined_parts_keep_trajectories_apart():
+    from experiments import _policy
+    from hexad import policy
+
+    def part(v, timeouts):
+        n = len(v)
+        return {"infos/x_velocity": np.asarray(v), "rewards": np.zeros(n), "meta/x": 1.0,
+                "terminals": np.zeros(n), "timeouts": np.asarray(timeouts, float)}  # fmt: skip
+
+    raw = {"a": part([1.0, 3.0], [0, 0]), "b": part([5.0, 7.0, 9.0], [0, 1, 0])}
+    batches = {"a": np.zeros((2, 1)), "b": np.ones((3, 1))}
+    joined, batch = _policy.joined_parts(raw, batches, ("a", "b"))
+    assert "meta/x" not in joined and batch.shape == (5, 1) and batch[2:].all()
+    np.testing.assert_array_equal(joined["timeouts"], [0, 1, 0, 1, 1])
+    # a's window does not run into b: hindsight means over 2 steps within each trajectory
+    goals = policy.velocity_goals(joined, 2, eps=0.0).goals
+    np.testing.assert_allclose(goals, [2.0, 3.0, 6.0, 7.0, 9.0])
+
+
 def test_bad_env_and_level_raise():
     assert study.Config().env == "HalfCheetah-v5"  # the full study's verdicts: HalfCheetah only
     with pytest.raises(_runner.ConfigError, match="env"):
@@ -98,6 +117,9 @@ def test_bad_env_and_level_raise():
         study.STUDY.make_config(True, {"levels": ("expert",)})
     with pytest.raises(_runner.ConfigError, match="target_floor"):
         study.STUDY.make_config(True, {"target_floor": "expert"})
+    for bad in (("random",), ()):
+        with pytest.raises(_runner.ConfigError, match="prior_data"):
+            study.STUDY.make_config(True, {"prior_data": bad})
 
 
 def test_locomotion_study_smoke(tmp_path, monkeypatch, tiny_hopper_cache, fast_compile):
