@@ -63,12 +63,14 @@ def test_a_study_run_in_parts_is_read_from_its_part_folders(tmp_path, monkeypatc
     assert [part for part, _, _ in render._runs("rwefm_protein")] == [""]
 
 
-def _phase(tuned=1, uncertified=0, eig=0.0):
+def _phase(tuned=1, uncertified=(), eig=0.0, count=None):
     grid = [[[0.9, 0.1], [0.2, 0.0]]]  # [panel][dpq][sep]
     s = {"dpq_grid": [0.3, 0.5], "sep_grid": [2.0, 4.0], "panels": ["K2_d1"], "trials": 20,
          "synergy_cells_tuned": tuned, "synergy_cells_fixed": 0,
          "synergy_cell_list_tuned": [["K2_d1", 0.3, 2.0]] * tuned, "synergy_cell_list_fixed": [],
-         "uncertified_solves": uncertified, "max_min_eig_violation": eig}  # fmt: skip
+         "uncertified_solves": len(uncertified) if count is None else count,
+         "uncertified_list": [[p, "K2_d1", 0.3, 2.0, 1.0] for p in uncertified],
+         "max_min_eig_violation": eig}  # fmt: skip
     for regime in ("fixed", "tuned"):
         for p in render.CVXCLUST_PROGRAMS:
             s[f"{regime}_{p}_recovery"] = grid
@@ -81,8 +83,10 @@ def test_cvxclust_rule_needs_certified_solves_and_table_marks_synergy():
 
     assert verdict(_phase()) == "reproduced"
     assert verdict(_phase(tuned=0)) == "not reproduced"
-    assert verdict(_phase(uncertified=2)) == "not measured"
-    assert verdict(_phase(eig=-1e-3)) == "not measured"
+    assert verdict(_phase(uncertified=("joint",))) == "not measured"
+    assert verdict(_phase(uncertified=("linear",), count=21)) == "not measured"  # not all listed
+    # the surrogate is not one of the compared programs; the eigenvalue is reported
+    assert verdict(_phase(uncertified=("linear", "linear"), eig=-1e-5)) == "reproduced"
     rows = [line for line in render._cvxclust_table(_phase()) if line.startswith("| 0.")]
     assert len(rows) == 4  # two regimes x two dpq rows
     bold = "**0.90 / 0.90 / 0.90 / 0.90**"
