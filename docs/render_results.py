@@ -114,7 +114,8 @@ def _cvxclust(summaries: Summaries) -> tuple[str, str]:
     s = summaries["cvxclust_phase"]
     tuned, fixed = int(s["synergy_cells_tuned"]), int(s["synergy_cells_fixed"])
     bad, eig = int(s["uncertified_solves"]), float(s["max_min_eig_violation"])
-    listed = {str(e[0]) for e in s["uncertified_list"]}
+    per = s.get("uncertified_by_program")  # absent: only the first 20 are listed
+    listed = {p for p, c in per.items() if c} if per else {str(e[0]) for e in s["uncertified_list"]}
     which = f" ({', '.join(sorted(listed))})" if listed else ""
     reason = (
         f"cvxclust_phase: {tuned} synergy cell(s) with every program tuned on the same grid, "
@@ -122,7 +123,7 @@ def _cvxclust(summaries: Summaries) -> tuple[str, str]:
         f"{bad} uncertified solve(s){which}, most negative eigenvalue of a PSD-hard solve "
         f"{eig:.2g})"
     )
-    if bad > len(s["uncertified_list"]) or listed & set(CVXCLUST_COMPARED):
+    if (not per and bad > len(s["uncertified_list"])) or listed & set(CVXCLUST_COMPARED):
         return "not measured", reason + ": a solve of a compared program is not certified"
     return ("reproduced" if tuned > 0 else "not reproduced"), reason
 

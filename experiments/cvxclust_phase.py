@@ -57,9 +57,10 @@ summary.json keys: ``dpq_grid``, ``sep_grid``, ``panels`` (``"K{k}_d{d}"``); for
 ``synergy_cells_fixed``, ``synergy_cells_tuned`` (counts) and
 ``synergy_cell_list_fixed``, ``synergy_cell_list_tuned`` (``[panel, dpq, sep]``);
 ``max_min_eig_violation`` (most negative eigenvalue over all PSD-hard solves);
-``uncertified_solves`` (count) and ``uncertified_list`` (up to 20 ``[program, panel, dpq,
-sep, factor]``); ``n``, ``trials``, ``grid``; ``graph_threshold`` and ``feature_threshold``
-(the overlays: exact-recovery ``dpq`` per ``K``, and ``s`` with ``Phi(s/2)^n = 1/2``).
+``uncertified_solves`` (count), ``uncertified_list`` (up to 20 ``[program, panel, dpq,
+sep, factor]``) and ``uncertified_by_program`` (count per program); ``n``, ``trials``,
+``grid``; ``graph_threshold`` and ``feature_threshold`` (the overlays: exact-recovery ``dpq``
+per ``K``, and ``s`` with ``Phi(s/2)^n = 1/2``).
 """
 
 from __future__ import annotations
@@ -166,6 +167,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         "max_min_eig_violation": worst,
         "uncertified_solves": len(bad),
         "uncertified_list": bad[:20],
+        "uncertified_by_program": {p: sum(b[0] == p for b in bad) for p in P},
         "n": cfg.n,
         "trials": cfg.trials,
         "grid": list(cfg.grid),

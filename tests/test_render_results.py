@@ -85,6 +85,11 @@ def test_cvxclust_rule_needs_certified_solves_and_table_marks_synergy():
     assert verdict(_phase(tuned=0)) == "not reproduced"
     assert verdict(_phase(uncertified=("joint",))) == "not measured"
     assert verdict(_phase(uncertified=("linear",), count=21)) == "not measured"  # not all listed
+    full = _phase(uncertified=("linear",), count=29)
+    full["uncertified_by_program"] = {"linear": 29, "joint": 0}  # the complete count
+    assert verdict(full) == "reproduced"
+    full["uncertified_by_program"]["joint"] = 1
+    assert verdict(full) == "not measured"
     # the surrogate is not one of the compared programs; the eigenvalue is reported
     assert verdict(_phase(uncertified=("linear", "linear"), eig=-1e-5)) == "reproduced"
     rows = [line for line in render._cvxclust_table(_phase()) if line.startswith("| 0.")]

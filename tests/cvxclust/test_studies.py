@@ -23,6 +23,7 @@ def test_phase_study_smoke(tmp_path):
     assert s["fixed_graph_recovery"][0][0] == [0.0, 0.0]
     assert s["max_min_eig_violation"] >= -1e-5  # float32 solves
     assert isinstance(s["uncertified_solves"], int)
+    assert sum(s["uncertified_by_program"].values()) == s["uncertified_solves"]
     assert (tmp_path / "phase_fixed.png").exists() and (tmp_path / "phase_tuned.png").exists()
 
 
