@@ -193,7 +193,8 @@ def _plot(ctx, cfg: Config, panels, diff, syn, regime: str) -> None:
             ax.axvline(x, color="k", ls=":", lw=1, label="features: Phi(s/2)^n = 1/2")
         for i, j in zip(*np.nonzero(s), strict=True):
             ax.text(j, i, "S", ha="center", va="center", color="k", fontweight="bold")
-        ax.set(title=f"K={k}, d={d}: joint - max(single)", xlabel="sep", ylabel="p - q")
+        ax.set(title=f"K={k}, d={d}", xlabel="sep", ylabel="p - q")
+    fig.suptitle(f"recovery rate, joint - max(graph, node), {regime} weights (S: synergy)")
     axes[0][0].legend(fontsize=6, loc="upper right")
     fig.colorbar(im, ax=axes, shrink=0.8)
     ctx.save_plot(fig, f"phase_{regime}")
