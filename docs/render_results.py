@@ -114,6 +114,7 @@ def _cvxclust(summaries: Summaries) -> tuple[str, str]:
     s = summaries["cvxclust_phase"]
     tuned, fixed = int(s["synergy_cells_tuned"]), int(s["synergy_cells_fixed"])
     bad, eig = int(s["uncertified_solves"]), float(s["max_min_eig_violation"])
+    surrogate = {r: _cvxclust_synergy(s, r, "linear") for r in ("fixed", "tuned")}
     per = s.get("uncertified_by_program")  # absent: only the first 20 are listed
     listed = {p for p, c in per.items() if c} if per else {str(e[0]) for e in s["uncertified_list"]}
     which = f" ({', '.join(sorted(listed))})" if listed else ""
@@ -121,11 +122,27 @@ def _cvxclust(summaries: Summaries) -> tuple[str, str]:
         f"cvxclust_phase: {tuned} synergy cell(s) with every program tuned on the same grid, "
         f"{fixed} with the weights fixed in advance ({int(s['trials'])} trials per cell; "
         f"{bad} uncertified solve(s){which}, most negative eigenvalue of a PSD-hard solve "
-        f"{eig:.2g})"
+        f"{eig:.2g}); by the same rule the linear-reward surrogate in place of the joint "
+        f"program has {surrogate['tuned']} tuned and {surrogate['fixed']} fixed"
     )
     if (not per and bad > len(s["uncertified_list"])) or listed & set(CVXCLUST_COMPARED):
         return "not measured", reason + ": a solve of a compared program is not certified"
     return ("reproduced" if tuned > 0 else "not reproduced"), reason
+
+
+def _cvxclust_synergy(s: Mapping[str, Any], regime: str, joint: str) -> int:
+    """The phase study's synergy cells with program ``joint`` as the joint one: its rate
+    >= 0.5, graph and node <= 0.3, its Wilson lower bound above both of their upper bounds."""
+    g = {p: s[f"{regime}_{p}_recovery"] for p in ("graph", "node", joint)}
+    lo, hi = s[f"{regime}_{joint}_lo"], {p: s[f"{regime}_{p}_hi"] for p in ("graph", "node")}
+    return sum(
+        g[joint][a][i][j] >= 0.5
+        and max(g["graph"][a][i][j], g["node"][a][i][j]) <= 0.3
+        and lo[a][i][j] > max(hi["graph"][a][i][j], hi["node"][a][i][j])
+        for a in range(len(g[joint]))
+        for i in range(len(g[joint][a]))
+        for j in range(len(g[joint][a][i]))
+    )
 
 
 #: The phase study's programs, in the order of its tables, and those its synergy rule compares.

@@ -180,7 +180,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
 def _plot(ctx, cfg: Config, panels, diff, syn, regime: str) -> None:
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
     sep, dpq = np.asarray(cfg.sep), np.asarray(cfg.dpq)
     for ax, (k, d), m, s in zip(axes[0], panels, diff, syn, strict=True):
         im = ax.imshow(m, origin="lower", vmin=-1, vmax=1, cmap="RdBu", aspect="auto")
@@ -194,7 +194,7 @@ def _plot(ctx, cfg: Config, panels, diff, syn, regime: str) -> None:
         for i, j in zip(*np.nonzero(s), strict=True):
             ax.text(j, i, "S", ha="center", va="center", color="k", fontweight="bold")
         ax.set(title=f"K={k}, d={d}", xlabel="sep", ylabel="p - q")
-    fig.suptitle(f"recovery rate, joint - max(graph, node), {regime} weights (S: synergy)")
+    fig.suptitle(f"recovery rate, joint - max(graph, node), {regime} weights (S: synergy)", y=1.03)
     axes[0][0].legend(fontsize=6, loc="upper right")
     fig.colorbar(im, ax=axes, shrink=0.8)
     ctx.save_plot(fig, f"phase_{regime}")

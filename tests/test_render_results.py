@@ -74,6 +74,8 @@ def _phase(tuned=1, uncertified=(), eig=0.0, count=None):
     for regime in ("fixed", "tuned"):
         for p in render.CVXCLUST_PROGRAMS:
             s[f"{regime}_{p}_recovery"] = grid
+            s[f"{regime}_{p}_lo"] = [[[0.7, 0.0], [0.05, 0.0]]]
+            s[f"{regime}_{p}_hi"] = [[[0.97, 0.3], [0.4, 0.16]]]
     return s
 
 
@@ -92,6 +94,14 @@ def test_cvxclust_rule_needs_certified_solves_and_table_marks_synergy():
     assert verdict(full) == "not measured"
     # the surrogate is not one of the compared programs; the eigenvalue is reported
     assert verdict(_phase(uncertified=("linear", "linear"), eig=-1e-5)) == "reproduced"
+    # the same rule with another joint program: every program has the same grid here, so the
+    # singles are at 0.9 too and no cell qualifies; with low singles the 0.9 cell does
+    s = _phase()
+    assert render._cvxclust_synergy(s, "tuned", "linear") == 0
+    for p in ("graph", "node"):
+        s[f"tuned_{p}_recovery"] = [[[0.1, 0.1], [0.2, 0.0]]]
+        s[f"tuned_{p}_hi"] = [[[0.3, 0.3], [0.4, 0.16]]]
+    assert render._cvxclust_synergy(s, "tuned", "linear") == 1
     rows = [line for line in render._cvxclust_table(_phase()) if line.startswith("| 0.")]
     assert len(rows) == 4  # two regimes x two dpq rows
     bold = "**0.90 / 0.90 / 0.90 / 0.90**"
