@@ -7,9 +7,9 @@ an SAC run of ``data_steps`` online steps on ``env`` gives the *random*, *medium
 the IQL reference) trains one frozen actor per level of ``levels``: ``medium``,
 ``medium_replay`` and ``medium_expert`` (medium and expert together). The good prior is
 velocity-conditioned BC on the ``prior_data`` levels together (medium-replay, medium and
-expert: a prior that has seen running at the speeds the actors are asked for; on the replay
-data alone it is itself worse than the weak actor at that actor's target), its goal the
-hindsight mean x velocity over the next ``velocity_horizon`` steps. Priors, likelihood
+expert: a prior that has seen running at the speeds the actors are asked for, which the
+mostly slow replay data alone seldom reaches), its goal the hindsight mean x velocity over the
+next ``velocity_horizon`` steps. Priors, likelihood
 spaces, the KL-budget sweep (full and mean-only KL), the selection/test split and the
 decision rules are those of ``experiments.policy_pointmaze`` (see its docstring), with: the
 data-corrupted prior trained on velocity goals shuffled across trajectories; one CQL guide
