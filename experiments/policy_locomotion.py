@@ -49,10 +49,10 @@ Command:  python -m experiments.policy_locomotion [--quick] [--out DIR] [--seed 
           checkpointed through hexad.cachex in ``--ckpt``/seed<s>; ``--resume`` restores them.
 Runtime:  --quick (3000 SAC steps, 64-wide, 1000 updates, 1 seed, 2 selection and 3 test
           episodes of 50 steps, budgets 0.3 and 3 x d only): about 2 min on 2 idle cores.
-          Full (3 seeds, HalfCheetah): 44 min wall on 2 CPU cores shared with other work
-          (about 8 of them paused), from an empty data cache; ``--resume`` restores the
-          networks and reruns the evaluation only: 28 min beside other work
-          (results/policy_locomotion).
+          Full (3 seeds, HalfCheetah): about 44 min wall on 2 CPU cores shared with other
+          work from an empty data cache, 38 min with the data cached beside the test suite
+          (results/policy_locomotion); ``--resume`` restores the networks and reruns the
+          evaluation only (28 min beside other work).
 
 summary.json keys: those of ``experiments.policy_pointmaze`` (``verdict_graceful_Q``,
 ``verdict_additive_below_poe_Q``, ``verdict_selector_Q``, ``actor_beats_zero``, their
