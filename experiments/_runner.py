@@ -466,13 +466,14 @@ class Context:
         with _checkpoints(self._ckpt_root(), tag, init_state, self.resume) as out:
             yield out
 
-    def memo(self, tag: str, fn: Callable[[], Mapping[str, float]]) -> dict[str, float]:
-        """``fn()``, a flat ``{name: number}`` that is slow to compute (one defense's figures,
-        say), kept in ``checkpoint_dir / settings / <tag>.json``: with ``--resume`` and that
-        file, it is read back instead of calling ``fn``. The file is written to a temporary
-        name and renamed, so a stopped run never leaves a partial one, and it is read as JSON
-        numbers only; anything else in it is an error naming the file. Without a checkpoint
-        folder ``fn`` is just called.
+    def memo(self, tag: str, fn: Callable[[], Mapping[str, Any]]) -> dict[str, Any]:
+        """``fn()``, a flat ``{name: number or bool}`` that is slow to compute (one defense's
+        figures, say), kept in ``checkpoint_dir / settings / <tag>.json``: with ``--resume``
+        and that file, it is read back instead of calling ``fn``. Values come back as Python
+        ``bool``, ``int`` or ``float``, computed or restored alike. The file is written to a
+        temporary name and renamed, so a stopped run never leaves a partial one, and it is read
+        as JSON numbers and booleans only; anything else in it is an error naming the file.
+        Without a checkpoint folder ``fn`` is just called.
 
         >>> import tempfile
         >>> ctx = Context("doc", Path(tempfile.mkdtemp()), checkpoint_dir=Path(tempfile.mkdtemp()))
@@ -486,13 +487,11 @@ class Context:
         path = None if root is None else root / f"{tag}.json"
         if path is not None and self.resume and path.is_file():
             kept = json.loads(path.read_text(encoding="utf-8"))
-            ok = isinstance(kept, dict) and all(
-                isinstance(v, int | float) and not isinstance(v, bool) for v in kept.values()
-            )
+            ok = isinstance(kept, dict) and all(isinstance(v, int | float) for v in kept.values())
             if not ok:
-                raise ValueError(f"{path}: expected a JSON object of numbers")
-            return {k: float(v) for k, v in kept.items()}
-        out = {k: float(v) for k, v in fn().items()}
+                raise ValueError(f"{path}: expected a JSON object of numbers and booleans")
+            return kept
+        out = {k: _plain_scalar(v) for k, v in fn().items()}
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.tmp")
@@ -603,6 +602,17 @@ def _checkpoints(root: Path | None, tag: str, init_state: Any, resume: bool):
         start, state = cachex.resume(mngr, init_state, resume)
         yield start, state, lambda step, st: mngr.save(step, st)
         mngr.wait_until_finished()
+
+
+def _plain_scalar(v: Any) -> bool | int | float:
+    """A host scalar (numpy's too) as Python ``bool``, ``int`` or ``float``."""
+    import numpy as np
+
+    if isinstance(v, bool | np.bool_):
+        return bool(v)
+    if isinstance(v, int | np.integer):
+        return int(v)
+    return float(v)
 
 
 def _last_of_each(c: int, info: Any) -> dict[str, float]:

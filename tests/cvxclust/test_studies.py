@@ -27,9 +27,20 @@ def test_phase_study_smoke(tmp_path):
     assert (tmp_path / "phase_fixed.png").exists() and (tmp_path / "phase_tuned.png").exists()
 
 
-def test_planetoid_study_smoke_karate(tmp_path):
+def test_planetoid_study_smoke_karate(tmp_path, monkeypatch):
     study = cvxclust_planetoid.STUDY
-    s = study.execute(study.make_config(True), out_dir=tmp_path, show_progress=False)
+    kw = {"checkpoint_dir": tmp_path / "ckpt", "show_progress": False}
+    s = study.execute(study.make_config(True), out_dir=tmp_path / "a", **kw)
+    # --resume restores every grid value's figures: no program is solved again.
+    from experiments import _cvxclust
+
+    def no_solve(*args, **kwargs):
+        raise AssertionError("a finished solve ran again")
+
+    monkeypatch.setattr(_cvxclust, "predict", no_solve)
+    again = study.execute(study.make_config(True), out_dir=tmp_path / "b", resume=True, **kw)
+    s.pop("runtime_s"), again.pop("runtime_s")
+    assert again == s and isinstance(s["karate_graph_certified"], bool)
     for p in ("graph", "node", "joint", "linear"):
         for tail in ("acc", "coverage", "covered_acc", "val_acc", "choice", "certified"):
             assert f"karate_{p}_{tail}" in s
