@@ -106,3 +106,18 @@ def test_cvxclust_rule_needs_certified_solves_and_table_marks_synergy():
     assert len(rows) == 4  # two regimes x two dpq rows
     bold = "**0.90 / 0.90 / 0.90 / 0.90**"
     assert bold in rows[2] and bold not in rows[0]  # tuned lists the cell, fixed does not
+
+
+def test_planetoid_table_has_a_row_per_program_and_skips_absent_data_sets():
+    s = {"karate_linear_lr_acc": 0.5, "karate_lp_acc": 0.9}
+    for p in render.CVXCLUST_PROGRAMS:
+        s |= {f"karate_{p}_acc": 0.8, f"karate_{p}_coverage": 0.9, f"karate_{p}_covered_acc": 0.85,
+              f"karate_{p}_choice": 1.0, f"karate_{p}_certified": p != "linear"}  # fmt: skip
+    lines = render._planetoid_table(s)
+    rows = [
+        line
+        for line in lines
+        if line.startswith("| ") and "program" not in line and "---" not in line
+    ]
+    assert len(rows) == 4 and "| linear | 0.8 | 0.9 | 0.85 | 1 | False | - |" in rows
+    assert not any("cora" in line for line in lines)
