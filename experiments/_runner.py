@@ -486,7 +486,10 @@ class Context:
         root = self._ckpt_root()
         path = None if root is None else root / f"{tag}.json"
         if path is not None and self.resume and path.is_file():
-            kept = json.loads(path.read_text(encoding="utf-8"))
+            try:
+                kept = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError:  # not JSON (nor UTF-8) at all
+                kept = None
             ok = isinstance(kept, dict) and all(isinstance(v, int | float) for v in kept.values())
             if not ok:
                 raise ValueError(f"{path}: expected a JSON object of numbers and booleans")

@@ -444,3 +444,25 @@ def test_resume_restores_only_checkpoints_of_the_same_settings(tmp_path):
     assert go(True, n=11) == (True, 11.0)  # its own settings' checkpoint, written just above
     with pytest.raises(ValueError, match="resume_shared: unknown config keys"):
         _runner.Study("bad", _Cfg, run, resume_shared=("nope",))
+
+
+def test_memo_keeps_types_and_refuses_a_bad_file(tmp_path):
+    import numpy as np
+
+    ctx = _runner.Context("t", tmp_path, checkpoint_dir=tmp_path / "ckpt", settings="s")
+    fig = {"acc": np.float32(0.5), "iters": np.int64(7), "certified": np.bool_(True)}
+    out = ctx.memo("a", lambda: fig)
+    assert out == {"acc": 0.5, "iters": 7, "certified": True}
+    assert [type(v) for v in out.values()] == [float, int, bool]
+    ctx.resume = True
+    assert ctx.memo("a", lambda: {"acc": 1.0}) == out  # restored, with the same types
+    path = tmp_path / "ckpt" / "s" / "a.json"
+    for bad in ("{not json", '{"acc": "0.5"}', "[1, 2]", "\udcff"):
+        path.write_text(bad, encoding="utf-8", errors="surrogateescape")
+        with pytest.raises(ValueError, match="a.json"):
+            ctx.memo("a", lambda: {"acc": 1.0})
+    # without --resume the figures are computed again; without a folder nothing is kept
+    ctx.resume = False
+    assert ctx.memo("a", lambda: {"acc": 1.0}) == {"acc": 1.0}
+    bare = _runner.Context("t", tmp_path)
+    assert bare.memo("a", lambda: {"x": 2}) == {"x": 2}
