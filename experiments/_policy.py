@@ -1282,8 +1282,8 @@ def joined_parts(raw: dict, batches: dict, parts: Sequence[str]) -> tuple[dict, 
     """The locomotion data sets ``parts`` joined: their per-transition fields of ``raw``
     concatenated (each part's last transition marked as a timeout, so that no trajectory runs
     on into the next part) and their ``batches`` concatenated."""
-    n = {p: len(raw[p]["rewards"]) for p in parts}
-    keys = [k for k, v in raw[parts[0]].items() if np.ndim(v) >= 1 and len(v) == n[parts[0]]]
+    n = len(raw[parts[0]]["rewards"])
+    keys = [k for k, v in raw[parts[0]].items() if np.ndim(v) >= 1 and len(v) == n]
 
     def field(p, k):
         v = np.asarray(raw[p][k])
