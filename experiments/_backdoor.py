@@ -235,6 +235,29 @@ class Setup:
     keys: Any
 
 
+def implants(ctx: Any, stage: Stages, cfg: Any, s: Setup, arms: dict, opt, seed: int):
+    """Returns ``(models, infos)``: the study's implants. A shared warm phase of
+    ``cfg.warm_steps`` on ``arms["naive"]``'s objective from ``s.p0`` (none at 0), then each
+    arm ``tag: (config, implant kwargs)`` ``cfg.dtb_steps`` from it, keeping the checkpoint
+    best on the attacker's held-out images; each checkpointed for ``--resume`` (``infos``
+    holds the arms trained in this run)."""
+    models, infos = {}, {}
+    (xa, ya), h = s.attacker, s.held  # the attacker's images stand in for the clean split too
+    with stage("implant_warm"), ctx.checkpointed(f"seed{seed}_warm", s.p0) as (st, warm, save):
+        if st == 0 and cfg.warm_steps:
+            warm = bd.implant(s.keys[8], s.model, s.p0, s.problem, xa, ya, xa, ya,
+                              arms["naive"][0], opt, cfg.warm_steps, cfg.batch_size)[0]  # fmt: skip
+            save(0, warm)
+    for tag, (c, kw) in arms.items():
+        with stage(f"implant_{tag}"), ctx.checkpointed(f"seed{seed}_{tag}", warm) as (st, p, save):
+            if st == 0:
+                args = (s.keys[4], s.model, warm, s.problem, xa, ya, xa, ya, c, opt)
+                p, infos[tag] = bd.implant(*args, cfg.dtb_steps, cfg.batch_size, held=h, **kw)
+                save(0, p)
+        models[tag] = p
+    return models, infos
+
+
 def make_model(cfg: Any, num_classes: int = 10):
     """The study's classifier: ``cfg.model`` ``"cnn"`` (:class:`hexad.backdoor.SmallCNN`) or
     ``"preact"`` (:class:`hexad.backdoor.PreActResNet`)."""

@@ -28,13 +28,19 @@ too; ``--set train_pad=0`` trains without it (then fine-tuning meets a distribut
 2. Surrogate matching: the DTB surrogate's step size is rescaled so that its ``"ft"``
    member moves the BadNets model's weights as far as the real FT does.
 3. Three implants from the same start and data (decoy at ``poison_rate`` of each batch,
-   target ``decoy_target``; hidden blend trigger, target ``hidden_target``): a naive
-   two-backdoor model (no post-sanitisation term), DTB (surrogate drawn from ``family`` each
-   outer step) and, on the first seed only, an oracle DTB trained against fine-pruning's own
-   mask (``"mask_ft"``), the control for whether this model can carry the effect at all.
-   Each implant trains on the attacker's images less a held-out tenth and keeps the
-   checkpoint with the lowest DTB objective on that tenth (``hexad.backdoor.implant``, every
-   20 steps): a run whose clean accuracy collapses late returns its best earlier state.
+   target ``decoy_target``; hidden blend trigger, target ``hidden_target``). The start is a
+   shared warm phase of ``warm_steps`` on the naive objective (task, decoy, hidden trigger
+   dormant; no post-sanitisation term), so that every arm begins from a model that carries
+   the decoy: from the initialisation the post-sanitisation term holds the network near
+   chance accuracy and the decoy is never learnt, and the naive objective needs about
+   BadNets' budget to learn the decoy (``warm_steps + dtb_steps = train_steps``). Then each
+   arm trains ``dtb_steps`` from it: a naive two-backdoor model (the naive objective goes
+   on), DTB (surrogate drawn from ``family`` each outer step) and, on the first seed only, an
+   oracle DTB trained against fine-pruning's own mask (``"mask_ft"``), the control for
+   whether this model can carry the effect at all. Each arm trains on the attacker's images
+   less a held-out tenth and keeps the checkpoint with the lowest DTB objective on that
+   tenth (``hexad.backdoor.implant``, every 20 steps; the warm model is a candidate): a run
+   whose clean accuracy collapses late returns its best earlier state.
 4. Naive and DTB are sanitised by every defense and ``compositions``; the oracle by FP.
 5. First seed: decoy and hidden ASR along one real fine-tuning run of 4 ``defense_steps``.
 
@@ -104,7 +110,8 @@ class Config:
     train_steps: int = 1500
     batch_size: int = 64
     lr: float = 1e-3
-    dtb_steps: int = 800
+    warm_steps: int = 1000
+    dtb_steps: int = 500
     inner_steps: int = 5
     inner_lr: float = 0.01
     unlearn: str = "log1m"
@@ -122,7 +129,7 @@ class Config:
         ones = ("n_seeds", "widths", "hidden", "train_steps", "batch_size", "dtb_steps")
         _runner.at_least(self, 1, *ones, "defense_steps", "n_per_class")
         _runner.at_least(self, 8, "size")
-        _runner.at_least(self, 0, "train_pad")
+        _runner.at_least(self, 0, "train_pad", "warm_steps")
         _runner.one_of(self, ("cnn", "preact"), "model")
         _runner.in_range(self, 0, 9, "decoy_target", "hidden_target")
         _runner.in_unit(self, "blend_alpha")
@@ -146,7 +153,7 @@ class Config:
 
 # quick is a smoke run, compile-bound: the norm-free CNN compiles about twice as fast
 QUICK = {"n_seeds": 2, "size": 16, "n_per_class": 200, "model": "cnn", "widths": (8, 16),
-         "hidden": 32, "train_steps": 200, "dtb_steps": 100, "inner_steps": 3,
+         "hidden": 32, "train_steps": 200, "warm_steps": 100, "dtb_steps": 100, "inner_steps": 3,
          "defense_steps": 6, "compositions": ("ft+ft",)}  # fmt: skip
 
 
@@ -187,22 +194,12 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
         dcfg, ratio = _backdoor.match_inner_lr(keys[6], model, badnets, data, dcfg, problem, real)
     out |= {"surrogate_displacement_ratio": ratio, "surrogate_displacement_ratio_unmatched": r0,
             "displacement_ft": real, "inner_lr_matched": dcfg.inner_lr}  # fmt: skip
-    arms = {
-        "naive": (dataclasses.replace(dcfg, w_hidden_post=0.0, inner_steps=0, family=("ft",)), {}),
-        "dtb": (dcfg, {}),
-    }
+    naive = dataclasses.replace(dcfg, w_hidden_post=0.0, inner_steps=0, family=("ft",))
+    arms = {"naive": (naive, {}), "dtb": (dcfg, {})}
     if first:  # the capacity control, on the first seed only (an implant's cost)
         arms["oracle"] = (dataclasses.replace(dcfg, family=("mask_ft",)),
                           {"mask_fn": _backdoor.fp_mask_fn(model, data)})  # fmt: skip
-    models, infos = {}, {}
-    (xa, ya), h = s.attacker, s.held  # the attacker's images stand in for the clean split too
-    for tag, (c, kw) in arms.items():
-        with stage(f"implant_{tag}"), ctx.checkpointed(f"seed{seed}_{tag}", s.p0) as (st, p, save):
-            if st == 0:  # the checkpoint kept: the best on the attacker's held-out images
-                p, infos[tag] = bd.implant(keys[4], model, s.p0, problem, xa, ya, xa, ya, c, opt,
-                                           cfg.dtb_steps, cfg.batch_size, held=h, **kw)  # fmt: skip
-                save(0, p)
-        models[tag] = p
+    models, infos = _backdoor.implants(ctx, stage, cfg, s, arms, opt, seed)
     tail = slice(int(0.8 * cfg.dtb_steps), None)
     out |= {f"{t}_implant_best_step": float(i.best_step) for t, i in infos.items()}
     for k in ("weight", "decoy_prob_after", "hidden_prob_after") if "dtb" in infos else ():
