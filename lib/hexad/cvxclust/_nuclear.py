@@ -713,25 +713,18 @@ class NuclearSolver:
         (``Z`` is projected onto ``B`` first)."""
         n = problem.n
         dt = problem.target.dtype
-        levels = None if self.rank is None else self._levels(n)
-        sub0 = None
-        if self.max_rank is not None and self.rank is None:
-            raise ValueError(f"max_rank: expected None without rank, got {self.max_rank!r}")
-        check_int("power_iters", self.power_iters)
-        check_int("check_iters", self.check_iters, 0)
         if not 0.0 < self.relaxation < 2.0:
             raise ValueError(f"relaxation: expected a float in (0, 2), got {self.relaxation!r}")
         if init is None:
             z0, w0, rho0 = jnp.eye(n, dtype=dt), jnp.zeros((n, n), dt), jnp.asarray(self.rho, dt)
         elif isinstance(init, tuple):
-            if len(init) == 4:
-                sub0 = jnp.asarray(init[3], dt)
-                init = init[:3]
-            z0, w0, rho0 = (jnp.asarray(v, dt) for v in init)
+            z0, w0, rho0 = (jnp.asarray(v, dt) for v in init[:3])
         else:
             z0, w0, rho0 = jnp.asarray(init, dt), jnp.zeros((n, n), dt), jnp.asarray(self.rho, dt)
         if z0.shape != (n, n) or w0.shape != (n, n):
             raise ValueError(f"init: expected [{n}, {n}] matrices, got {z0.shape}, {w0.shape}")
+        sub0 = init[3] if isinstance(init, tuple) and len(init) == 4 else None
+        eig = _EigenStep(self, n, problem.psd, dt, sub0)
         eye = jnp.eye(n, dtype=bool)
 
         def project_b(v):
@@ -742,57 +735,6 @@ class NuclearSolver:
 
         z0 = project_b(0.5 * (z0 + z0.T))
         w0 = 0.5 * (w0 + w0.T)
-        # The subspace buffer holds max_rank columns; level j uses the first levels[j] (the
-        # columns past them stay the random start, so a grown subspace starts independent).
-        kmax = 1 if levels is None else levels[-1]
-        q0 = jnp.linalg.qr(jax.random.normal(jax.random.key(0), (n, kmax), dt))[0]
-        last = 0 if levels is None else len(levels) - 1
-        level0 = jnp.zeros((), jnp.int32)
-        if sub0 is not None and levels is not None:
-            if sub0.ndim != 2 or sub0.shape[0] != n or sub0.shape[1] > kmax:
-                raise ValueError(
-                    f"init: expected a subspace [{n}, j] with j <= {kmax}, got {sub0.shape}"
-                )
-            j = sub0.shape[1]
-            live = jnp.linalg.norm(sub0, axis=0) > 0
-            # Live columns first, so that the first levels[level0] columns hold them all.
-            order = jnp.argsort(~live, stable=True)
-            seeded = jnp.where(live[order][None, :], sub0[:, order], q0[:, :j])
-            q0 = q0.at[:, :j].set(seeded)
-            count = jnp.sum(live).astype(jnp.int32)
-            level0 = jnp.minimum(
-                jnp.searchsorted(jnp.asarray(levels, jnp.int32), count), last
-            ).astype(jnp.int32)
-
-        def prox(lam, vec, t):
-            # prox of mu ||.||_* (soft) or of mu tr(.) + indicator of the PSD cone (PSD-hard).
-            s = jnp.maximum(lam - t, 0.0) if problem.psd else _soft(lam, t)
-            return (vec * s[None, :]) @ vec.T, jnp.sum(s != 0).astype(jnp.int32)
-
-        def eig_step(m, q, level, t):
-            if levels is None:
-                lam, vec = jnp.linalg.eigh(m)
-                l, rank = prox(lam, vec, t)
-                return l, q, rank, jnp.array(False)
-
-            def at_level(k):
-                def step(m, q):
-                    lam, vec = self._ritz_step(m, q[:, :k], problem.psd)
-                    l, rank = prox(lam, vec, t)
-                    kept = lam > t if problem.psd else jnp.abs(lam) > t
-                    return l, q.at[:, :k].set(vec), rank, jnp.all(kept)
-
-                return step
-
-            return jax.lax.switch(level, [at_level(k) for k in levels], m, q)
-
-        def outside(m, q, level):
-            # Spectrum of m off the active subspace (the first levels[level] columns of q).
-            if levels is None:
-                return jnp.zeros((), dt)
-            mask = jnp.arange(kmax) < jnp.asarray(levels, jnp.int32)[level]
-            qa = q * mask[None, :].astype(dt)
-            return self._outside_spectrum(m, qa, problem.psd, min(self.check_iters, n - kmax))
 
         def z_step(v, rho):
             v = v + problem.linear / rho
@@ -805,20 +747,12 @@ class NuclearSolver:
         def body(s: _NState):
             m = s.z - s.w
             t = problem.mu / s.rho
-            l, q, rank, sat = eig_step(m, s.q, s.level, t)
+            l, q, rank, sat = eig.step(m, s.q, s.level, t)
             lr = l if self.relaxation == 1.0 else self.relaxation * l + (1 - self.relaxation) * s.z
             z = z_step(lr + s.w, s.rho)
             w = s.w + lr - z
             pres, dres, rho, w = admm_residuals(l, z, s.z, w, s.rho, s.it, self.adapt_every)
-            level = s.level
-            if last > 0:
-                # Grow on a saturated step, and when the residuals meet tol but the step was
-                # not the exact prox (then the solve goes on rather than stops).
-                done = (pres <= self.tol) & (dres <= self.tol)
-                short = jax.lax.cond(done & ~sat, lambda: outside(m, q, s.level) > t, lambda: sat)
-                grow = short & (level < last)
-                level = jnp.where(grow, level + 1, level)
-                pres = jnp.where(grow & done, jnp.inf, pres)
+            level, pres = eig.grow(m, q, s.level, t, sat, pres, dres, self.tol)
             return _NState(
                 s.it + 1,
                 l,
@@ -843,8 +777,8 @@ class NuclearSolver:
             z0,
             w0,
             rho0,
-            q0,
-            level0,
+            eig.q0,
+            eig.level0,
             jnp.zeros((), jnp.int32),
             jnp.array(False),
             inf,
@@ -853,10 +787,8 @@ class NuclearSolver:
             hist,
         )
         s = jax.lax.while_loop(cond, body, s)
-        sat = s.sat
-        if levels is not None:
-            # The exact-prox check of the next step's matrix on the last subspace.
-            sat = sat | (outside(s.z - s.w, s.q, s.level) > problem.mu / s.rho)
+        # The exact-prox check of the next step's matrix on the last subspace.
+        sat = s.sat | eig.short(s.z - s.w, s.q, s.level, problem.mu / s.rho)
         if problem.psd:
             l_out, min_eig = psd_repair(s.z)
         else:
@@ -875,10 +807,104 @@ class NuclearSolver:
             n_iters=s.it,
             converged=(s.pres <= self.tol) & (s.dres <= self.tol),
             min_eig=min_eig,
-            subspace_rank=jnp.asarray(levels or (n,), jnp.int32)[s.level],
-            subspace=s.q
-            * (jnp.arange(kmax) < jnp.asarray(levels or (0,), jnp.int32)[s.level])[None, :],
+            subspace_rank=eig.subspace_rank(s.level),
+            subspace=eig.subspace(s.q, s.level),
         )
+
+
+class _EigenStep:
+    """The ``L`` step of an ADMM whose ``L`` block carries ``t tr(.)`` on the PSD cone
+    (``psd``) or ``t ||.||_*``: with ``solver.rank`` ``None`` a full ``eigh``, else the rank-``k``
+    path of :class:`NuclearSolver` (its ``rank``, ``max_rank``, ``power_iters`` and
+    ``check_iters``): the static subspace sizes, the warm-started subspace, one thresholded
+    step, the exact-prox check off the subspace and the growth rule. Shared by
+    :class:`NuclearSolver` and :class:`~hexad.cvxclust.SharedAtomSolver`; built at trace time.
+    """
+
+    def __init__(self, solver, n: int, psd: bool, dt, sub0=None):
+        if solver.max_rank is not None and solver.rank is None:
+            raise ValueError(f"max_rank: expected None without rank, got {solver.max_rank!r}")
+        check_int("power_iters", solver.power_iters)
+        check_int("check_iters", solver.check_iters, 0)
+        self.solver, self.psd, self.dt = solver, psd, dt
+        self.levels = None if solver.rank is None else solver._levels(n)
+        self.check = min(solver.check_iters, n - (self.levels or (n,))[-1])
+        # The subspace buffer holds max_rank columns; level j uses the first levels[j] (the
+        # columns past them stay the random start, so a grown subspace starts independent).
+        self.kmax = 1 if self.levels is None else self.levels[-1]
+        self.last = 0 if self.levels is None else len(self.levels) - 1
+        self.q0 = jnp.linalg.qr(jax.random.normal(jax.random.key(0), (n, self.kmax), dt))[0]
+        self.level0 = jnp.zeros((), jnp.int32)
+        if sub0 is not None and self.levels is not None:
+            sub0 = jnp.asarray(sub0, dt)
+            if sub0.ndim != 2 or sub0.shape[0] != n or sub0.shape[1] > self.kmax:
+                raise ValueError(
+                    f"init: expected a subspace [{n}, j] with j <= {self.kmax}, got {sub0.shape}"
+                )
+            j = sub0.shape[1]
+            live = jnp.linalg.norm(sub0, axis=0) > 0
+            # Live columns first, so that the first levels[level0] columns hold them all.
+            order = jnp.argsort(~live, stable=True)
+            seeded = jnp.where(live[order][None, :], sub0[:, order], self.q0[:, :j])
+            self.q0 = self.q0.at[:, :j].set(seeded)
+            count = jnp.sum(live).astype(jnp.int32)
+            self.level0 = jnp.minimum(
+                jnp.searchsorted(jnp.asarray(self.levels, jnp.int32), count), self.last
+            ).astype(jnp.int32)
+
+    def prox(self, lam, vec, t):
+        """The prox of ``t tr(.)`` + the PSD cone (``psd``) or of ``t ||.||_*`` from eigenpairs;
+        ``(matrix, number of eigenvalues kept)``."""
+        s = jnp.maximum(lam - t, 0.0) if self.psd else _soft(lam, t)
+        return (vec * s[None, :]) @ vec.T, jnp.sum(s != 0).astype(jnp.int32)
+
+    def step(self, m, q, level, t):
+        """``(prox of m, subspace, rank kept, saturated)``; saturated: all ``k`` Ritz values
+        kept (always False for the full ``eigh``)."""
+        if self.levels is None:
+            lam, vec = jnp.linalg.eigh(m)
+            l, rank = self.prox(lam, vec, t)
+            return l, q, rank, jnp.array(False)
+
+        def at_level(k):
+            def step(m, q):
+                lam, vec = self.solver._ritz_step(m, q[:, :k], self.psd)
+                l, rank = self.prox(lam, vec, t)
+                kept = lam > t if self.psd else jnp.abs(lam) > t
+                return l, q.at[:, :k].set(vec), rank, jnp.all(kept)
+
+            return step
+
+        return jax.lax.switch(level, [at_level(k) for k in self.levels], m, q)
+
+    def short(self, m, q, level, t):
+        """Whether the spectrum of ``m`` off the active subspace (the first ``levels[level]``
+        columns of ``q``) exceeds ``t``: the step was not the exact prox (False for ``eigh``)."""
+        if self.levels is None:
+            return jnp.array(False)
+        mask = jnp.arange(self.kmax) < jnp.asarray(self.levels, jnp.int32)[level]
+        qa = q * mask[None, :].astype(self.dt)
+        return self.solver._outside_spectrum(m, qa, self.psd, self.check) > t
+
+    def grow(self, m, q, level, t, sat, pres, dres, tol):
+        """``(level, pres)`` after the growth rule: one level up on a saturated step, and when
+        the residuals meet ``tol`` but the step was not the exact prox (then ``pres`` is set to
+        ``inf`` so that the solve goes on)."""
+        if self.last == 0:
+            return level, pres
+        done = (pres <= tol) & (dres <= tol)
+        short = jax.lax.cond(done & ~sat, lambda: self.short(m, q, level, t), lambda: sat)
+        grow = short & (level < self.last)
+        return jnp.where(grow, level + 1, level), jnp.where(grow & done, jnp.inf, pres)
+
+    def subspace_rank(self, level):
+        """The subspace size at ``level`` (``n`` for the full ``eigh``)."""
+        return jnp.asarray(self.levels or (self.q0.shape[0],), jnp.int32)[level]
+
+    def subspace(self, q, level):
+        """``q`` with the columns past the active subspace zeroed (a warm start)."""
+        active = jnp.arange(self.kmax) < jnp.asarray(self.levels or (0,), jnp.int32)[level]
+        return q * active[None, :]
 
 
 def recovery_error(l, labels) -> jax.Array:

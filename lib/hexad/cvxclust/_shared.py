@@ -24,11 +24,13 @@ the nodes of a cluster is rewarded. ``mu1 = 0`` gives the PSD-hard graph program
 
 Solver: ADMM on ``M = Z`` (Boyd et al. 2011), ``M`` carrying ``PSD + mu0 tr``, whose prox is
 an eigendecomposition of the ``(n + p)``-sized iterate with eigenvalues ``max(lambda -
-mu0 / rho, 0)``, and ``Z`` the rest: the ``L`` block takes the entrywise soft threshold and
-box of the graph program, the ``U`` block the prox of the loss (closed form for the features,
-a few Newton steps per labelled node for the softmax), the ``T`` block is free. Residual
-balancing as in :class:`~hexad.cvxclust.NuclearSolver`. :func:`shared_atom_certificate`
-bounds the suboptimality of any iterate by a duality gap.
+mu0 / rho, 0)`` (for ``n`` in the thousands optionally on a rank-``k`` subspace warm-started
+across iterations, with the growth rule and the exact-prox check of the rank-``k`` path of
+:class:`~hexad.cvxclust.NuclearSolver`), and ``Z`` the rest: the ``L`` block takes the
+entrywise soft threshold and box of the graph program, the ``U`` block the prox of the loss
+(closed form for the features, a few Newton steps per labelled node for the softmax), the
+``T`` block is free. Residual balancing as in :class:`~hexad.cvxclust.NuclearSolver`.
+:func:`shared_atom_certificate` bounds the suboptimality of any iterate by a duality gap.
 """
 
 from __future__ import annotations
@@ -43,7 +45,13 @@ import numpy as np
 from hexad._base import check_positive
 from hexad.cvxclust._fusion import _check_labels
 from hexad.cvxclust._graphs import check_adjacency
-from hexad.cvxclust._nuclear import _cost_matrix, admm_residuals, psd_repair
+from hexad.cvxclust._nuclear import (
+    NuclearSolver,
+    _cost_matrix,
+    _EigenStep,
+    admm_residuals,
+    psd_repair,
+)
 
 __all__ = [
     "SharedAtomCertificate",
@@ -350,6 +358,10 @@ class SharedAtomOutput(NamedTuple):
       dual: ``[n + p, n + p]`` scaled ADMM dual; rho: final penalty.
       objective: :func:`shared_atom_objective` at ``(l, u)``.
       min_eig: smallest eigenvalue of ``l`` (``>= 0`` up to rounding).
+      rank: eigenvalues kept in the last ``M`` step.
+      rank_saturated: with the rank-``k`` step, True if the last step may not have been the
+        exact prox (as :attr:`NuclearOutput.rank_saturated`); False for the full ``eigh``.
+      subspace_rank: the subspace size of the last step (``n + p`` for the full ``eigh``).
       primal_residuals, dual_residuals: ``[max_iters]`` histories, -1 padded.
       n_iters: iterations run.
       converged: both residuals ``<= tol`` (False when the solve stopped at ``max_iters``).
@@ -366,6 +378,9 @@ class SharedAtomOutput(NamedTuple):
     dual_residuals: jax.Array
     n_iters: jax.Array
     converged: jax.Array
+    rank: jax.Array
+    rank_saturated: jax.Array
+    subspace_rank: jax.Array
 
 
 class _SState(NamedTuple):
@@ -374,6 +389,10 @@ class _SState(NamedTuple):
     z: jax.Array
     w: jax.Array
     rho: jax.Array
+    q: jax.Array
+    level: jax.Array
+    rank: jax.Array
+    sat: jax.Array
     pres: jax.Array
     dres: jax.Array
     hist_p: jax.Array
@@ -392,6 +411,9 @@ class SharedAtomSolver:
       rho: initial ADMM penalty.
       adapt_every: residual balancing every this many iterations (0: fixed ``rho``).
       relaxation: over-relaxation in ``(0, 2)``.
+      rank, max_rank, power_iters, check_iters: the rank-``k`` eigen step of
+        :class:`~hexad.cvxclust.NuclearSolver` (PSD-hard), on the ``(n + p)``-sized iterate;
+        ``rank`` ``None``: a full ``eigh`` per iteration.
 
     >>> a = np.kron(np.eye(2), np.ones((3, 3))) - np.eye(6)
     >>> out = jax.jit(SharedAtomSolver())(shared_atom_problem(1.0, 0.0, adjacency=a))
@@ -404,6 +426,10 @@ class SharedAtomSolver:
     rho: float = flax.struct.field(pytree_node=False, default=1.0)
     adapt_every: int = flax.struct.field(pytree_node=False, default=10)
     relaxation: float = flax.struct.field(pytree_node=False, default=1.0)
+    rank: int | None = flax.struct.field(pytree_node=False, default=None)
+    max_rank: int | None = flax.struct.field(pytree_node=False, default=None)
+    power_iters: int = flax.struct.field(pytree_node=False, default=2)
+    check_iters: int = flax.struct.field(pytree_node=False, default=60)
 
     def __call__(self, problem: SharedAtomProblem, init=None) -> SharedAtomOutput:
         """Solves ``problem``; ``init`` is ``None`` or ``(z, dual, rho)`` of an earlier output
@@ -423,6 +449,8 @@ class SharedAtomSolver:
                     f"init: expected [{big}, {big}] matrices, got {z0.shape}, {w0.shape}"
                 )
         eye_n = jnp.eye(n, dtype=bool)
+        knobs = ("rank", "max_rank", "power_iters", "check_iters")
+        eig = _EigenStep(NuclearSolver(**{k: getattr(self, k) for k in knobs}), big, True, dt)
 
         def z_step(v, rho):
             vl = v[:n, :n]
@@ -439,18 +467,23 @@ class SharedAtomSolver:
             return (s.it < self.max_iters) & ((s.pres > self.tol) | (s.dres > self.tol))
 
         def body(s: _SState):
-            lam, vec = jnp.linalg.eigh(s.z - s.w)
-            m = (vec * jnp.maximum(lam - problem.mu0 / s.rho, 0.0)[None, :]) @ vec.T
+            t = problem.mu0 / s.rho
+            m, q, rank, sat = eig.step(s.z - s.w, s.q, s.level, t)
             mr = m if self.relaxation == 1.0 else self.relaxation * m + (1 - self.relaxation) * s.z
             z = z_step(mr + s.w, s.rho)
             w = s.w + mr - z
             pres, dres, rho, w = admm_residuals(m, z, s.z, w, s.rho, s.it, self.adapt_every)
+            level, pres = eig.grow(s.z - s.w, q, s.level, t, sat, pres, dres, self.tol)
             return _SState(
                 s.it + 1,
                 m,
                 z,
                 w,
                 rho,
+                q,
+                level,
+                rank,
+                sat,
                 pres,
                 dres,
                 s.hist_p.at[s.it].set(pres),
@@ -460,8 +493,12 @@ class SharedAtomSolver:
         hist = -jnp.ones((self.max_iters,), dt)
         inf = jnp.asarray(jnp.inf, dt)
         z0 = z_step(0.5 * (z0 + z0.T), rho0)
-        s = _SState(jnp.zeros((), jnp.int32), z0, z0, 0.5 * (w0 + w0.T), rho0, inf, inf, hist, hist)
+        zero = jnp.zeros((), jnp.int32)
+        w0 = 0.5 * (w0 + w0.T)
+        s = _SState(zero, z0, z0, w0, rho0, eig.q0, eig.level0, zero, jnp.array(False), inf, inf,
+                    hist, hist)  # fmt: skip
         s = jax.lax.while_loop(cond, body, s)
+        sat = s.sat | eig.short(s.z - s.w, s.q, s.level, problem.mu0 / s.rho)
         l_out, min_eig = psd_repair(s.z[:n, :n])
         u_out = s.z[:n, n:]
         obj, _ = shared_atom_objective(problem, l_out, u_out)
@@ -477,4 +514,7 @@ class SharedAtomSolver:
             dual_residuals=s.hist_d,
             n_iters=s.it,
             converged=(s.pres <= self.tol) & (s.dres <= self.tol),
+            rank=s.rank,
+            rank_saturated=sat,
+            subspace_rank=eig.subspace_rank(s.level),
         )
