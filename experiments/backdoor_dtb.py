@@ -48,12 +48,10 @@ Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [-
 Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) about 3.5
           minutes on 2 busy CPU cores from an empty cache (2.6 with ``--set defense_lrs=``),
           mostly compilation, once per defense and surrogate member; full (3 seeds,
-          budget 200) about 2.5 h on 2 CPU cores, estimated: 81 min measured with fixed step
-          sizes (the first seed 46 min: BadNets 1.2, calibration 8.6, the implants 2, 11 and
-          3.3, the DTB and naive sanitisation suites 7 each, the trajectory 4.7; later seeds
-          17.5 min, the implants' compiles reused), and the step-size selection makes the
-          five fine-tuning defenses about 2.5x as long (97 s to 247 s on one BadNets model),
-          and the later seeds' calibration adds about 13 min each.
+          budget 200) about 2 h on 2 busy CPU cores, estimated from the stages measured: the
+          first seed about an hour (calibration 25 min, mostly compiles; BadNets 0.5; the
+          warm phase 2; the naive, DTB and oracle arms 1, 8 and 3; the DTB and naive
+          sanitisation suites 10 and 9; the trajectory 2), later seeds about half an hour.
           With ``--resume`` the implants are restored from their checkpoints and each
           finished defense suite (a seed's calibration, its DTB and naive suites, the
           oracle's FP) from its figures, so a run can be spread over several sittings.
