@@ -468,12 +468,13 @@ class SharedAtomSolver:
 
         def body(s: _SState):
             t = problem.mu0 / s.rho
-            m, q, rank, sat = eig.step(s.z - s.w, s.q, s.level, t)
+            v = s.z - s.w
+            m, q, rank, sat = eig.step(v, s.q, s.level, t)
             mr = m if self.relaxation == 1.0 else self.relaxation * m + (1 - self.relaxation) * s.z
             z = z_step(mr + s.w, s.rho)
             w = s.w + mr - z
             pres, dres, rho, w = admm_residuals(m, z, s.z, w, s.rho, s.it, self.adapt_every)
-            level, pres = eig.grow(s.z - s.w, q, s.level, t, sat, pres, dres, self.tol)
+            level, pres = eig.grow(v, q, s.level, t, sat, pres, dres, self.tol)
             return _SState(
                 s.it + 1,
                 m,
