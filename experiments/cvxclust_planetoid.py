@@ -211,6 +211,7 @@ STUDY = _runner.Study(
     run,
     quick={"datasets": ()},
     doc=__doc__,
+    resume_shared=("datasets",),  # each data set's solves are kept on their own
 )
 
 if __name__ == "__main__":
