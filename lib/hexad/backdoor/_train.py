@@ -156,8 +156,11 @@ def minimize(
     ``lax.scan``: XLA:CPU runs convolutions inside a ``while`` loop about 15x slower than
     straight-line code, and a scan is lowered to a ``while`` loop even when it is fully
     unrolled (``unroll=True``, one trip). So do not wrap this function in ``jax.jit``. The
-    chunk is one module-level jit keyed on ``loss_fn``, ``optimizer``, ``batch_size`` and
-    ``project``: pass the same (or equal, value-hashable) objects to reuse its compile.
+    chunk is one module-level jit keyed on ``loss_fn``, the optimiser's ``update``,
+    ``batch_size`` and ``project``: pass the same (or equal, value-hashable) objects to reuse
+    its compile (``init`` runs on the host, so optimisers that share an ``update`` and differ
+    only in what ``init`` puts in the state, e.g. an ``optax.inject_hyperparams`` step size,
+    share the compile).
 
     Args:
       key: PRNG key.
@@ -186,7 +189,7 @@ def minimize(
     carry = (params, optimizer.init(params))
     keys = jax.random.split(key, n_steps)
     losses = []
-    static = dict(loss_fn=loss_fn, optimizer=optimizer, batch_size=batch_size, project=project)
+    static = dict(loss_fn=loss_fn, update=optimizer.update, batch_size=batch_size, project=project)
     for start in range(0, n_steps, chunk):
         # a short last chunk compiles once more, at its own length
         ks = keys[start : start + chunk]
@@ -198,21 +201,22 @@ def minimize(
 
 
 @functools.partial(
-    jax.jit, static_argnames=("loss_fn", "optimizer", "batch_size", "project", "has_consts")
+    jax.jit, static_argnames=("loss_fn", "update", "batch_size", "project", "has_consts")
 )
-def _run_chunk(carry, keys, data, consts, *, loss_fn, optimizer, batch_size, project, has_consts):
+def _run_chunk(carry, keys, data, consts, *, loss_fn, update, batch_size, project, has_consts):
     """One chunk of :func:`minimize`: one step per key, as straight-line code (no ``while``).
 
     Module-level, so its compile cache is shared by every call with equal static arguments:
     a loss that is a value-hashable object (a frozen dataclass closing over a model) and the
-    same optimiser object compile once per shape, across models and defenses."""
+    same optimiser ``update`` compile once per shape, across models, defenses and step
+    sizes."""
 
     def one(c, k):
         p, s = c
         k1, k2 = jax.random.split(k)
         lf = (lambda q, kk, b: loss_fn(q, kk, b, consts)) if has_consts else loss_fn
         loss, g = jax.value_and_grad(lf)(p, k2, sample_batch(k1, data, batch_size))
-        upd, s = optimizer.update(g, s, p)
+        upd, s = update(g, s, p)
         p = optax.apply_updates(p, upd)
         return ((project(p) if project is not None else p), s), loss
 

@@ -55,21 +55,48 @@ def frac(n: int, f: float) -> int:
     return max(1, int(round(f * n)))
 
 
-# Optimisers are built once per setting, so :func:`minimize`'s module-level chunk jit sees
-# the same object and reuses its compile across models and calls.
+# One compile per optimiser setting, whatever the step size. :func:`minimize`'s module-level
+# chunk jit is keyed on the optimiser's ``update``; the step size is an
+# ``optax.inject_hyperparams`` hyperparameter that ``init`` writes into the state, so the same
+# ``update`` (built once per momentum, schedule length and weight decay) serves every step size
+# a defense or :func:`hexad.backdoor.defenses.select_lr` tries, as a traced value.
+@functools.cache
+def _injected(kind: str, momentum: float, n_steps: int, weight_decay: float):
+    def make(learning_rate):
+        if kind == "adam":
+            return optax.adam(learning_rate)
+        lr_ = optax.cosine_decay_schedule(learning_rate, n_steps) if n_steps > 0 else learning_rate
+        opt = optax.sgd(lr_, momentum=momentum or None)
+        return optax.chain(optax.add_decayed_weights(weight_decay), opt) if weight_decay else opt
+
+    return optax.inject_hyperparams(make)(learning_rate=1.0)
+
+
+def _init_at(init, lr: float, params):
+    state = init(params)
+    rate = jnp.full_like(state.hyperparams["learning_rate"], lr)
+    return state._replace(hyperparams={**state.hyperparams, "learning_rate": rate})
+
+
+def _at_lr(kind: str, lr: float, momentum: float = 0.0, n_steps: int = 0, weight_decay=0.0):
+    inner = _injected(kind, float(momentum), int(n_steps), float(weight_decay))
+    return optax.GradientTransformationExtraArgs(
+        functools.partial(_init_at, inner.init, float(lr)), inner.update
+    )
+
+
 @functools.cache
 def sgd(lr: float, momentum: float = 0.9, n_steps: int = 0, weight_decay: float = 0.0):
     """SGD with momentum; a cosine decay over ``n_steps`` when ``n_steps > 0``; decoupled
-    L2 weight decay ``weight_decay`` added to the gradient (torch's SGD ``weight_decay``)."""
-    lr_ = optax.cosine_decay_schedule(lr, n_steps) if n_steps > 0 else lr
-    opt = optax.sgd(lr_, momentum=momentum or None)
-    return optax.chain(optax.add_decayed_weights(weight_decay), opt) if weight_decay else opt
+    L2 weight decay ``weight_decay`` added to the gradient (torch's SGD ``weight_decay``).
+    ``lr`` lives in the optimiser state, so every ``lr`` shares one compile."""
+    return _at_lr("sgd", lr, momentum, n_steps, weight_decay)
 
 
 @functools.cache
 def adam(lr: float):
-    """Adam at a constant ``lr`` (cached, see :func:`sgd`)."""
-    return optax.adam(lr)
+    """Adam at a constant ``lr`` (``lr`` in the state, see :func:`sgd`)."""
+    return _at_lr("adam", lr)
 
 
 @dataclasses.dataclass(frozen=True)
