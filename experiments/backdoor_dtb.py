@@ -22,9 +22,12 @@ too; ``--set train_pad=0`` trains without it (then fine-tuning meets a distribut
    FT-SAM, MCR) choose their step size among ``defense_lrs`` (0.01, 0.003, 0.001) as a
    defender can, by two-fold cross-fitting on the clean split: the largest whose held-out
    loss of clean accuracy is not over 5 points by more than one paired standard error, then
-   run on the whole split (``hexad.backdoor.defenses.select_lr``), here and in every later
-   sanitisation. ``--set defense_lrs=`` (empty) keeps BackdoorBench's fixed 0.01, at which
-   FT-SAM and, for some keys, FP throw a BadNets model trained with the shift to chance.
+   run on the whole split, where that run must pass the same rule on the images it trained
+   on (at 0.01 one whole-split run of a few diverges to chance where the half-split runs did
+   not; such a step size is rejected) (``hexad.backdoor.defenses.select_lr``), here and in
+   every later sanitisation. ``--set defense_lrs=`` (empty) keeps BackdoorBench's fixed
+   0.01, at which FT-SAM and, for some keys, FP throw a BadNets model trained with the shift
+   to chance.
 2. Surrogate matching: the DTB surrogate's step size is rescaled so that its ``"ft"``
    member moves the BadNets model's weights as far as the real FT does.
 3. Three implants from the same start and data (decoy at ``poison_rate`` of each batch,

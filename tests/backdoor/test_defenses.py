@@ -307,6 +307,40 @@ def test_select_lr_keeps_the_largest_step_size_that_keeps_held_out_accuracy(trai
     assert out.info["held_acc"][out.info["lr"]] == max(out.info["held_acc"].values())
 
 
+def test_select_lr_rejects_a_step_size_whose_whole_split_run_fails(trained):
+    # At 0.01 the runs on the two halves keep the model but the run on the whole split zeroes
+    # it (a diverged run): select_lr must see that on the split's own images and take 0.003,
+    # whose whole-split run keeps the model.
+    data = _data(trained)
+    m, seen = data.x_clean.shape[0], []
+
+    def defense(key, model, params, data, n_steps=100, lr=0.01):
+        seen.append((lr, data.x_clean.shape[0]))
+        ruin = lr > 0.005 and data.x_clean.shape[0] == m
+        return bd.DefenseOutput(jax.tree.map(jnp.zeros_like, params) if ruin else params, {})
+
+    out = dfs.select_lr(defense, lrs=(0.01, 0.003))(
+        jax.random.key(0), trained.model, trained.bad, data, 7
+    )
+    half = [m // 2, m - m // 2]  # the fit parts: each the other fold (array_split)
+    assert seen == [(0.01, half[0]), (0.01, half[1]), (0.01, m), (0.003, half[0]),
+                    (0.003, half[1]), (0.003, m)]  # fmt: skip
+    assert out.info["lr"] == 0.003
+    assert out.info["held_acc"][0.01] == out.info["held_acc_before"]  # the parts passed
+    assert out.info["fit_acc"][0.01] < 0.5 < out.info["fit_acc_before"]
+    assert out.info["fit_acc"][0.003] == out.info["fit_acc_before"]
+    for a, b in zip(jax.tree.leaves(out.params), jax.tree.leaves(trained.bad), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # when every whole-split run fails, the kept one is not a diverged run if another is not
+    seen.clear()
+    ruin_all = lambda k, mo, p, d, n=100, lr=0.01: defense(k, mo, p, d, n, lr=0.01 + lr)
+    out = dfs.select_lr(ruin_all, lrs=(0.01, 0.003))(
+        jax.random.key(0), trained.model, trained.bad, data, 7
+    )
+    assert out.info["lr"] == 0.01 and len(seen) == 6  # both capped at chance: the first
+    assert max(out.info["fit_acc"].values()) < 0.5
+
+
 @dataclasses.dataclass(frozen=True)
 class _Lookup:
     """A classifier that looks its answers up: image ``i`` (pixel ``[0, 0, 0]`` holds ``i``)

@@ -93,13 +93,21 @@ def select_lr(
 
     i.e. it rejects a step size only when its loss exceeds ``acc_drop`` by more than ``z``
     standard errors (``z = 1``: the one-standard-error rule, Hastie, Tibshirani and Friedman,
-    ESL 2nd ed., sec. 7.10; ``z = 0``: the bare comparison). If none passes, it keeps the one
-    with the highest held-out accuracy. With ``folds >= 2`` the returned model is ``defense``
-    run at the kept step size on the whole clean split; with ``folds = 1``, the fit part's
-    run (the former rule at ``z = 0``). ``info`` has the returned run's ``info`` and ``lr``
-    (the kept step size), ``folds``, ``held_acc_before``, ``held_acc`` and ``held_drop_se``
-    (``{lr: value}`` of each step size tried). Cost: ``folds`` runs of ``defense`` for each
-    step size tried (one to ``len(lrs)``), and one more when ``folds >= 2``.
+    ESL 2nd ed., sec. 7.10; ``z = 0``: the bare comparison). With ``folds >= 2`` the model
+    returned is ``defense`` run at that step size on the whole clean split, and that run must
+    pass the same rule on the clean split it trained on (``c_before`` vs ``c_after`` there):
+    the runs on the parts do not vouch for it, because at a step size near the edge of
+    stability one run of a few can diverge, and a defender sees a model that lost its own
+    training images. A step size whose whole-split run fails is rejected and the search goes
+    on. With ``folds = 1`` the model returned is the fit part's run (the former rule at
+    ``z = 0``). If no step size passes, it keeps the one with the highest held-out accuracy
+    (capped by its whole-split run's accuracy on its own images, where one was made). ``info``
+    has the returned run's ``info`` and ``lr`` (the kept step size), ``folds``,
+    ``held_acc_before``, ``held_acc`` and ``held_drop_se`` (``{lr: value}`` of each step size
+    tried), ``fit_acc_before`` and ``fit_acc`` (the clean split's accuracy before, and after
+    each whole-split run made). Cost: ``folds`` runs of ``defense`` for each step size tried
+    (one to ``len(lrs)``), and with ``folds >= 2`` one whole-split run for each that passes
+    on the parts (one more if none does).
 
     Args:
       defense: a defense that takes an ``lr`` keyword (FT, FP, NAD, FT-SAM, MCR).
@@ -144,30 +152,45 @@ def select_lr(
         sub = lambda rows: data._replace(x_clean=data.x_clean[rows], y_clean=data.y_clean[rows])
         judged = np.concatenate([h for h, _ in splits])
         c0 = np.asarray(masked_correct(model, params, None, *sub(judged)[:2]))
-        tried, ses, best = {}, {}, None
-        for lr in grid:
+        c_all = np.asarray(masked_correct(model, params, None, data.x_clean, data.y_clean))
+        tried, ses, fit_acc, score, whole = {}, {}, {}, {}, {}
+        lr = None
+        for cand in grid:
             c1, outs = [], []
             for f, (h, fit) in enumerate(splits):
                 k = k_run if folds == 1 else jax.random.fold_in(k_run, f)
-                outs.append(defense(k, model, params, sub(fit), n_steps, lr=lr, **settings))
+                outs.append(defense(k, model, params, sub(fit), n_steps, lr=cand, **settings))
                 c1.append(np.asarray(masked_correct(model, outs[-1].params, None, *sub(h)[:2])))
             c1 = np.concatenate(c1)
             loss, se = paired_drop(c0, c1)
-            tried[lr], ses[lr] = float(c1.mean()), se
+            tried[cand], ses[cand] = float(c1.mean()), se
+            score[cand] = tried[cand]
             ok = loss <= drop + z * se + 1e-12  # 1e-12: a loss of exactly acc_drop passes
-            if best is None or ok or tried[lr] > best[1]:
-                best = (lr, tried[lr], outs[0])
+            if folds == 1:
+                whole[cand] = outs[0]
+            elif ok:  # the model shipped: this step size on the whole clean split, checked
+                whole[cand] = defense(k_run, model, params, data, n_steps, lr=cand, **settings)
+                c2 = np.asarray(
+                    masked_correct(model, whole[cand].params, None, data.x_clean, data.y_clean)
+                )
+                fit_acc[cand] = float(c2.mean())
+                loss2, se2 = paired_drop(c_all, c2)
+                ok = loss2 <= drop + z * se2 + 1e-12
+                score[cand] = min(score[cand], fit_acc[cand])
             if ok:
+                lr = cand
                 break
-        lr, _, out = best
-        if folds > 1:  # the model shipped: the kept step size on the whole clean split
-            out = defense(k_run, model, params, data, n_steps, lr=lr, **settings)
+        if lr is None:  # none passed: the best held-out accuracy (of a run that kept its own)
+            lr = max(score, key=lambda v: (score[v], -grid.index(v)))
+        out = whole.get(lr) or defense(k_run, model, params, data, n_steps, lr=lr, **settings)
         info = dict(out.info) | {
             "lr": lr,
             "folds": folds,
             "held_acc_before": float(c0.mean()),
             "held_acc": tried,
             "held_drop_se": ses,
+            "fit_acc_before": float(c_all.mean()),
+            "fit_acc": fit_acc,
         }
         return DefenseOutput(out.params, info)
 
