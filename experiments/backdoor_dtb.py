@@ -48,9 +48,9 @@ too; ``--set train_pad=0`` trains without it (then fine-tuning meets a distribut
 5. First seed: decoy and hidden ASR along one real fine-tuning run of 4 ``defense_steps``.
 
 Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [--set k=v ...]
-Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) about 3.5
-          minutes on 2 busy CPU cores from an empty cache (2.6 with ``--set defense_lrs=``),
-          mostly compilation, once per defense and surrogate member; full (3 seeds,
+Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) about 110 s
+          on 2 idle CPU cores from an empty cache, mostly compilation (once per defense, data
+          shape and surrogate member; every step size a defense tries shares one); full (3 seeds,
           budget 200) about 2 h on 2 busy CPU cores, estimated from the stages measured: the
           first seed about an hour (calibration 25 min, mostly compiles; BadNets 0.5; the
           warm phase 2; the naive, DTB and oracle arms 1, 8 and 3; the DTB and naive
