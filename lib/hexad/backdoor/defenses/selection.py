@@ -95,7 +95,7 @@ def select_lr(
     standard errors (``z = 1``: the one-standard-error rule, Hastie, Tibshirani and Friedman,
     ESL 2nd ed., sec. 7.10; ``z = 0``: the bare comparison). With ``folds >= 2`` the model
     returned is ``defense`` run at that step size on the whole clean split, and that run must
-    pass the same rule on the clean split it trained on (``c_before`` vs ``c_after`` there):
+    pass the same rule on the clean split it trained on (before vs after, image by image):
     the runs on the parts do not vouch for it, because at a step size near the edge of
     stability one run of a few can diverge, and a defender sees a model that lost its own
     training images. A step size whose whole-split run fails is rejected and the search goes
