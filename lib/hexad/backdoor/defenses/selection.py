@@ -151,8 +151,8 @@ def select_lr(
             splits = [(h, np.concatenate(parts[:f] + parts[f + 1 :])) for f, h in enumerate(parts)]
         sub = lambda rows: data._replace(x_clean=data.x_clean[rows], y_clean=data.y_clean[rows])
         judged = np.concatenate([h for h, _ in splits])
-        c0 = np.asarray(masked_correct(model, params, None, *sub(judged)[:2]))
         c_all = np.asarray(masked_correct(model, params, None, data.x_clean, data.y_clean))
+        c0 = c_all[judged]  # the model before, on the judged images (one pass over the split)
         tried, ses, fit_acc, score, whole = {}, {}, {}, {}, {}
         lr = None
         for cand in grid:
