@@ -24,7 +24,7 @@ case gives its bound in one of three ways, and ``bound_note`` says how it was co
   peak float32 matmul FLOP/s and memory bandwidth with jnp kernels (:func:`measure_roofline`),
   and the bound is ``max(flops / peak, bytes / bandwidth)``;
 - an *equivalent-work* bound: ``bound_work`` times the median of ``bound_fn(*bound_args)``,
-  timed in the same run by the same protocol (e.g. DTB's outer step against ``K + 2`` plain
+  timed in the same run by the same protocol (e.g. DTB's outer step against its pass count in plain
   training steps of the same model, or Pref-MH against one random-walk MH step);
 - a fixed ``bound_s`` in seconds, measured by the case module itself (e.g. fsync'd bytes over
   this disk's measured fsync'd bandwidth, a host copy over the measured copy bandwidth).
