@@ -51,10 +51,10 @@ Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [-
 Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) about 110 s
           on 2 idle CPU cores from an empty cache, mostly compilation (once per defense, data
           shape and surrogate member; every step size a defense tries shares one); full (3 seeds,
-          budget 200) about 2 h on 2 busy CPU cores, estimated from the stages measured: the
-          first seed about an hour (calibration 25 min, mostly compiles; BadNets 0.5; the
-          warm phase 2; the naive, DTB and oracle arms 1, 8 and 3; the DTB and naive
-          sanitisation suites 10 and 9; the trajectory 2), later seeds about half an hour.
+          budget 200) about 80 minutes on 2 CPU cores: the first seed about 40 (calibration 12,
+          mostly compiles; BadNets 1; the warm phase 1.5; the naive, DTB and oracle arms 1, 4
+          and 4; the DTB and naive sanitisation suites 7 each; the trajectory 2), later seeds
+          about 20 (their suites 5-9 minutes each).
           With ``--resume`` the implants are restored from their checkpoints and each
           finished defense suite (a seed's calibration, its DTB and naive suites, the
           oracle's FP) from its figures, so a run can be spread over several sittings.
