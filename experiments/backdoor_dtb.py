@@ -44,7 +44,9 @@ too; ``--set train_pad=0`` trains without it (then fine-tuning meets a distribut
    less a held-out tenth and keeps the checkpoint with the lowest DTB objective on that
    tenth (``hexad.backdoor.implant``, every 20 steps; the warm model is a candidate): a run
    whose clean accuracy collapses late returns its best earlier state.
-4. Naive and DTB are sanitised by every defense and ``compositions``; the oracle by FP.
+4. Naive and DTB are sanitised by every defense and ``compositions`` (multi-round; a
+   composition's first round is its first defense's own run in the same suite, so ``ft+ft``
+   is the FT model fine-tuned once more); the oracle by FP.
 5. First seed: decoy and hidden ASR along one real fine-tuning run of 4 ``defense_steps``.
 
 Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [--set k=v ...]

@@ -51,9 +51,10 @@ def test_compose_works_for_every_registered_defense(trained, name):
     assert isinstance(out, bd.DefenseOutput) and len(out.info["rounds"]) == 2
     assert jax.tree.structure(out.params) == jax.tree.structure(trained.bad)
     assert all(bool(jnp.all(jnp.isfinite(a))) for a in jax.tree.leaves(out.params))
-    # the composition is the two rounds applied in order, with fold_in(key, i)
+    # the composition is the two rounds applied in order: round 0 with the key itself (the
+    # standalone run), round 1 with fold_in(key, 1)
     k = jax.random.key(0)
-    first = bd.make_defense(name, 1)(jax.random.fold_in(k, 0), trained.model, trained.bad, data)
+    first = bd.make_defense(name, 1)(k, trained.model, trained.bad, data)
     second = bd.make_defense("clp", 1)(jax.random.fold_in(k, 1), trained.model, first.params, data)
     for a, b in zip(jax.tree.leaves(out.params), jax.tree.leaves(second.params), strict=True):
         np.testing.assert_array_equal(a, b)

@@ -143,6 +143,35 @@ def test_benchmark_reports_each_defense_flags_and_displacement(trained):
         )
 
 
+def test_benchmark_continues_a_composition_from_its_standalone_first_round(trained):
+    # "ft+clp" beside "ft": round 0 is the standalone FT run (same key, same object from
+    # make_defense), so FT runs once and the composition's figures are those it has alone
+    pr = _problem(trained)
+    data = bd.DefenseData(trained.x_clean, trained.y_clean)
+    test = (trained.x_test, trained.y_test)
+    ft, both = bd.make_defense("ft", 2), bd.make_defense("ft+clp", 2)
+    assert both.rounds[0] is ft and bd.make_defense("ft", 2, lrs=(0.01,)) is not ft
+    calls = []
+
+    def counted(k, m, p, d):
+        calls.append(1)
+        return ft(k, m, p, d)
+
+    comp = bd.compose(counted, both.rounds[1])
+    k = jax.random.key(4)
+    t = bd.benchmark_defenses(
+        k, trained.model, trained.bad, pr, test, {"ft": counted, "c": comp}, data
+    )
+    assert len(calls) == 1
+    alone = both(k, trained.model, trained.bad, data)
+    want = bd.evaluate(trained.model, alone.params, *test, pr)
+    assert t["clean_acc_after_c"] == float(want.clean_acc)
+    assert t["decoy_asr_after_c"] == float(want.decoy_asr)
+    # the composition alone (no standalone first round in the suite) runs both rounds
+    t1 = bd.benchmark_defenses(k, trained.model, trained.bad, pr, test, {"c": comp}, data)
+    assert len(calls) == 2 and t1["clean_acc_after_c"] == t["clean_acc_after_c"]
+
+
 def test_finetune_trajectory_is_one_run(trained):
     pr = _problem(trained)
     data = bd.DefenseData(trained.x_clean, trained.y_clean)
@@ -156,5 +185,10 @@ def test_finetune_trajectory_is_one_run(trained):
     # the end of the trajectory is the real FT defense at the same budget and key
     ft = bd.make_defense("ft", 20)(jax.random.key(2), trained.model, trained.bad, data)
     end = bd.evaluate(trained.model, ft.params, *test, pr)
-    # chunked vs per-step compiles may round differently: one flipped prediction is 1/360
-    assert t["clean_acc"][-1] == pytest.approx(float(end.clean_acc), abs=0.01)
+    # the same one-step compile and the same steps: the same model, figure for figure
+    assert t["clean_acc"][-1] == float(end.clean_acc)
+    assert t["hidden_asr"][-1] == float(end.hidden_asr)
+    t = bd.finetune_trajectory(
+        jax.random.key(2), trained.model, trained.bad, data, test, pr, n_steps=5, every=2
+    )
+    assert t["step"].tolist() == [0, 2, 4, 5]  # and at the end, when every does not divide it

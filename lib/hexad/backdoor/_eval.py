@@ -23,7 +23,7 @@ from hexad._base import check_int
 from hexad.backdoor._dtb import DTBProblem, weight_displacement
 from hexad.backdoor._train import accuracy, attack_success_rate, defense_effectiveness_rating
 from hexad.backdoor._triggers import check_images
-from hexad.backdoor.defenses import DefenseData, DefenseOutput
+from hexad.backdoor.defenses import Composition, DefenseData, DefenseOutput
 
 __all__ = [
     "BackdoorMetrics",
@@ -191,7 +191,12 @@ def benchmark_defenses(
     ``<name>_tpr`` / ``<name>_fpr`` against ``is_poison``; one whose step size was chosen by
     :func:`hexad.backdoor.defenses.select_lr` gives ``lr_<name>`` (``lr_<name>_<i>`` for
     round ``i`` of a composition). ``displacement_<name>``: the
-    :func:`weight_displacement` of each defense (and ``surrogate``). Host loop.
+    :func:`weight_displacement` of each defense (and ``surrogate``). A
+    :class:`~hexad.backdoor.defenses.Composition` whose first round is also in ``defenses``
+    (the same object, as :func:`make_defense` gives for equal requests) and ran before it
+    continues from that run (the same key, so the same first round), so ``"ft+ft"`` costs one
+    FT run beside ``"ft"``; its ``callback`` seconds are then those of its later rounds. Host
+    loop.
 
     Args:
       key: PRNG key handed to every defense (and to ``surrogate``).
@@ -225,12 +230,17 @@ def benchmark_defenses(
     def metrics(p) -> BackdoorMetrics:
         return jax.device_get(evaluate(model, p, *test, problem))
 
-    after, extra = {}, {}
+    after, extra, ran = {}, {}, {}
     for name, defense in defenses.items():
         t0 = time.perf_counter()
-        out = defense(key, model, params, data)
+        first = id(defense.rounds[0]) if isinstance(defense, Composition) else None
+        if first in ran:  # a composition whose round 0 ran alone: go on from that run
+            out = defense.from_first(key, model, ran[first], data)
+        else:
+            out = defense(key, model, params, data)
         if not isinstance(out, DefenseOutput):
             raise TypeError(f"defenses[{name!r}]: expected a DefenseOutput, got {type(out)}")
+        ran[id(defense)] = out  # the objects live in ``defenses`` meanwhile
         after[name] = metrics(out.params)
         extra[f"displacement_{name}"] = float(weight_displacement(params, out.params))
         if "flags" in out.info and is_poison is not None:
@@ -262,7 +272,7 @@ def finetune_trajectory(
     lr: float = 0.01,
     batch_size: int = 64,
 ) -> dict[str, np.ndarray]:
-    """Returns ``{"step", "clean_acc", "decoy_asr", "hidden_asr"}`` ``[n_steps / every + 1]``
+    """Returns ``{"step", "clean_acc", "decoy_asr", "hidden_asr"}`` ``[ceil(n_steps / every) + 1]``
     along one real fine-tuning run (:func:`hexad.backdoor.defenses.finetune`'s optimiser and
     augmentation), measured on ``test`` every ``every`` steps (the same run, not restarts).
 
@@ -281,9 +291,12 @@ def finetune_trajectory(
     n_steps = check_int("n_steps", n_steps)
     every = check_int("every", every)
     rows = [(0, evaluate(model, params, *test, problem))]
+    done = [0]
 
-    def record(p):
-        rows.append((rows[-1][0] + every, evaluate(model, p, *test, problem)))
+    def record(p):  # after every step; measures every ``every`` steps and at the end
+        done[0] += 1
+        if done[0] % every == 0 or done[0] == n_steps:
+            rows.append((done[0], evaluate(model, p, *test, problem)))
         return False
 
     opt = sgd(float(lr), 0.9, n_steps, 5e-4)
@@ -297,11 +310,9 @@ def finetune_trajectory(
         opt,
         n_steps,
         min(batch_size, xy[0].shape[0]),
-        chunk=every,
-        until=record,
+        until=record,  # one step per call: the defenses' compile, not an ``every``-step one
     )
-    steps = np.minimum([r[0] for r in rows], n_steps)
-    out = {"step": steps}
+    out = {"step": np.asarray([r[0] for r in rows])}
     for f in BackdoorMetrics._fields:
         out[f] = np.asarray([float(getattr(r[1], f)) for r in rows])
     return out

@@ -117,6 +117,7 @@ from hexad.backdoor.defenses.selection import paired_drop, select_lr
 # DefenseData and DefenseOutput are importable here and documented once, in hexad.backdoor.
 __all__ = [
     "DEFENSES",
+    "Composition",
     "abl",
     "ac",
     "activation_clustering",
@@ -165,10 +166,49 @@ LR_SELECTABLE = frozenset({"ft", "fp", "nad", "ftsam", "mcr"})
 """The registry's fine-tuning names whose ``lr`` :func:`select_lr` can choose."""
 
 
-def compose(*defenses: Callable) -> Callable:
+class Composition:
+    """Multi-round sanitisation, as returned by :func:`compose`: a defense, ``(key, model,
+    params, data) -> DefenseOutput``, whose ``rounds`` are applied in order.
+
+    Round 0 gets ``key`` itself and round ``i >= 1`` gets ``fold_in(key, i)``, so the first
+    round is the very run its defense makes alone with that key: a composition and its first
+    defense are a paired comparison, and :meth:`from_first` continues from that run rather
+    than repeat it (:func:`hexad.backdoor.benchmark_defenses` does so).
+    """
+
+    def __init__(self, rounds: tuple[Callable, ...]):
+        if not rounds:
+            raise ValueError("defenses: expected at least one defense, got none")
+        for i, d in enumerate(rounds):
+            if not callable(d):
+                raise TypeError(f"defenses[{i}]: expected a callable defense, got {d!r}")
+        self.rounds = tuple(rounds)
+
+    def __call__(self, key, model, params, data) -> DefenseOutput:
+        first = self.rounds[0](key, model, params, data)
+        return self.from_first(key, model, _checked(0, first), data)
+
+    def from_first(self, key, model, first: DefenseOutput, data) -> DefenseOutput:
+        """The composition given round 0's output ``first`` (``rounds[0]`` run with ``key``)."""
+        out, infos = _checked(0, first), [first.info]
+        for i, d in enumerate(self.rounds[1:], 1):
+            out = _checked(i, d(jax.random.fold_in(key, i), model, out.params, data))
+            infos.append(out.info)
+        return DefenseOutput(out.params, {"rounds": tuple(infos)})
+
+
+def _checked(i: int, out) -> DefenseOutput:
+    if not isinstance(out, DefenseOutput):
+        raise TypeError(
+            f"defenses[{i}]: expected it to return a DefenseOutput, got {type(out).__name__}"
+        )
+    return out
+
+
+def compose(*defenses: Callable) -> Composition:
     """Returns the defense that applies ``defenses`` in order, each on the previous one's
-    parameters, with the same data (multi-round sanitisation); round ``i`` gets
-    ``fold_in(key, i)``.
+    parameters, with the same data (multi-round sanitisation; a :class:`Composition`): round
+    0 gets the key itself, round ``i >= 1`` gets ``fold_in(key, i)``.
 
     Each element is ``(key, model, params, data) -> DefenseOutput`` (a :data:`DEFENSES`
     member at its default budget, a :func:`make_defense` result, or another composition).
@@ -176,26 +216,13 @@ def compose(*defenses: Callable) -> Callable:
 
     >>> both = compose(finetune, clp)
     """
-    if not defenses:
-        raise ValueError("defenses: expected at least one defense, got none")
-    for i, d in enumerate(defenses):
-        if not callable(d):
-            raise TypeError(f"defenses[{i}]: expected a callable defense, got {d!r}")
+    return Composition(defenses)
 
-    def run(key, model, params, data):
-        infos = []
-        for i, d in enumerate(defenses):
-            out = d(jax.random.fold_in(key, i), model, params, data)
-            if not isinstance(out, DefenseOutput):
-                raise TypeError(
-                    f"defenses[{i}]: expected it to return a DefenseOutput, got "
-                    f"{type(out).__name__}"
-                )
-            params = out.params
-            infos.append(out.info)
-        return DefenseOutput(params, {"rounds": tuple(infos)})
 
-    return run
+# make_defense's per-round callables, one object per (name, budget, step sizes, settings):
+# equal requests give the same object, so a composition's first round is recognisably the
+# standalone defense of the same name (see Composition.from_first).
+_BUDGETED: dict = {}
 
 
 def make_defense(
@@ -235,11 +262,22 @@ def make_defense(
     if lrs is not None:
         select_lr(finetune, lrs)  # validates lrs here, naming the argument
 
-    def budgeted(r: str) -> Callable:
+    def build(r: str) -> Callable:
         f = DEFENSES[r]
         if lrs is not None and r in LR_SELECTABLE:
             f = select_lr(f, lrs)
         return lambda k, m, p, data: f(k, m, p, data, n, **settings)
+
+    def budgeted(r: str) -> Callable:
+        grid = None if lrs is None else tuple(map(float, lrs))
+        key = (r, n, grid, tuple(sorted(settings.items())))
+        try:
+            hash(key)
+        except TypeError:  # unhashable settings (arrays): a fresh callable
+            return build(r)
+        if key not in _BUDGETED:
+            _BUDGETED[key] = build(r)
+        return _BUDGETED[key]
 
     fs = [budgeted(r) for r in rounds]
     return fs[0] if len(fs) == 1 else compose(*fs)
