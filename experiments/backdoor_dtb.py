@@ -53,10 +53,11 @@ Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [-
 Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) about 110 s
           on 2 idle CPU cores from an empty cache, mostly compilation (once per defense, data
           shape and surrogate member; every step size a defense tries shares one); full (3 seeds,
-          budget 200) about 80 minutes on 2 CPU cores: the first seed about 40 (calibration 12,
-          mostly compiles; BadNets 1; the warm phase 1.5; the naive, DTB and oracle arms 1, 4
-          and 4; the DTB and naive sanitisation suites 7 each; the trajectory 2), later seeds
-          about 20 (their suites 5-9 minutes each).
+          budget 200) about 64 minutes on 2 idle CPU cores: the first seed about 26
+          (calibration 5; BadNets 0.5; the warm phase 1; the naive, DTB and oracle arms 0.5, 4
+          (half of it compiling the surrogate family) and 2; the DTB and naive sanitisation
+          suites 6 and 5.5; the trajectory 1), later seeds 18-20 (calibration 4-5, suites 4.5-7
+          minutes each).
           With ``--resume`` the implants are restored from their checkpoints and each
           finished defense suite (a seed's calibration, its DTB and naive suites, the
           oracle's FP) from its figures, so a run can be spread over several sittings.
