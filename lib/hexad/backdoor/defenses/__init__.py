@@ -185,8 +185,7 @@ class Composition:
         self.rounds = tuple(rounds)
 
     def __call__(self, key, model, params, data) -> DefenseOutput:
-        first = self.rounds[0](key, model, params, data)
-        return self.from_first(key, model, _checked(0, first), data)
+        return self.from_first(key, model, self.rounds[0](key, model, params, data), data)
 
     def from_first(self, key, model, first: DefenseOutput, data) -> DefenseOutput:
         """The composition given round 0's output ``first`` (``rounds[0]`` run with ``key``)."""
@@ -268,8 +267,9 @@ def make_defense(
             f = select_lr(f, lrs)
         return lambda k, m, p, data: f(k, m, p, data, n, **settings)
 
+    grid = None if lrs is None else tuple(map(float, lrs))
+
     def budgeted(r: str) -> Callable:
-        grid = None if lrs is None else tuple(map(float, lrs))
         key = (r, n, grid, tuple(sorted(settings.items())))
         try:
             hash(key)
