@@ -12,7 +12,8 @@ shape (``solver(problem, init=None) -> Output``, a ``lax.while_loop`` with a tol
   default) or as the soft-PSD nuclear-norm program (``psd=False``), and the linear-reward
   surrogate joint program of graph, features and labels (:func:`joint_problem`);
   :func:`matrix_clusters`, :func:`assign_labels`, and a duality-gap certificate of any
-  candidate (:func:`nuclear_certificate`, with :func:`psd_repair` and :func:`min_eigenvalue`);
+  candidate (:func:`nuclear_certificate`, with :func:`psd_repair`, :func:`psd_rescale` and
+  :func:`min_eigenvalue`);
 - :class:`SharedAtomProblem` / :class:`SharedAtomSolver`: the joint program with one shared
   model per cluster (our convex shared-atomic-norm formulation; :func:`shared_atom_problem`,
   :func:`shared_atom_certificate`);
@@ -61,6 +62,7 @@ from hexad.cvxclust._nuclear import (
     nuclear_certificate,
     nuclear_objective,
     psd_repair,
+    psd_rescale,
     recovery_error,
 )
 from hexad.cvxclust._shared import (
@@ -112,6 +114,7 @@ __all__ = [
     "nuclear_certificate",
     "nuclear_objective",
     "psd_repair",
+    "psd_rescale",
     "recovery_error",
     "shared_atom_certificate",
     "shared_atom_objective",

@@ -15,9 +15,13 @@ The PSD-hard program (``psd=True``, the default of :func:`graph_problem` and
 :func:`joint_problem`) adds ``L >= 0``: the paper's atomic form ``L = sum_i lambda_i e_i
 e_i^T`` with ``lambda_i >= 0``. Its ADMM ``L`` step keeps ``max(lambda - mu / rho, 0)`` of the
 eigenvalues (the prox of ``mu tr L`` plus the PSD cone; ``mu tr L = mu n`` is a constant on
-``B``), and the solver returns the ``Z`` iterate made PSD by :func:`psd_repair`; the
-certificate is extended to it (:func:`nuclear_certificate`). ``psd=False`` is the soft-PSD
-nuclear-norm program described below.
+``B``). The solver returns the better (lower objective) of two feasible points: the ``Z``
+iterate (in ``B``) made PSD by :func:`psd_repair`, and the eigen-thresholded ``L`` iterate
+(PSD) scaled to unit diagonal and made non-negative by :func:`psd_rescale`. Short of
+convergence the second is usually far better: ``Z``'s small entrywise differences from ``L``
+add up to a negative eigenvalue that the identity mix pays for with the whole objective. The
+certificate is extended to the PSD-hard program (:func:`nuclear_certificate`).
+``psd=False`` is the soft-PSD nuclear-norm program described below.
 
 The linear-reward surrogate joint program (a labelled surrogate, not the paper's program; the
 program with one shared model per cluster is :class:`~hexad.cvxclust.SharedAtomProblem`):
@@ -104,6 +108,7 @@ __all__ = [
     "nuclear_certificate",
     "nuclear_objective",
     "psd_repair",
+    "psd_rescale",
     "recovery_error",
 ]
 
@@ -378,6 +383,45 @@ def psd_repair(l) -> tuple[jax.Array, jax.Array]:
     return out, jnp.linalg.eigvalsh(0.5 * (out + out.T))[0]
 
 
+def psd_rescale(l) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Returns ``(l', d, t)``: a PSD ``l`` scaled to unit diagonal and made non-negative.
+
+    ``l' = (1 - t) D l D + t J`` with ``D = diag(d)``, ``d_v = l_vv^(-1/2)`` (a node with
+    ``l_vv <= 1e-12`` keeps only its diagonal 1: ``D l D`` is completed by ``I`` on those
+    nodes), ``J`` the all-ones matrix and ``t = max(0, -m) / (1 - m)``, ``m`` the smallest
+    entry of ``D l D``. For PSD ``l``, ``D l D`` is PSD with unit diagonal, so its entries lie
+    in ``[-1, 1]``, and ``J`` is PSD with entries 1: ``l'`` lies in ``B`` and the PSD cone.
+    This is the feasible point of the PSD-hard program nearest in spirit to the ADMM's
+    eigen-thresholded (PSD) iterate: its violations are of the box, entry by entry, where the
+    box iterate's (:func:`psd_repair`) are spectral, so near convergence it loses far less
+    objective. ``l`` must be PSD (it is not checked here; :class:`NuclearSolver` applies
+    :func:`psd_repair` after it, which is then the identity up to rounding).
+
+    >>> l2, d, t = psd_rescale(jnp.array([[4.0, -2.0], [-2.0, 4.0]]))
+    >>> l2.round(3).tolist(), round(float(t), 4)
+    ([[1.0, 0.0], [0.0, 1.0]], 0.3333)
+    """
+    diag = jnp.diagonal(l)
+    live = diag > 1e-12
+    d = jnp.where(live, jax.lax.rsqrt(jnp.where(live, diag, 1.0)), 0.0)
+    s = d[:, None] * l * d[None, :]
+    s = jnp.where(jnp.eye(l.shape[0], dtype=bool), 1.0, 0.5 * (s + s.T))
+    m = jnp.min(s)
+    t = jnp.maximum(0.0, -m) / (1.0 - jnp.minimum(m, 0.0))
+    return (1.0 - t) * s + t, d, t
+
+
+def _better_feasible(value, z, l):
+    """``(l', lambda_min(l'))``: of the two feasible points of a PSD-hard program built from an
+    ADMM's box iterate ``z`` (:func:`psd_repair`) and its PSD iterate ``l``
+    (:func:`psd_rescale`, then :func:`psd_repair` against rounding), the one with the lower
+    ``value``."""
+    a, min_a = psd_repair(z)
+    b, min_b = psd_repair(psd_rescale(0.5 * (l + l.T))[0])
+    pick = value(b) < value(a)
+    return jnp.where(pick, b, a), jnp.where(pick, min_b, min_a)
+
+
 def min_eigenvalue(l) -> jax.Array:
     """Returns the smallest eigenvalue of the symmetric part of ``l``.
 
@@ -476,7 +520,8 @@ class NuclearOutput(NamedTuple):
     """What :class:`NuclearSolver` returns.
 
     Attributes:
-      l: ``[n, n]`` solution in ``B`` (the ADMM ``Z`` iterate).
+      l: ``[n, n]`` solution in ``B``: the ADMM ``Z`` iterate; for a PSD-hard problem the
+        better feasible point of ``Z`` and ``L`` (``min_eig``).
       low_rank: ``[n, n]`` the ``L`` iterate (eigen-thresholded; equals ``l`` at convergence).
       dual: ``[n, n]`` scaled ADMM dual.
       rho: final ADMM penalty.
@@ -494,9 +539,9 @@ class NuclearOutput(NamedTuple):
       dual_residuals: ``[max_iters]`` ``rho ||Z - Z_prev|| / max(1, rho ||W||)``, -1 padded.
       n_iters: iterations run.
       converged: both residuals ``<= tol`` (False when the solve stopped at ``max_iters``).
-      min_eig: smallest eigenvalue of ``l``. For a PSD-hard problem ``l`` is the ``Z`` iterate
-        made PSD by :func:`psd_repair` (``t = 0`` when it already is), so this is ``>= 0`` up
-        to rounding.
+      min_eig: smallest eigenvalue of ``l``. For a PSD-hard problem ``l`` is the better of
+        the ``Z`` iterate made PSD by :func:`psd_repair` and the ``L`` iterate made feasible by
+        :func:`psd_rescale` (module docstring), so this is ``>= 0`` up to rounding.
       subspace_rank: the subspace size ``k`` of the last step (``n`` for the full ``eigh``);
         with ``max_rank`` the rank the adaptive path reached.
       subspace: ``[n, max_rank]`` (``[n, rank]`` without ``max_rank``): the last step's Ritz
@@ -789,8 +834,14 @@ class NuclearSolver:
         s = jax.lax.while_loop(cond, body, s)
         # The exact-prox check of the next step's matrix on the last subspace.
         sat = s.sat | eig.short(s.z - s.w, s.q, s.level, problem.mu / s.rho)
-        if problem.psd:
-            l_out, min_eig = psd_repair(s.z)
+        if problem.psd:  # mu tr L = mu n on both points: the data term decides
+
+            def data(v):
+                return jnp.sum(problem.cost * jnp.abs(v - problem.target)) - jnp.sum(
+                    problem.linear * v
+                )
+
+            l_out, min_eig = _better_feasible(data, s.z, s.l)
         else:
             l_out, min_eig = s.z, min_eigenvalue(s.z)
         obj = nuclear_objective(problem, l_out) if self.compute_objective else None

@@ -51,6 +51,7 @@ from hexad.cvxclust._nuclear import (
     _EigenStep,
     admm_residuals,
     psd_repair,
+    psd_rescale,
 )
 
 __all__ = [
@@ -350,11 +351,14 @@ class SharedAtomOutput(NamedTuple):
     """What :class:`SharedAtomSolver` returns.
 
     Attributes:
-      l: ``[n, n]`` the ``Z_L`` iterate (in ``B``) made PSD by :func:`psd_repair`.
-      u: ``[n, p]`` the ``Z_U`` iterate: node ``v``'s model ``(m_v, s_v)``.
+      l: ``[n, n]`` in ``B`` and PSD, with ``u`` ``[n, p]`` (node ``v``'s model
+        ``(m_v, s_v)``): of two feasible points the one with the lower objective, the ``Z``
+        iterate's ``(Z_L, Z_U)`` with ``Z_L`` made PSD by :func:`psd_repair`, or the PSD
+        iterate's ``(L, U)`` with ``L`` made feasible by :func:`psd_rescale` and ``U``
+        scaled alike (short of convergence usually the second).
       m: ``[n + p, n + p]`` the ``Z`` iterate ``[[Z_L, Z_U], [Z_U^T, Z_T]]`` (the box and
-        loss-prox block of the splitting, not the PSD iterate): ``l`` is its ``Z_L`` made PSD,
-        ``u`` its ``Z_U``; a warm start's ``init`` takes it as ``z``.
+        loss-prox block of the splitting, not the PSD iterate); a warm start's ``init``
+        takes it as ``z``.
       dual: ``[n + p, n + p]`` scaled ADMM dual; rho: final penalty.
       objective: :func:`shared_atom_objective` at ``(l, u)``.
       min_eig: smallest eigenvalue of ``l`` (``>= 0`` up to rounding).
@@ -500,9 +504,19 @@ class SharedAtomSolver:
                     hist, hist)  # fmt: skip
         s = jax.lax.while_loop(cond, body, s)
         sat = s.sat | eig.short(s.z - s.w, s.q, s.level, problem.mu0 / s.rho)
-        l_out, min_eig = psd_repair(s.z[:n, :n])
-        u_out = s.z[:n, n:]
-        obj, _ = shared_atom_objective(problem, l_out, u_out)
+        # Two feasible points: the box iterate's Z_L made PSD with its Z_U, and the PSD
+        # iterate's L scaled to unit diagonal and made non-negative (psd_rescale) with its U
+        # scaled alike (D M D stays PSD, and the all-ones mix shrinks U by 1 - t); the lower.
+        l_a, min_a = psd_repair(s.z[:n, :n])
+        u_a = s.z[:n, n:]
+        obj_a, _ = shared_atom_objective(problem, l_a, u_a)
+        l_b, d, t_b = psd_rescale(0.5 * (s.m[:n, :n] + s.m[:n, :n].T))
+        l_b, min_b = psd_repair(l_b)
+        u_b = (1.0 - t_b) * d[:, None] * s.m[:n, n:]
+        obj_b, _ = shared_atom_objective(problem, l_b, u_b)
+        pick = obj_b < obj_a
+        l_out, u_out = jnp.where(pick, l_b, l_a), jnp.where(pick, u_b, u_a)
+        min_eig, obj = jnp.where(pick, min_b, min_a), jnp.minimum(obj_a, obj_b)
         return SharedAtomOutput(
             l=l_out,
             u=u_out,
