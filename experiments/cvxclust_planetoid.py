@@ -35,9 +35,10 @@ Runtime:  --quick runs the karate club only (under a minute). In the full run th
           linear programs take the rank-``k`` eigen step: on Cora's main graph-program block
           (n = 2550) 0.35-0.8 s per ADMM iteration on 2 busy CPU cores (``k`` grows to 256,
           about 140-200 eigenvalues kept), against a dense ``eigvalsh`` alone of 1.3 s; the
-          ADMM itself is slow there (residuals 2.3e-4 / 7.8e-5 after 1200 iterations, short of
-          ``tol = 1e-4``, and a relative duality gap near 0.3), so each such solve runs into
-          ``max_iters`` (about 10 minutes) uncertified. The joint program's rank-``k`` step on
+          ADMM itself is slow there (at ``beta = 1``, residuals 1.4e-4 / 3.2e-5 after 1350
+          iterations, short of ``tol = 1e-4``; the relative duality gap of the returned point
+          1.8e-2 after 1500), so each such solve runs into ``max_iters`` (10-16 minutes)
+          uncertified. The joint program's rank-``k`` step on
           Cora's 2731-square block takes about 1.2 s per iteration (``k`` to 512; a dense
           ``eigh`` 4-7 s), about 30 minutes a solve, so the full run takes several hours.
 
