@@ -516,7 +516,7 @@ class SharedAtomSolver:
         obj_b, _ = shared_atom_objective(problem, l_b, u_b)
         pick = obj_b < obj_a
         l_out, u_out = jnp.where(pick, l_b, l_a), jnp.where(pick, u_b, u_a)
-        min_eig, obj = jnp.where(pick, min_b, min_a), jnp.minimum(obj_a, obj_b)
+        min_eig, obj = jnp.where(pick, min_b, min_a), jnp.where(pick, obj_b, obj_a)
         return SharedAtomOutput(
             l=l_out,
             u=u_out,
