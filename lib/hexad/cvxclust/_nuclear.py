@@ -333,11 +333,12 @@ def nuclear_objective(problem: NuclearProblem, l) -> jax.Array:
     """
     sym = 0.5 * (l + l.T)
     nuc = jnp.sum(jnp.abs(jnp.linalg.eigvalsh(sym)))
-    return (
-        jnp.sum(problem.cost * jnp.abs(l - problem.target))
-        - jnp.sum(problem.linear * l)
-        + (problem.mu * nuc)
-    )
+    return _data_term(problem, l) + problem.mu * nuc
+
+
+def _data_term(problem: NuclearProblem, l) -> jax.Array:
+    """``sum C |L - A| - <S, L>``: the objective without its nuclear-norm term."""
+    return jnp.sum(problem.cost * jnp.abs(l - problem.target)) - jnp.sum(problem.linear * l)
 
 
 class NuclearCertificate(NamedTuple):
@@ -411,15 +412,12 @@ def psd_rescale(l) -> tuple[jax.Array, jax.Array, jax.Array]:
     return (1.0 - t) * s + t, d, t
 
 
-def _better_feasible(value, z, l):
-    """``(l', lambda_min(l'))``: of the two feasible points of a PSD-hard program built from an
-    ADMM's box iterate ``z`` (:func:`psd_repair`) and its PSD iterate ``l``
-    (:func:`psd_rescale`, then :func:`psd_repair` against rounding), the one with the lower
-    ``value``."""
-    a, min_a = psd_repair(z)
-    b, min_b = psd_repair(psd_rescale(0.5 * (l + l.T))[0])
-    pick = value(b) < value(a)
-    return jnp.where(pick, b, a), jnp.where(pick, min_b, min_a)
+def _feasible_from_psd(l):
+    """``(l', lambda_min(l'), d, t)``: an ADMM's PSD iterate ``l`` made feasible by
+    :func:`psd_rescale` (its ``d`` and ``t``), then :func:`psd_repair` against rounding."""
+    l2, d, t = psd_rescale(l)
+    l2, min_eig = psd_repair(l2)
+    return l2, min_eig, d, t
 
 
 def min_eigenvalue(l) -> jax.Array:
@@ -834,14 +832,11 @@ class NuclearSolver:
         s = jax.lax.while_loop(cond, body, s)
         # The exact-prox check of the next step's matrix on the last subspace.
         sat = s.sat | eig.short(s.z - s.w, s.q, s.level, problem.mu / s.rho)
-        if problem.psd:  # mu tr L = mu n on both points: the data term decides
-
-            def data(v):
-                return jnp.sum(problem.cost * jnp.abs(v - problem.target)) - jnp.sum(
-                    problem.linear * v
-                )
-
-            l_out, min_eig = _better_feasible(data, s.z, s.l)
+        if problem.psd:  # the better feasible point; mu tr L = mu n on both: data decides
+            l_a, min_a = psd_repair(s.z)
+            l_b, min_b, _, _ = _feasible_from_psd(s.l)
+            pick = _data_term(problem, l_b) < _data_term(problem, l_a)
+            l_out, min_eig = jnp.where(pick, l_b, l_a), jnp.where(pick, min_b, min_a)
         else:
             l_out, min_eig = s.z, min_eigenvalue(s.z)
         obj = nuclear_objective(problem, l_out) if self.compute_objective else None

@@ -49,9 +49,9 @@ from hexad.cvxclust._nuclear import (
     NuclearSolver,
     _cost_matrix,
     _EigenStep,
+    _feasible_from_psd,
     admm_residuals,
     psd_repair,
-    psd_rescale,
 )
 
 __all__ = [
@@ -510,8 +510,7 @@ class SharedAtomSolver:
         l_a, min_a = psd_repair(s.z[:n, :n])
         u_a = s.z[:n, n:]
         obj_a, _ = shared_atom_objective(problem, l_a, u_a)
-        l_b, d, t_b = psd_rescale(0.5 * (s.m[:n, :n] + s.m[:n, :n].T))
-        l_b, min_b = psd_repair(l_b)
+        l_b, min_b, d, t_b = _feasible_from_psd(s.m[:n, :n])
         u_b = (1.0 - t_b) * d[:, None] * s.m[:n, n:]
         obj_b, _ = shared_atom_objective(problem, l_b, u_b)
         pick = obj_b < obj_a
