@@ -73,6 +73,19 @@ def test_shared_atom_program_matches_scs_and_its_gap_closes(solve, mu0, mu1):
     assert not bool(early.converged) and int(early.n_iters) == 5
 
 
+def test_anderson_accelerated_solve_matches_scs():
+    a, x, y, labeled = _small()
+    p = cc.shared_atom_problem(
+        1.0, 1.0, adjacency=a, features=x, labels=y, labeled=labeled, num_classes=3
+    )
+    out = jax.jit(cc.SharedAtomSolver(anderson=5))(p)
+    ref = _scs_value(p)
+    assert bool(out.converged)
+    # The bar: 1e-4 relative agreement with the reference solver.
+    assert abs(float(out.objective) - ref) <= 1e-4 * abs(ref)
+    assert float(out.min_eig) >= -1e-10 and float(cc.box_violation(out.l)) <= 1e-12
+
+
 def test_without_node_loss_it_is_the_psd_hard_graph_program(solve):
     a, x, _, _ = _small(1)
     shared = solve(cc.shared_atom_problem(1.0, 0.0, adjacency=a, features=x))

@@ -76,7 +76,8 @@ Halko, Martinsson & Tropp 2011, arXiv:0909.4061, for the soft program; restarted
 Rayleigh-Ritz for the PSD-hard one, which needs the largest rather than the largest-magnitude
 eigenvalues), optionally doubling ``k`` while it is too small (``max_rank``), with a Lanczos
 check at the end that no eigenvalue off the subspace should have been kept (else reported as
-saturated).
+saturated). Optionally (``anderson``) the iteration, a relaxed Douglas-Rachford map on
+``Z + W``, is Anderson-accelerated with a safeguard.
 """
 
 from __future__ import annotations
@@ -563,6 +564,92 @@ class NuclearOutput(NamedTuple):
     subspace: jax.Array
 
 
+class _AAState(NamedTuple):
+    dg: jax.Array  # [memory, *shape] differences of map outputs
+    df: jax.Array  # [memory, *shape] differences of residuals
+    gram: jax.Array  # [memory, memory] df's inner products
+    live: jax.Array  # [memory] which slots hold a difference
+    slot: jax.Array  # the slot written next
+    g_prev: jax.Array
+    f_prev: jax.Array
+    has_prev: jax.Array  # g_prev, f_prev belong to the current map
+    fnorm: jax.Array  # ||f|| at the previous point
+    accel: jax.Array  # whether the current point is an extrapolation
+
+
+class _Anderson:
+    """Type-II Anderson acceleration of a fixed-point map ``u -> g(u)`` (Walker & Ni 2011;
+    with a safeguard as in Zhang, O'Donoghue & Boyd 2020, arXiv:1808.03971).
+
+    :meth:`step` takes the current point ``u`` and its image ``g``, records the differences
+    of ``g`` and of the residual ``f = g - u`` (the last ``memory``) and returns the next point
+    ``g - dG gamma`` with ``gamma`` the ridge least-squares fit of ``f`` by ``dF``. It returns
+    the plain ``g`` instead, and forgets the differences, where told to (``restart``: the map
+    changed, for example with ``rho``) and where an extrapolated point's residual exceeds the
+    previous point's (the safeguard; the plain iteration of an averaged operator never
+    increases it). ``memory`` 0 is the plain iteration. Built at trace time.
+    """
+
+    def __init__(self, memory: int, shape, dt, ridge: float = 1e-6):
+        self.memory = check_int("anderson", memory, 0)
+        self.shape, self.dt, self.ridge = tuple(shape), dt, ridge
+
+    def init(self) -> _AAState:
+        k = max(self.memory, 1)
+        buf = jnp.zeros((k if self.memory else 0, *self.shape), self.dt)
+        zero = jnp.zeros(self.shape, self.dt)
+        return _AAState(
+            buf,
+            buf,
+            jnp.zeros((k, k), self.dt),
+            jnp.zeros((k,), bool),
+            jnp.zeros((), jnp.int32),
+            zero if self.memory else buf,
+            zero if self.memory else buf,
+            jnp.array(False),
+            jnp.asarray(jnp.inf, self.dt),
+            jnp.array(False),
+        )
+
+    def step(self, st: _AAState, u, g, restart):
+        """``(next point, state)``; ``restart`` (bool): take ``g`` and forget the history, also
+        the last point (the next ``u`` is not ``g``)."""
+        if not self.memory:
+            return g, st
+        f = g - u
+        fnorm = jnp.linalg.norm(f)
+        reject = st.accel & (fnorm > st.fnorm)
+        add = st.has_prev & ~reject & ~restart
+        df = st.df.at[st.slot].set(jnp.where(add, f - st.f_prev, st.df[st.slot]))
+        dg = st.dg.at[st.slot].set(jnp.where(add, g - st.g_prev, st.dg[st.slot]))
+        live = jnp.where(reject | restart, False, st.live.at[st.slot].set(st.live[st.slot] | add))
+        flat = df.reshape(self.memory, -1)
+        row, rhs = flat @ flat[st.slot], flat @ f.reshape(-1)
+        gram = jnp.where(add, st.gram.at[st.slot].set(row).at[:, st.slot].set(row), st.gram)
+        mask = live[:, None] & live[None, :]
+        g_live = jnp.where(mask, gram, 0.0)
+        scale = jnp.max(jnp.where(live, jnp.diag(gram), 0.0))
+        reg = self.ridge * scale + jnp.finfo(self.dt).tiny
+        lhs = g_live + jnp.diag(jnp.where(live, reg, 1.0))
+        gamma = jnp.linalg.solve(lhs, jnp.where(live, rhs, 0.0))
+        extra = jnp.any(live) & jnp.all(jnp.isfinite(gamma))
+        gamma = jnp.where(extra, gamma, 0.0)
+        nxt = jnp.where(extra, g - jnp.tensordot(gamma, dg, axes=1), g)
+        new = _AAState(
+            dg,
+            df,
+            gram,
+            live,
+            jnp.where(add, (st.slot + 1) % self.memory, st.slot),
+            g,
+            f,
+            ~restart,
+            fnorm,
+            extra,
+        )
+        return nxt, new
+
+
 class _NState(NamedTuple):
     it: jax.Array
     l: jax.Array
@@ -577,6 +664,7 @@ class _NState(NamedTuple):
     dres: jax.Array
     hist_p: jax.Array
     hist_d: jax.Array
+    aa: _AAState
 
 
 def _soft(v, t):
@@ -637,6 +725,14 @@ class NuclearSolver:
       relaxation: over-relaxation ``alpha`` in ``(0, 2)`` (Boyd et al. 2011, Sec. 3.4.3;
         Eckstein & Bertsekas 1992): the ``Z`` and dual steps use
         ``alpha L + (1 - alpha) Z_prev`` in place of ``L``; 1 is plain ADMM.
+      anderson: memory of type-II Anderson acceleration (0: none) of the ADMM as a fixed-point
+        map on ``U = Z + W`` (``W`` the scaled dual; the map is the relaxed Douglas-Rachford
+        step): each step moves ``U`` to the extrapolation of the last ``anderson`` steps, with
+        a safeguard (an extrapolated point whose fixed-point residual exceeds the previous
+        point's is left for the plain step) and a restart whenever ``rho`` changes. ``Z`` is
+        the box step of ``U`` and stays in ``B``; the residuals tested against ``tol`` are
+        the plain step's, and the last iterate is a plain step. Keeps ``2 anderson + 2``
+        extra ``n x n`` matrices.
 
     >>> a = np.kron(np.eye(2), np.ones((3, 3)))
     >>> out = jax.jit(NuclearSolver())(graph_problem(a, 1.0))
@@ -654,6 +750,7 @@ class NuclearSolver:
     check_iters: int = flax.struct.field(pytree_node=False, default=60)
     compute_objective: bool = flax.struct.field(pytree_node=False, default=True)
     relaxation: float = flax.struct.field(pytree_node=False, default=1.0)
+    anderson: int = flax.struct.field(pytree_node=False, default=0)
 
     def _levels(self, n: int) -> tuple[int, ...]:
         """The static ranks of the rank-``k`` path: ``rank`` doubled up to ``max_rank``."""
@@ -768,6 +865,7 @@ class NuclearSolver:
             raise ValueError(f"init: expected [{n}, {n}] matrices, got {z0.shape}, {w0.shape}")
         sub0 = init[3] if isinstance(init, tuple) and len(init) == 4 else None
         eig = _EigenStep(self, n, problem.psd, dt, sub0)
+        acc = _Anderson(self.anderson, (n, n), dt)
         eye = jnp.eye(n, dtype=bool)
 
         def project_b(v):
@@ -792,10 +890,11 @@ class NuclearSolver:
             t = problem.mu / s.rho
             l, q, rank, sat = eig.step(m, s.q, s.level, t)
             lr = l if self.relaxation == 1.0 else self.relaxation * l + (1 - self.relaxation) * s.z
-            z = z_step(lr + s.w, s.rho)
-            w = s.w + lr - z
-            pres, dres, rho, w = admm_residuals(l, z, s.z, w, s.rho, s.it, self.adapt_every)
+            g = lr + s.w
+            z = z_step(g, s.rho)
+            pres, dres, rho, w = admm_residuals(l, z, s.z, g - z, s.rho, s.it, self.adapt_every)
             level, pres = eig.grow(m, q, s.level, t, sat, pres, dres, self.tol)
+            z, w, aa = _accelerate(acc, s, g, z, w, rho, pres, dres, self, z_step)
             return _NState(
                 s.it + 1,
                 l,
@@ -810,6 +909,7 @@ class NuclearSolver:
                 dres,
                 s.hist_p.at[s.it].set(pres),
                 s.hist_d.at[s.it].set(dres),
+                aa,
             )
 
         hist = -jnp.ones((self.max_iters,), dt)
@@ -828,6 +928,7 @@ class NuclearSolver:
             inf,
             hist,
             hist,
+            acc.init(),
         )
         s = jax.lax.while_loop(cond, body, s)
         # The exact-prox check of the next step's matrix on the last subspace.
@@ -856,6 +957,22 @@ class NuclearSolver:
             subspace_rank=eig.subspace_rank(s.level),
             subspace=eig.subspace(s.q, s.level),
         )
+
+
+def _accelerate(acc: _Anderson, s, g, z, w, rho, pres, dres, solver, z_step):
+    """One Anderson step of an ADMM in the scaled form of :class:`NuclearSolver` and
+    :class:`~hexad.cvxclust.SharedAtomSolver`: from the state ``s`` (``s.z``, ``s.w``,
+    ``s.rho``, ``s.it``, ``s.aa``), the plain step's ``g = (relaxed L) + W`` and its
+    ``z = box(g)``, ``w`` (after residual balancing, at ``rho``), returns ``(z, w, aa)``: the
+    box step of the extrapolated ``U`` and its dual, or the plain pair on a restart (the first
+    step, a change of ``rho``, and the last step, whose residuals are tested)."""
+    if not acc.memory:
+        return z, w, s.aa
+    done = ((pres <= solver.tol) & (dres <= solver.tol)) | (s.it + 1 >= solver.max_iters)
+    restart = (s.it == 0) | (rho != s.rho) | done
+    u, aa = acc.step(s.aa, s.z + s.w, g, restart)
+    za = z_step(u, s.rho)
+    return jnp.where(restart, z, za), jnp.where(restart, w, u - za), aa
 
 
 class _EigenStep:

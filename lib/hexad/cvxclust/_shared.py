@@ -47,6 +47,9 @@ from hexad.cvxclust._fusion import _check_labels
 from hexad.cvxclust._graphs import check_adjacency
 from hexad.cvxclust._nuclear import (
     NuclearSolver,
+    _AAState,
+    _accelerate,
+    _Anderson,
     _cost_matrix,
     _EigenStep,
     _feasible_from_psd,
@@ -401,6 +404,7 @@ class _SState(NamedTuple):
     dres: jax.Array
     hist_p: jax.Array
     hist_d: jax.Array
+    aa: _AAState
 
 
 @flax.struct.dataclass
@@ -418,6 +422,8 @@ class SharedAtomSolver:
       rank, max_rank, power_iters, check_iters: the rank-``k`` eigen step of
         :class:`~hexad.cvxclust.NuclearSolver` (PSD-hard), on the ``(n + p)``-sized iterate;
         ``rank`` ``None``: a full ``eigh`` per iteration.
+      anderson: Anderson acceleration's memory (0: none), as in
+        :class:`~hexad.cvxclust.NuclearSolver`, on the ``(n + p)``-sized ``Z + W``.
 
     >>> a = np.kron(np.eye(2), np.ones((3, 3))) - np.eye(6)
     >>> out = jax.jit(SharedAtomSolver())(shared_atom_problem(1.0, 0.0, adjacency=a))
@@ -434,6 +440,7 @@ class SharedAtomSolver:
     max_rank: int | None = flax.struct.field(pytree_node=False, default=None)
     power_iters: int = flax.struct.field(pytree_node=False, default=2)
     check_iters: int = flax.struct.field(pytree_node=False, default=60)
+    anderson: int = flax.struct.field(pytree_node=False, default=0)
 
     def __call__(self, problem: SharedAtomProblem, init=None) -> SharedAtomOutput:
         """Solves ``problem``; ``init`` is ``None`` or ``(z, dual, rho)`` of an earlier output
@@ -455,6 +462,7 @@ class SharedAtomSolver:
         eye_n = jnp.eye(n, dtype=bool)
         knobs = ("rank", "max_rank", "power_iters", "check_iters")
         eig = _EigenStep(NuclearSolver(**{k: getattr(self, k) for k in knobs}), big, True, dt)
+        acc = _Anderson(self.anderson, (big, big), dt)
 
         def z_step(v, rho):
             vl = v[:n, :n]
@@ -475,10 +483,11 @@ class SharedAtomSolver:
             v = s.z - s.w
             m, q, rank, sat = eig.step(v, s.q, s.level, t)
             mr = m if self.relaxation == 1.0 else self.relaxation * m + (1 - self.relaxation) * s.z
-            z = z_step(mr + s.w, s.rho)
-            w = s.w + mr - z
-            pres, dres, rho, w = admm_residuals(m, z, s.z, w, s.rho, s.it, self.adapt_every)
+            g = mr + s.w
+            z = z_step(g, s.rho)
+            pres, dres, rho, w = admm_residuals(m, z, s.z, g - z, s.rho, s.it, self.adapt_every)
             level, pres = eig.grow(v, q, s.level, t, sat, pres, dres, self.tol)
+            z, w, aa = _accelerate(acc, s, g, z, w, rho, pres, dres, self, z_step)
             return _SState(
                 s.it + 1,
                 m,
@@ -493,6 +502,7 @@ class SharedAtomSolver:
                 dres,
                 s.hist_p.at[s.it].set(pres),
                 s.hist_d.at[s.it].set(dres),
+                aa,
             )
 
         hist = -jnp.ones((self.max_iters,), dt)
@@ -501,7 +511,7 @@ class SharedAtomSolver:
         zero = jnp.zeros((), jnp.int32)
         w0 = 0.5 * (w0 + w0.T)
         s = _SState(zero, z0, z0, w0, rho0, eig.q0, eig.level0, zero, jnp.array(False), inf, inf,
-                    hist, hist)  # fmt: skip
+                    hist, hist, acc.init())  # fmt: skip
         s = jax.lax.while_loop(cond, body, s)
         sat = s.sat | eig.short(s.z - s.w, s.q, s.level, problem.mu0 / s.rho)
         # Two feasible points: the box iterate's Z_L made PSD with its Z_U, and the PSD
