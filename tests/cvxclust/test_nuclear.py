@@ -164,7 +164,8 @@ def test_over_relaxed_admm_matches_scs(small):
 @pytest.mark.parametrize("psd", [True, False])
 def test_anderson_accelerated_admm_matches_scs(small, psd):
     a, _ = small
-    solve = jax.jit(cc.NuclearSolver(tol=1e-7, max_iters=5000, anderson=5, relaxation=1.3))
+    kw = dict(anderson=5, relaxation=1.3, balance=2.0)
+    solve = jax.jit(cc.NuclearSolver(tol=1e-7, max_iters=5000, **kw))
     _check_against_scs(solve, cc.graph_problem(a, 1.5, nonedge_weight=0.6, psd=psd))
 
 
@@ -377,6 +378,10 @@ def test_bad_input_raises():
         cc.NuclearSolver(rank=10)(cc.graph_problem(a, 1.0))
     with pytest.raises(ValueError, match="relaxation"):
         cc.NuclearSolver(relaxation=2.0)(cc.graph_problem(a, 1.0))
+    with pytest.raises(ValueError, match="balance"):
+        cc.NuclearSolver(balance=1.0)(cc.graph_problem(a, 1.0))
+    with pytest.raises(ValueError, match="anderson"):
+        cc.NuclearSolver(anderson=-1)(cc.graph_problem(a, 1.0))
     with pytest.raises(TypeError, match="psd"):
         cc.graph_problem(a, 1.0, psd="yes")
     with pytest.raises(ValueError, match="features"):

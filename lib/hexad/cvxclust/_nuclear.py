@@ -671,13 +671,22 @@ def _soft(v, t):
     return jnp.sign(v) * jnp.maximum(jnp.abs(v) - t, 0.0)
 
 
-def admm_residuals(x, z, z_prev, w, rho, it, adapt_every: int):
+def _check_admm(solver) -> None:
+    """Checks the ADMM settings shared by the solvers (``relaxation``, ``balance``)."""
+    if not 0.0 < solver.relaxation < 2.0:
+        raise ValueError(f"relaxation: expected a float in (0, 2), got {solver.relaxation!r}")
+    if not solver.balance > 1.0:
+        raise ValueError(f"balance: expected a float > 1, got {solver.balance!r}")
+
+
+def admm_residuals(x, z, z_prev, w, rho, it, adapt_every: int, balance: float = 10.0):
     """Relative primal and dual residuals of a scaled-form ADMM iterate, and the penalty update.
 
     ``x`` and ``z`` are the two blocks' iterates (constraint ``x = z``), ``z_prev`` the previous
     ``z``, ``w`` the scaled dual ``y / rho``. Every ``adapt_every`` iterations (0: never) ``rho``
-    doubles where the primal residual is over 10x the dual and halves in the opposite case, and
-    ``w`` is rescaled so that ``y`` is unchanged. Returns ``(pres, dres, rho, w)``.
+    doubles where the primal residual is over ``balance`` times the dual and halves in the
+    opposite case, and ``w`` is rescaled so that ``y`` is unchanged. Returns
+    ``(pres, dres, rho, w)``.
     """
     pres = jnp.linalg.norm(x - z) / jnp.maximum(
         1.0, jnp.maximum(jnp.linalg.norm(x), jnp.linalg.norm(z))
@@ -686,7 +695,7 @@ def admm_residuals(x, z, z_prev, w, rho, it, adapt_every: int):
     if adapt_every:
         tick = (it + 1) % adapt_every == 0
         factor = jnp.where(
-            tick & (pres > 10 * dres), 2.0, jnp.where(tick & (dres > 10 * pres), 0.5, 1.0)
+            tick & (pres > balance * dres), 2.0, jnp.where(tick & (dres > balance * pres), 0.5, 1.0)
         )
         rho = rho * factor
         w = w / factor
@@ -705,6 +714,8 @@ class NuclearSolver:
       rho: initial ADMM penalty.
       adapt_every: residual balancing (Boyd et al. 2011, Sec. 3.4.1) every this many
         iterations; 0 keeps ``rho`` fixed.
+      balance: the residual ratio (``> 1``) past which balancing doubles or halves ``rho``
+        (Boyd et al.'s 10; a smaller one follows the residuals more closely).
       rank: ``None`` for a full ``eigh`` per step, or ``k`` for the rank-``k`` step: Ritz
         pairs of the ADMM matrix on a ``k``-dimensional subspace warm-started from the previous
         step's (``power_iters`` block Krylov sweeps, :meth:`_ritz_step`), for ``n`` in the
@@ -744,6 +755,7 @@ class NuclearSolver:
     max_iters: int = flax.struct.field(pytree_node=False, default=2000)
     rho: float = flax.struct.field(pytree_node=False, default=1.0)
     adapt_every: int = flax.struct.field(pytree_node=False, default=10)
+    balance: float = flax.struct.field(pytree_node=False, default=10.0)
     rank: int | None = flax.struct.field(pytree_node=False, default=None)
     max_rank: int | None = flax.struct.field(pytree_node=False, default=None)
     power_iters: int = flax.struct.field(pytree_node=False, default=2)
@@ -853,8 +865,7 @@ class NuclearSolver:
         (``Z`` is projected onto ``B`` first)."""
         n = problem.n
         dt = problem.target.dtype
-        if not 0.0 < self.relaxation < 2.0:
-            raise ValueError(f"relaxation: expected a float in (0, 2), got {self.relaxation!r}")
+        _check_admm(self)
         if init is None:
             z0, w0, rho0 = jnp.eye(n, dtype=dt), jnp.zeros((n, n), dt), jnp.asarray(self.rho, dt)
         elif isinstance(init, tuple):
@@ -892,7 +903,9 @@ class NuclearSolver:
             lr = l if self.relaxation == 1.0 else self.relaxation * l + (1 - self.relaxation) * s.z
             g = lr + s.w
             z = z_step(g, s.rho)
-            pres, dres, rho, w = admm_residuals(l, z, s.z, g - z, s.rho, s.it, self.adapt_every)
+            pres, dres, rho, w = admm_residuals(
+                l, z, s.z, g - z, s.rho, s.it, self.adapt_every, self.balance
+            )
             level, pres = eig.grow(m, q, s.level, t, sat, pres, dres, self.tol)
             z, w, aa = _accelerate(acc, s, g, z, w, rho, pres, dres, self, z_step)
             return _NState(

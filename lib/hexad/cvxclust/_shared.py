@@ -50,6 +50,7 @@ from hexad.cvxclust._nuclear import (
     _AAState,
     _accelerate,
     _Anderson,
+    _check_admm,
     _cost_matrix,
     _EigenStep,
     _feasible_from_psd,
@@ -418,6 +419,8 @@ class SharedAtomSolver:
       max_iters: iteration cap.
       rho: initial ADMM penalty.
       adapt_every: residual balancing every this many iterations (0: fixed ``rho``).
+      balance: the residual ratio past which balancing changes ``rho`` (as in
+        :class:`~hexad.cvxclust.NuclearSolver`).
       relaxation: over-relaxation in ``(0, 2)``.
       rank, max_rank, power_iters, check_iters: the rank-``k`` eigen step of
         :class:`~hexad.cvxclust.NuclearSolver` (PSD-hard), on the ``(n + p)``-sized iterate;
@@ -435,6 +438,7 @@ class SharedAtomSolver:
     max_iters: int = flax.struct.field(pytree_node=False, default=3000)
     rho: float = flax.struct.field(pytree_node=False, default=1.0)
     adapt_every: int = flax.struct.field(pytree_node=False, default=10)
+    balance: float = flax.struct.field(pytree_node=False, default=10.0)
     relaxation: float = flax.struct.field(pytree_node=False, default=1.0)
     rank: int | None = flax.struct.field(pytree_node=False, default=None)
     max_rank: int | None = flax.struct.field(pytree_node=False, default=None)
@@ -448,8 +452,7 @@ class SharedAtomSolver:
         n, p = problem.n, problem.p
         big = n + p
         dt = problem.target.dtype
-        if not 0.0 < self.relaxation < 2.0:
-            raise ValueError(f"relaxation: expected a float in (0, 2), got {self.relaxation!r}")
+        _check_admm(self)
         if init is None:
             z0 = jnp.eye(big, dtype=dt)
             w0, rho0 = jnp.zeros((big, big), dt), jnp.asarray(self.rho, dt)
@@ -485,7 +488,9 @@ class SharedAtomSolver:
             mr = m if self.relaxation == 1.0 else self.relaxation * m + (1 - self.relaxation) * s.z
             g = mr + s.w
             z = z_step(g, s.rho)
-            pres, dres, rho, w = admm_residuals(m, z, s.z, g - z, s.rho, s.it, self.adapt_every)
+            pres, dres, rho, w = admm_residuals(
+                m, z, s.z, g - z, s.rho, s.it, self.adapt_every, self.balance
+            )
             level, pres = eig.grow(v, q, s.level, t, sat, pres, dres, self.tol)
             z, w, aa = _accelerate(acc, s, g, z, w, rho, pres, dres, self, z_step)
             return _SState(
