@@ -17,6 +17,9 @@ shape (``solver(problem, init=None) -> Output``, a ``lax.while_loop`` with a tol
 - :class:`SharedAtomProblem` / :class:`SharedAtomSolver`: the joint program with one shared
   model per cluster (our convex shared-atomic-norm formulation; :func:`shared_atom_problem`,
   :func:`shared_atom_certificate`);
+- :class:`FactorSolver`: a feasible point of either nuclear program from a non-negative
+  low-rank factor ``L = V V^T`` (projected gradient, one ``[n, n] x [n, r]`` product a step):
+  an upper bound, certified by a :class:`NuclearSolver` multiplier;
 - :class:`SplitNuclearSolver` solves a :class:`NuclearProblem` exactly block by block
   (:func:`nuclear_blocks`: the connected components of the pairs whose entrywise optimum is
   not zero).
@@ -26,6 +29,7 @@ shape (``solver(problem, init=None) -> Output``, a ``lax.while_loop`` with a tol
 """
 
 from hexad.cvxclust._baselines import label_propagation
+from hexad.cvxclust._factor import FactorOutput, FactorSolver
 from hexad.cvxclust._fusion import (
     FusionOutput,
     FusionPath,
@@ -78,6 +82,8 @@ from hexad.cvxclust._split import SplitNuclearSolver, nuclear_blocks
 
 __all__ = [
     "ContextualSBM",
+    "FactorOutput",
+    "FactorSolver",
     "FusionOutput",
     "FusionPath",
     "FusionProblem",
