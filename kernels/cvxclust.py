@@ -23,11 +23,17 @@ Run: ``python -m kernels cvxclust [--quick]``.
   (``sat=False``) and the compile seconds (these rows are timed as pre-compiled calls under a
   one-thread BLAS limit, see ``fn``).
 
+- The non-negative factor point (``FactorSolver``, rank 64, 100 steps; PSD-hard program of the
+  same SBM) at n = 500 (``--quick``) or 2000, without a peer; the row name gives its gap to the
+  planted partition's objective (``gap_truth``; 0 where the partition is the optimum) after
+  those steps.
+
 Bounds: the fusion rows, the roofline of the bytes every iteration must move (the edge duals
 ``[E, 2]`` and the points ``[n, 2]``, read and written once, float32) times the iterations run;
 the nuclear rows, the roofline of one rank-k subspace product per iteration (``2 n^2 k`` FLOPs)
 and of the bytes of the ``n x n`` iterate, its dual and the target read once and the iterate
-written once (float32), times the iterations run.
+written once (float32), times the iterations run; the factor row, the roofline of one
+``[n, n] x [n, rank]`` product (``2 n^2 rank`` FLOPs) and of reading ``K`` once per step.
 
 Goals: at least as fast as Clarabel at n = 1000; n = 100000 in minutes; the nuclear-norm
 program at least 50x faster than SCS at n = 100 at equal accuracy.
@@ -241,10 +247,43 @@ def _nuclear_cases(n: int, peer: bool, once: bool = False) -> list[Case]:
     ]
 
 
+def _factor_case(n: int, rank: int = 64, steps: int = 100) -> Case:
+    a, y = _sbm(n)
+    problem = cc.graph_problem(a, float(np.sqrt(n)))  # PSD-hard: the factor point's program
+    solver = cc.FactorSolver(rank=rank, steps=steps)
+    key = jax.random.key(0)
+    t0 = time.perf_counter()
+    compiled = jax.jit(solver).lower(problem, key).compile()
+    compile_s = time.perf_counter() - t0
+    out = compiled(problem, key)
+    truth = float(
+        cc.nuclear_objective(problem, jnp.asarray(y[:, None] == y[None, :], problem.target.dtype))
+    )
+    gap = (float(out.objective) - truth) / abs(truth)
+    return Case(
+        name=f"cvxclust/factor n={n} rank={rank} steps={steps} gap_truth={gap:+.1e} "
+        f"compile={compile_s:.1f}s",
+        fn=lambda p, k: jax.block_until_ready(compiled(p, k)),
+        args=(problem, key),
+        # Every step multiplies K by the factor once and reads K; the power iterations
+        # are a further n^2 each.
+        flops=2.0 * n * n * rank * steps,
+        bytes=4.0 * n * n * steps,
+        bound_note="roofline of one [n, n] x [n, rank] product and K's bytes per step",
+        shapes=f"K[{n},{n}] V[{n},{rank}]",
+        items=float(steps),
+        unit="steps",
+        repeats=5,
+        warmup=1,
+        jit=False,
+    )
+
+
 def cases(quick: bool) -> list[Case]:
     out = []
     for n in (200, 1000) if quick else (200, 1000, 10000, 100000):
         out += _fusion_cases(n, peers=n <= 10000, once=n == 100000)
     for n in (100,) if quick else (100, 500, 2000):
         out += _nuclear_cases(n, peer=n <= 100, once=n == 500)
+    out.append(_factor_case(500 if quick else 2000))
     return out
