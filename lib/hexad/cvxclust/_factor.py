@@ -15,7 +15,8 @@ and every iterate is feasible, where the ADMM's are so only in the limit. It is 
 the factor set is non-convex, and the completely positive matrices ``V V^T`` are a strict
 subset of the feasible ones, so the best factor can stay above the optimum. It gives an upper
 bound; a dual multiplier from :class:`~hexad.cvxclust.NuclearSolver` gives the lower bound
-that certifies it (:func:`~hexad.cvxclust.nuclear_certificate`).
+that certifies it (:func:`~hexad.cvxclust.nuclear_certificate`). The point is also a start
+for that solver (``init=out.l``): its ADMM then starts from a near-optimal ``Z``.
 
 For a target with fractional entries ``C (A + (1 - 2A) L)`` is the chord above
 ``C |L - A|`` on ``[0, 1]``: the descent then minimises that majoriser, and the objective
