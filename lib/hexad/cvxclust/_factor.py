@@ -68,9 +68,10 @@ class FactorSolver:
     Minimises ``<K, V V^T>`` (module docstring) over ``V >= 0`` ``[n, rank]`` with unit rows:
     ``Y = P(V_t + momentum (V_t - V_{t-1}))``, ``V_{t+1} = P(Y - eta 2 K Y)``, with ``P``
     the projection onto non-negative unit rows and ``eta = step_scale / ||K||_2`` (the norm
-    from ``power_iters`` power iterations). It keeps the extrapolated point ``Y`` of lowest
-    ``<K, Y Y^T>`` (read off the step's own product ``K Y``). All settings static; one
-    ``[n, n] x [n, rank]`` product per step. Many starts: ``jax.vmap`` over keys.
+    from ``power_iters`` power iterations from a fixed random vector). It keeps the
+    extrapolated point ``Y`` of lowest ``<K, Y Y^T>`` (read off the step's own product
+    ``K Y``). All settings static; one ``[n, n] x [n, rank]`` product per step. Many starts:
+    ``jax.vmap`` over keys.
 
     Attributes:
       rank: columns of ``V``; the non-negative rank the optimum needs is at least its number
@@ -125,7 +126,9 @@ class FactorSolver:
             y = k @ x
             return y / jnp.maximum(jnp.linalg.norm(y), jnp.finfo(dt).tiny)
 
-        x = jax.lax.fori_loop(0, self.power_iters, power, jnp.ones((n,), dt) / jnp.sqrt(n))
+        # A fixed random start: almost surely not orthogonal to the top eigenvector.
+        x0 = jax.random.normal(jax.random.key(1), (n,), dt)
+        x = jax.lax.fori_loop(0, self.power_iters, power, x0 / jnp.linalg.norm(x0))
         knorm = jnp.linalg.norm(k @ x)
         eta = self.step_scale / jnp.maximum(knorm, jnp.finfo(dt).tiny)
 
