@@ -587,6 +587,16 @@ def _():
     return fn, (C.graph_problem(_two_blocks(), 1.0),)
 
 
+@entry("cvxclust.FactorSolver", ("cvxclust.FactorSolver", "cvxclust.FactorOutput"))
+def _():
+    from hexad import cvxclust as C
+
+    def fn(problem):
+        return C.FactorSolver(rank=4, steps=5)(problem, jax.random.key(0))
+
+    return fn, (C.graph_problem(_two_blocks(), 1.0),)
+
+
 @entry(
     "cvxclust.FusionSolver",
     (
