@@ -31,7 +31,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from hexad._base import check_int
+from hexad._base import check_int, check_unit
 from hexad.cvxclust._nuclear import NuclearProblem, _data_term
 
 __all__ = ["FactorOutput", "FactorSolver"]
@@ -98,8 +98,7 @@ class FactorSolver:
         check_int("rank", self.rank, 1)
         check_int("steps", self.steps, 1)
         check_int("power_iters", self.power_iters, 1)
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"momentum: expected a float in [0, 1), got {self.momentum!r}")
+        check_unit("momentum", self.momentum, lo_open=False)
         if not 0.0 < self.step_scale < 4.0:
             raise ValueError(f"step_scale: expected a float in (0, 4), got {self.step_scale!r}")
 
