@@ -8,6 +8,7 @@ Prints one JSON line with the results.
 import json
 import os
 import sys
+import time
 
 if __name__ == "__main__":  # only as the script; `pytest --doctest-modules` imports it too
     # 2 CPU devices per process, keeping any other flag the parent runs under (an ISA cap)
@@ -59,8 +60,24 @@ def main() -> None:
         m.save(s, state(s)[0])
         m.wait_until_finished()
     mark("saved")
+    t_pfs = time.monotonic()
     pfs_ok = m.wait_for_pfs(1, timeout_s=60)
-    mark(f"pfs {pfs_ok}")
+    mark(f"pfs {pfs_ok} after {time.monotonic() - t_pfs:.1f} s")
+    # What the test prints if step 1 is not PFS-committed: each rank's records, the drainer's
+    # state and the PFS folder.
+    diag = None
+    if not pfs_ok:
+        pfs = os.path.join(base, "pfs")
+        diag = {
+            "records": {s: m.durability(s) for s in range(2)},
+            "health": m.health(ping_neighbour=False),
+            "drainer_log": m.drainer_log.read_text()[-2000:] if m.drainer_log.exists() else None,
+            "pfs": sorted(
+                os.path.relpath(os.path.join(d, f), pfs)
+                for d, dirs, files in os.walk(pfs)
+                for f in [*dirs, *files]
+            ),
+        }
     multihost_utils.sync_global_devices("saved")
     target, glob1 = state(7)
     r = m.restore(target)
@@ -70,7 +87,7 @@ def main() -> None:
         np.asarray(sh.data).tobytes() == want[sh.index].tobytes()
         for sh in r.state["w"].addressable_shards
     )
-    out = {"pid": pid, "pfs_ok": pfs_ok, "first": [r.step, r.tier, exact]}
+    out = {"pid": pid, "pfs_ok": pfs_ok, "pfs_diag": diag, "first": [r.step, r.tier, exact]}
     multihost_utils.sync_global_devices("restored")
     # Process 0 loses step 1 everywhere (local bit flip, its replica on the neighbour and its
     # PFS copy): every process must then agree on step 0.

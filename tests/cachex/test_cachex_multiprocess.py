@@ -51,6 +51,6 @@ def test_multi_process_round_trip_replica_pfs_and_agreement(tmp_path, n):
         outs.append(json.loads(o.read_text().strip().splitlines()[-1]))
     assert len(outs) == n
     for o in outs:
-        assert o["pfs_ok"]
+        assert o["pfs_ok"], json.dumps(o["pfs_diag"], indent=1)
         assert o["first"] == [1, "local", True]  # bit-exact shards of an n-process array
         assert o["second"][0] == 0 and o["second"][2]  # all agree on the older step

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -251,6 +252,92 @@ def test_sweep_renames_complete_tmp_and_removes_stale_ones(tmp_path):
     assert sorted(p.name for p in pfs.iterdir()) == ["3"]
     _pfs.drain_once(cfg0)
     assert mgrs[0].wait_for_pfs(3, timeout_s=1)
+    for m in mgrs:
+        m.close()
+
+
+def test_a_retry_after_the_done_marker_commits_the_part_as_written(tmp_path, monkeypatch):
+    # A drain that fails after its done marker (here the rename) left a complete part. The
+    # retry must not rewrite it (another rank may be renaming the folder meanwhile), so even a
+    # local copy corrupted since then does not stop the commit nor touch the part on the PFS.
+    pfs = tmp_path / "pfs"
+    mgrs = [
+        cachex.CacheXManager(tmp_path / f"node{r}", pfs_dir=pfs, rank=r, n_ranks=2, drainer=False)
+        for r in range(2)
+    ]
+    for r, m in enumerate(mgrs):
+        m.save(1, {"x": np.arange(8, dtype=np.int32) + r})
+        m.wait_until_finished()
+    cfg0, cfg1 = (m.drainer_config for m in mgrs)
+    assert _pfs.drain_once(_pfs.dataclasses.replace(cfg1, n_ranks=3)) == [1]  # marker, no rename
+    real = os.rename
+
+    def failing(src, dst, *a, **k):
+        if os.path.basename(src).startswith(".tmp-"):
+            raise OSError(5, "injected I/O error")
+        return real(src, dst, *a, **k)
+
+    monkeypatch.setattr(os, "rename", failing)
+    assert _pfs.drain_once(cfg0) == []  # rank 0's part and marker written, its rename failed
+    monkeypatch.setattr(os, "rename", real)
+    assert (pfs / ".tmp-1" / "done_0").exists() and not (pfs / "1").exists()
+    data = mgrs[0].steps_dir / "1" / "state" / "data.bin"
+    data.write_bytes(bytes([data.read_bytes()[0] ^ 1]) + data.read_bytes()[1:])
+    assert _pfs.drain_once(cfg0, now=time.time() + 3600) == [1]
+    assert mgrs[0].wait_for_pfs(1, timeout_s=1)
+    meta, shards = cachex._format.read_rank_dir(pfs / "1" / "rank_0")  # CRC-checked
+    assert np.array_equal(np.concatenate([a.ravel() for *_, a in shards]), np.arange(8))
+    for m in mgrs:
+        m.close()
+
+
+def _two_ranks_saved(tmp_path, step=1):
+    pfs = tmp_path / "pfs"
+    mgrs = [
+        cachex.CacheXManager(tmp_path / f"node{r}", pfs_dir=pfs, rank=r, n_ranks=2, drainer=False)
+        for r in range(2)
+    ]
+    for r, m in enumerate(mgrs):
+        m.save(step, {"x": np.arange(8, dtype=np.int32) + r})
+        m.wait_until_finished()
+    return pfs, mgrs
+
+
+@pytest.mark.parametrize("then", ["nothing", "eio"])
+def test_a_rename_by_the_other_rank_right_after_this_ranks_marker_is_pfs_durable(
+    tmp_path, monkeypatch, then
+):
+    # Rank 1's part and marker are on the PFS; rank 1 renames the folder the moment rank 0's
+    # marker lands, before rank 0's next step. Rank 0 must then record the step PFS-durable:
+    # at once ("nothing" more goes wrong), or, if its own drain fails after the rename ("eio"),
+    # at its next pass (the step is committed, so no drain of it is due again).
+    pfs, mgrs = _two_ranks_saved(tmp_path)
+    cfg0, cfg1 = (m.drainer_config for m in mgrs)
+    assert _pfs.drain_once(cfg1) == [1] and not (pfs / "1").exists()
+    real_write, real_fsync = _pfs._fsio.write_file_durable, _pfs._fsio.fsync_dir
+
+    def write_then_rank1_commits(path, data, *a, **k):
+        n = real_write(path, data, *a, **k)
+        if Path(path).name == "done_0":
+            assert _pfs.sweep_pfs(pfs, 2) == {"renamed": [1], "removed": []}
+        return n
+
+    def fsync_eio(path):
+        if Path(path) == pfs / ".tmp-1":
+            raise OSError(5, "injected I/O error")
+        return real_fsync(path)
+
+    monkeypatch.setattr(_pfs._fsio, "write_file_durable", write_then_rank1_commits)
+    if then == "eio":
+        monkeypatch.setattr(_pfs._fsio, "fsync_dir", fsync_eio)
+    first = _pfs.drain_once(cfg0)
+    monkeypatch.undo()
+    assert (pfs / "1").is_dir() and not (pfs / ".tmp-1").exists()
+    assert first == ([1] if then == "nothing" else [])
+    assert ("pfs" in mgrs[0].durability(1)) == (then == "nothing")
+    assert _pfs.drain_once(cfg0) == []  # nothing left to drain; the pass records the commit
+    assert mgrs[0].wait_for_pfs(1, timeout_s=1)
+    assert _pfs.drain_once(cfg1) == [] and mgrs[1].wait_for_pfs(1, timeout_s=1)
     for m in mgrs:
         m.close()
 

@@ -637,7 +637,12 @@ class CacheXManager:
                 **retry,
             )
             if drainer:
-                self._drainer = _pfs.spawn_drainer(self.drainer_config)
+                self._drainer = _pfs.spawn_drainer(self.drainer_config, self.drainer_log)
+
+    @property
+    def drainer_log(self) -> Path:
+        """The file the drainer's output goes to (appended; a dead drainer's traceback)."""
+        return self.records_dir / f"drainer_rank{self.rank}.log"
 
     # -- saving ----------------------------------------------------------------------------------
 
@@ -683,7 +688,7 @@ class CacheXManager:
         if self._drainer is None or self._drainer.poll() is None:
             return
         code = self._drainer.returncode
-        self._drainer = _pfs.spawn_drainer(self.drainer_config)
+        self._drainer = _pfs.spawn_drainer(self.drainer_config, self.drainer_log)
         self._drainer_restarts += 1
         self._node.event("drainer_restart", exit_code=code)
 

@@ -267,20 +267,12 @@ def _pfs_steps(pfs_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in pfs_dir.iterdir() if p.name.isdigit() and p.is_dir())
 
 
-def _drain_step(cfg: DrainerConfig, step: int) -> tuple[float, list[int], bool]:
-    """Copies this rank's files of ``step`` to the PFS.
-
-    Returns the seconds this rank's part took, the PFS steps the GC removed (only the drainer
-    that commits the step runs the GC) and whether the step is committed (``<pfs>/<s>``).
-    """
-    t0 = time.perf_counter()
+def _write_part(cfg: DrainerConfig, step: int, rank_dir: Path) -> int:
+    """Copies this rank's files of local ``step`` into ``rank_dir`` (CRC-checked, fsynced);
+    returns the bytes written."""
     name = _fsio.validate_step_name(step)
     src = Path(cfg.steps_dir) / name / cfg.item
-    pfs = Path(cfg.pfs_dir)
-    tmp = pfs / f".tmp-{name}"
-    rank_dir = tmp / f"rank_{cfg.rank}"
     manifest = _format.read_manifest(src)
-    tmp.mkdir(parents=True, exist_ok=True)
     if rank_dir.exists():  # a previous drainer died half-way: start this rank over
         for p in rank_dir.iterdir():
             p.unlink()
@@ -296,29 +288,57 @@ def _drain_step(cfg: DrainerConfig, step: int) -> tuple[float, list[int], bool]:
         rank_dir / _format.MANIFEST_FILE, (src / _format.MANIFEST_FILE).read_bytes()
     )
     _fsio.fsync_dir(rank_dir)
-    if cfg.pfs:
-        target = PFSModel(**cfg.pfs).draw(cfg.seed, step, cfg.rank, nbytes)
-        left = target - (time.perf_counter() - t0)
-        if left > 0:
-            time.sleep(left)
+    return nbytes
+
+
+def _drain_step(cfg: DrainerConfig, step: int) -> tuple[float, list[int], bool, bool]:
+    """Copies this rank's files of ``step`` to the PFS.
+
+    Returns the seconds this rank's part took, the PFS steps the GC removed (only the drainer
+    that commits the step runs the GC), whether the step is committed (``<pfs>/<s>``) and
+    whether this rank did the rename.
+
+    A retry after a failure past this rank's done marker (the part is complete: the marker is
+    written only after its files are fsynced) does not rewrite the part, since another rank may
+    be renaming the folder at that moment; it only tries the commit again. A step already
+    committed is left as it is.
+    """
+    t0 = time.perf_counter()
+    name = _fsio.validate_step_name(step)
+    pfs = Path(cfg.pfs_dir)
+    if (pfs / name).is_dir():  # committed meanwhile: every rank's part, this one's too
+        return time.perf_counter() - t0, [], True, False
+    tmp = pfs / f".tmp-{name}"
     marker = tmp / f"done_{cfg.rank}"
     if not marker.exists():
+        tmp.mkdir(parents=True, exist_ok=True)
+        nbytes = _write_part(cfg, step, tmp / f"rank_{cfg.rank}")
+        if cfg.pfs:
+            target = PFSModel(**cfg.pfs).draw(cfg.seed, step, cfg.rank, nbytes)
+            left = target - (time.perf_counter() - t0)
+            if left > 0:
+                time.sleep(left)
         _fsio.write_file_durable(marker, b"1")
-    _fsio.fsync_dir(tmp)
-    committed = False
+    # From here on another rank that sees every marker may rename the folder at any moment.
+    try:
+        _fsio.fsync_dir(tmp)
+    except FileNotFoundError:
+        if not (pfs / name).is_dir():
+            raise
+    renamed = False
     if all((tmp / f"done_{r}").exists() for r in range(cfg.n_ranks)):
         try:
             os.rename(tmp, pfs / name)
-            committed = True
+            renamed = True
         except OSError:
             if not (pfs / name).exists():
                 raise
         _fsio.fsync_dir(pfs)
     seconds = time.perf_counter() - t0
     removed = []
-    if committed and cfg.pfs_max_to_keep is not None:
+    if renamed and cfg.pfs_max_to_keep is not None:
         removed = gc_pfs(pfs, cfg.pfs_max_to_keep)
-    return seconds, removed, (pfs / name).is_dir()
+    return seconds, removed, (pfs / name).is_dir(), renamed
 
 
 def gc_pfs(pfs_dir: str | Path, keep: int) -> list[int]:
@@ -381,17 +401,32 @@ def drainer_lock_path(cfg: DrainerConfig) -> Path:
     return Path(cfg.records_dir) / f"drainer_rank{cfg.rank}.lock"
 
 
+def _part_is_local_step(cfg: DrainerConfig, step: int) -> bool:
+    """Whether this rank's part of the committed PFS ``step`` is this node's local ``step``:
+    the same manifest (it holds every file's size and CRC-32)."""
+    name = _fsio.validate_step_name(step)
+    mine = Path(cfg.pfs_dir) / name / f"rank_{cfg.rank}" / _format.MANIFEST_FILE
+    local = Path(cfg.steps_dir) / name / cfg.item / _format.MANIFEST_FILE
+    try:
+        return mine.read_bytes() == local.read_bytes()
+    except OSError:
+        return False
+
+
 def _sync_committed(cfg: DrainerConfig) -> None:
-    """Records ``pfs`` for every local step whose part is written and that is now committed
-    (another rank's drainer may have done the rename)."""
+    """Records ``pfs`` for every local step that is now committed (another rank's drainer may
+    have done the rename) with this rank's part written: recorded as ``pfs_part``, or, where
+    this rank's drain failed after its part was complete, its manifest on the PFS."""
     records, pfs = Path(cfg.records_dir), Path(cfg.pfs_dir)
     for s in _committed_local_steps(Path(cfg.steps_dir), cfg.item):
-        part = _read_record(records, s, "pfs_part")
-        if part is None or (records / str(s) / "pfs.json").exists():
+        if (records / str(s) / "pfs.json").exists() or not (pfs / str(s)).is_dir():
             continue
-        if (pfs / str(s)).is_dir():
-            record_tier(records, s, "pfs", seconds=part.get("seconds"), committed=True,
-                        part_time=part.get("time"), committer=False)  # fmt: skip
+        part = _read_record(records, s, "pfs_part")
+        if part is None and not _part_is_local_step(cfg, s):
+            continue
+        part = part or {}
+        record_tier(records, s, "pfs", seconds=part.get("seconds"), committed=True,
+                    part_time=part.get("time"), committer=False)  # fmt: skip
 
 
 def _candidates(cfg: DrainerConfig) -> tuple[list[int], list[int], list[int]]:
@@ -472,7 +507,7 @@ def drain_once(cfg: DrainerConfig, now: float | None = None) -> list[int]:
         return []
     prev = _read_record(records, step, "pfs_retry") or {"attempts": 0, "errors": []}
     try:
-        seconds, removed, committed = _drain_step(cfg, step)
+        seconds, removed, committed, renamed = _drain_step(cfg, step)
     except (OSError, _format.CorruptCheckpointError) as e:
         attempts = int(prev["attempts"]) + 1
         errors = [*prev["errors"], f"{type(e).__name__}: {e}"][-cfg.retry_max_attempts :]
@@ -495,7 +530,7 @@ def drain_once(cfg: DrainerConfig, now: float | None = None) -> list[int]:
     info = dict(seconds=seconds, attempts=int(prev["attempts"]) + 1, pfs_gc=removed)
     record_tier(records, step, "pfs_part", **info)
     if committed:
-        record_tier(records, step, "pfs", committed=True, committer=True, **info)
+        record_tier(records, step, "pfs", committed=True, committer=renamed, **info)
     return [step]
 
 
@@ -563,7 +598,8 @@ def _loop(cfg: DrainerConfig) -> int:
             return 0
         try:
             drained = drain_once(cfg)
-        except OSError:
+        except OSError as e:  # the step's own failures are recorded by drain_once
+            print(f"drainer rank {cfg.rank}: {e!r}", file=sys.stderr, flush=True)
             drained = []
         if drained:
             idle_since = time.monotonic()
@@ -629,13 +665,17 @@ def spawn_drainer(cfg: DrainerConfig, log_path: Path | None = None) -> subproces
     _fsio.write_json_atomic(cfg_path, dataclasses.asdict(cfg))
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    return subprocess.Popen(
-        [sys.executable, "-c", _ENTRY, str(cfg_path)],
-        stdout=out,
-        stderr=out,
-        start_new_session=True,
-        env=env,
-    )
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-c", _ENTRY, str(cfg_path)],
+            stdout=out,
+            stderr=out,
+            start_new_session=True,
+            env=env,
+        )
+    finally:
+        if log_path:
+            out.close()  # the drainer holds its own copy of the descriptor
 
 
 def main(argv: list[str] | None = None) -> int:
