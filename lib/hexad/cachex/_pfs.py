@@ -592,6 +592,7 @@ def _loop(cfg: DrainerConfig) -> int:
     t_start = time.monotonic()
     idle_since = time.monotonic()
     last_sweep = -math.inf
+    last_error = None
     stop_file = Path(cfg.records_dir) / "drainer.stop"
     while cfg.max_lifetime_s is None or time.monotonic() - t_start < cfg.max_lifetime_s:
         if not Path(cfg.records_dir).exists():  # the node's directory was removed: nothing left
@@ -599,7 +600,9 @@ def _loop(cfg: DrainerConfig) -> int:
         try:
             drained = drain_once(cfg)
         except OSError as e:  # the step's own failures are recorded by drain_once
-            print(f"drainer rank {cfg.rank}: {e!r}", file=sys.stderr, flush=True)
+            if repr(e) != last_error:  # logged once while it repeats at every poll
+                last_error = repr(e)
+                print(f"drainer rank {cfg.rank}: {last_error}", file=sys.stderr, flush=True)
             drained = []
         if drained:
             idle_since = time.monotonic()
