@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from hexad._base import check_int, check_unit
-from hexad.cvxclust._nuclear import NuclearProblem, _data_term
+from hexad.cvxclust._nuclear import NuclearProblem, _data_term, _project_b
 
 __all__ = ["FactorOutput", "FactorSolver"]
 
@@ -144,6 +144,5 @@ class FactorSolver:
         v, _, best, best_f = jax.lax.fori_loop(0, self.steps, body, (v0, v0, v0, inf))
         f_last = jnp.sum((k @ v) * v)
         best = jnp.where(f_last < best_f, v, best)
-        gram = best @ best.T
-        l = jnp.where(eye, 1.0, jnp.clip(0.5 * (gram + gram.T), 0.0, 1.0))
+        l = _project_b(best @ best.T)
         return FactorOutput(l=l, factor=best, objective=_data_term(problem, l) + problem.mu * n)

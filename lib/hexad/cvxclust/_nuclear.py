@@ -337,6 +337,12 @@ def nuclear_objective(problem: NuclearProblem, l) -> jax.Array:
     return _data_term(problem, l) + problem.mu * nuc
 
 
+def _project_b(l):
+    """Symmetrises ``l``, clips it to ``[0, 1]`` and sets the diagonal to 1 (onto ``B``)."""
+    eye = jnp.eye(l.shape[0], dtype=bool)
+    return jnp.where(eye, 1.0, jnp.clip(0.5 * (l + l.T), 0.0, 1.0))
+
+
 def _data_term(problem: NuclearProblem, l) -> jax.Array:
     """``sum C |L - A| - <S, L>``: the objective without its nuclear-norm term."""
     return jnp.sum(problem.cost * jnp.abs(l - problem.target)) - jnp.sum(problem.linear * l)
@@ -472,7 +478,7 @@ def nuclear_certificate(problem: NuclearProblem, l, multiplier) -> NuclearCertif
     """
     n = problem.n
     eye = jnp.eye(n, dtype=bool)
-    z = jnp.where(eye, 1.0, jnp.clip(0.5 * (l + l.T), 0.0, 1.0))
+    z = _project_b(l)
     if problem.psd:
         z, min_eig = psd_repair(z)
     else:

@@ -54,6 +54,7 @@ from hexad.cvxclust._nuclear import (
     _cost_matrix,
     _EigenStep,
     _feasible_from_psd,
+    _project_b,
     admm_residuals,
     psd_repair,
 )
@@ -222,11 +223,6 @@ def _loss_prox(problem: SharedAtomProblem, v, tau):
 
 def _graph_term(problem: SharedAtomProblem, l):
     return jnp.sum(problem.cost * jnp.abs(l - problem.target))
-
-
-def _project_b(l):
-    eye = jnp.eye(l.shape[0], dtype=bool)
-    return jnp.where(eye, 1.0, jnp.clip(0.5 * (l + l.T), 0.0, 1.0))
 
 
 def _simplex(v):
