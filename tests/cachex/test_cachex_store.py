@@ -430,3 +430,21 @@ def test_json_only_no_pickle(tmp_path):
     src = "".join(p.read_text() for p in Path(cachex.__file__).parent.glob("*.py"))
     assert "import pickle" not in src and "allow_pickle=True" not in src
     assert _replica.ReplicaServer.__init__.__defaults__[0] == "127.0.0.1"
+
+
+def test_restore_error_names_each_unreadable_step_once(tmp_path):
+    m = cachex.CacheXManager(tmp_path / "local")
+    x = {"x": np.arange(16, dtype=np.float32)}
+    for s in range(3):
+        m.save(s, x)
+        m.wait_until_finished()
+    kept = m.all_steps()
+    assert len(kept) >= 2, kept
+    for s in kept:
+        _flip_bit(m.steps_dir / str(s) / "state" / "data.bin")
+    with pytest.raises(FileNotFoundError) as info:
+        m.restore(x)
+    # The message lists the last four skipped entries; each skipped step once (a doubled
+    # entry per step would show each step twice).
+    assert [str(info.value).count(f"step {s}:") for s in kept] == [1] * len(kept), info.value
+    m.close()

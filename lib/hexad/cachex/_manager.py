@@ -972,7 +972,6 @@ class CacheXManager:
                     raise fatal
                 raise RuntimeError(f"restore: step {common} failed on another rank")
             skipped.append(f"step {common}: " + (" | ".join(errors) or "failed on another rank"))
-            skipped.append(f"step {common}: " + (" | ".join(errors) or "failed on another rank"))
             mine = [s for s in mine if s != common]
 
     def _rewrite_local(self, result: Restored) -> None:
