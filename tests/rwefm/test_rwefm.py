@@ -188,6 +188,23 @@ def test_make_train_equals_stepping_by_hand_and_traces_once(key):
     assert int(state2.step) == 6
 
 
+def test_sinkhorn_threshold_reaches_the_maps(key):
+    # An unreachable tolerance runs every map to the iteration bound; a loose one stops
+    # each map at its first check (every inner_iterations = 10 iterations).
+    clouds = wrapped_normal_mixture_clouds(jax.random.key(5), 2, 6, n_modes=2)
+    batch = CloudBatch(clouds, jnp.ones((2, 6)))
+    model = VectorField(T2, width=8, depth=1, heads=1)
+    iters = []
+    for tol in (1e-30, 1e3):
+        tr = make_trainer(
+            T2, model, optax.sgd(0.1), NoiseModel(T2), pairing="none",
+            sinkhorn_iterations=40, sinkhorn_threshold=tol,
+        )  # fmt: skip
+        _, info = jax.jit(tr.step)(key, tr.init(jax.random.key(1), batch), batch)
+        iters.append(float(info.map_iters))
+    assert iters == [40.0, 10.0]
+
+
 def test_training_settings_are_checked_and_named(key):
     model = ConstantField((0.0, 0.0))
     opt = optax.sgd(0.1)
@@ -197,6 +214,8 @@ def test_training_settings_are_checked_and_named(key):
         make_loss(T2, model, NoiseModel(T2), p_uncond=1.5)
     with pytest.raises(ValueError, match="sinkhorn_iterations: expected an int >= 1"):
         make_trainer(T2, model, opt, NoiseModel(T2), sinkhorn_iterations=0)
+    with pytest.raises(ValueError, match="sinkhorn_threshold: expected a finite number > 0"):
+        make_loss(T2, model, NoiseModel(T2), sinkhorn_threshold=float("nan"))
     with pytest.raises(TypeError, match="noise: expected a NoiseModel"):
         make_trainer(T2, model, opt, None)
     with pytest.raises(ValueError, match="noise: expected one of"):

@@ -479,7 +479,9 @@ def shard_batch(batch: CloudBatch, mesh: Mesh, axis: str = DATA_AXIS) -> CloudBa
     return jax.tree.map(lambda a: jax.device_put(a, placement), batch)
 
 
-def _check_settings(manifold, noise, epsilon, scale_cost, iterations, pairing, p_uncond) -> None:
+def _check_settings(
+    manifold, noise, epsilon, scale_cost, iterations, threshold, pairing, p_uncond
+) -> None:
     if not isinstance(manifold, Manifold):
         raise TypeError(
             f"manifold: expected a hexad.geometry.Manifold, got {type(manifold).__name__}"
@@ -494,20 +496,35 @@ def _check_settings(manifold, noise, epsilon, scale_cost, iterations, pairing, p
     check_positive("epsilon", epsilon)
     check_settings(epsilon, scale_cost, 1)
     check_int("sinkhorn_iterations", iterations)
+    check_positive("sinkhorn_threshold", threshold)
     if pairing not in PAIRINGS:
         raise ValueError(f"pairing: expected one of {PAIRINGS}, got {pairing!r}")
     check_unit("p_uncond", p_uncond, lo_open=False, hi_open=False)
 
 
 def _objective(
-    manifold, model, noise, epsilon, scale_cost, iterations, pairing, p_uncond, mesh, axis
+    manifold,
+    model,
+    noise,
+    epsilon,
+    scale_cost,
+    iterations,
+    threshold,
+    pairing,
+    p_uncond,
+    mesh,
+    axis,
 ):
     """The pieces :func:`make_trainer` and :func:`make_loss` share: ``constrain(tree)`` (the
     mesh constraint), ``targets(key, batch) -> (regression targets, entropic maps)`` and
     ``regress(params, targets) -> []``."""
-    _check_settings(manifold, noise, epsilon, scale_cost, iterations, pairing, p_uncond)
+    _check_settings(manifold, noise, epsilon, scale_cost, iterations, threshold, pairing, p_uncond)
     mapper = EntropicMap(
-        manifold, epsilon=epsilon, scale_cost=scale_cost, max_iterations=iterations
+        manifold,
+        epsilon=epsilon,
+        scale_cost=scale_cost,
+        threshold=threshold,
+        max_iterations=iterations,
     )
     num_classes = int(getattr(model, "num_classes", 0))
     placement = None if mesh is None else sharding.batch_sharding(mesh, axis)
@@ -557,6 +574,7 @@ def make_trainer(
     epsilon: float = 0.002,
     scale_cost: str | None = "max_cost",
     sinkhorn_iterations: int = 1000,
+    sinkhorn_threshold: float = 1e-3,
     pairing: str = "matching",
     p_uncond: float = 0.1,
     mesh: Mesh | None = None,
@@ -596,6 +614,8 @@ def make_trainer(
       epsilon: entropic regularisation of the point-level maps, ``> 0`` (static).
       scale_cost: ``"max_cost"`` (``epsilon`` relative) or ``None`` (absolute) (static).
       sinkhorn_iterations: Sinkhorn's iteration bound for the maps, ``>= 1`` (static).
+      sinkhorn_threshold: Sinkhorn's marginal-error tolerance for the maps, ``> 0``
+        (:class:`hexad.ot.EntropicMap`'s ``threshold``) (static).
       pairing: one of :data:`PAIRINGS` (static).
       p_uncond: label-dropout probability for CFG, in ``[0, 1]`` (static).
       mesh: optional device mesh (static).
@@ -619,6 +639,7 @@ def make_trainer(
         epsilon,
         scale_cost,
         sinkhorn_iterations,
+        sinkhorn_threshold,
         pairing,
         p_uncond,
         mesh,
@@ -661,6 +682,7 @@ def make_loss(
     epsilon: float = 0.002,
     scale_cost: str | None = "max_cost",
     sinkhorn_iterations: int = 1000,
+    sinkhorn_threshold: float = 1e-3,
     pairing: str = "matching",
     p_uncond: float = 0.1,
     mesh: Mesh | None = None,
@@ -673,8 +695,8 @@ def make_loss(
     evaluating a model on held-out clouds, or comparing fields. Pure; the caller jits.
 
     Every argument (``manifold``, ``model``, ``noise``, ``epsilon``, ``scale_cost``,
-    ``sinkhorn_iterations``, ``pairing``, ``p_uncond``, ``mesh``, ``axis``) is as for
-    :func:`make_trainer` (all static but ``noise``).
+    ``sinkhorn_iterations``, ``sinkhorn_threshold``, ``pairing``, ``p_uncond``, ``mesh``,
+    ``axis``) is as for :func:`make_trainer` (all static but ``noise``).
 
     >>> from hexad.geometry import Torus
     >>> from hexad.rwefm import VectorField
@@ -693,6 +715,7 @@ def make_loss(
         epsilon,
         scale_cost,
         sinkhorn_iterations,
+        sinkhorn_threshold,
         pairing,
         p_uncond,
         mesh,
