@@ -98,6 +98,8 @@ def test_bad_images_and_oversized_triggers(key):
     t = bd.patch_trigger(SHAPE, 2)
     with pytest.raises(ValueError, match="size"):
         bd.patch_trigger(SHAPE, size=9)
+    with pytest.raises(ValueError, match="pattern: the trigger"):  # size is ignored here
+        bd.patch_trigger(SHAPE, size=2, pattern=np.ones((9, 2, 1), np.float32))
     with pytest.raises(ValueError, match="loc"):
         bd.patch_trigger(SHAPE, size=3, loc=(6, 0))
     with pytest.raises(TypeError, match="floating"):

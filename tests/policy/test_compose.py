@@ -116,6 +116,28 @@ def test_missing_inputs_raise_when_concrete_and_are_nan_when_traced():
     assert np.all(np.isnan(out[0::2])) and np.all(np.isfinite(out[1::2]))
 
 
+def test_a_guided_row_without_its_critic_or_a_positive_width_raises():
+    actor, prior = _gaussians(jax.random.key(6))
+    q_obs = jnp.zeros((B, OBS))
+    only_iql = {Method.IQL_GUIDED: _q_toward(0.2)}
+    m = jnp.array([Method.IQL_GUIDED, Method.CQL_GUIDED] * (B // 2))
+    # A mapping without the CQL critic: the CQL rows have no argument (they would be NaN).
+    with pytest.raises(ValueError, match="q_fn: expected an argument for the CQL_GUIDED rows"):
+        policy.compose(m, actor, prior, 0.5, kl_budget=1.0, q_fn=only_iql, q_obs=q_obs)
+    out = policy.compose(
+        jnp.full(B, Method.IQL_GUIDED), actor, prior, 0.5, kl_budget=1.0, q_fn=only_iql,
+        q_obs=q_obs,
+    )  # fmt: skip
+    assert np.all(np.isfinite(out))
+    # The guided rows' trust-region half-width is compose's alpha, and the error names it.
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="alpha: expected a trust-region half-width > 0"):
+            policy.compose(m, actor, prior, bad, kl_budget=1.0, q_fn=_q_toward(0.2), q_obs=q_obs)
+    # alpha <= 0 is fine on rows that ignore it or read it as a coefficient.
+    policy.compose(Method.ZERO, actor, prior, -1.0, kl_budget=1.0)
+    policy.compose(Method.POE, actor, prior, 0.0, kl_budget=1.0)
+
+
 def test_compose_traces_once_for_any_table(fast_compile):
     actor, prior = _gaussians(jax.random.key(7))
     fn = jax.jit(

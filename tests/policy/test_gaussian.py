@@ -117,6 +117,18 @@ def test_global_selector_returns_largest_feasible_alpha(key, budget):
     assert alpha >= float(np.max(np.asarray(grid)[kls <= budget])) - 1e-3
 
 
+def test_global_selector_averages_over_the_broadcast_states():
+    # One actor Gaussian against 4 prior states ([1, d] with [4, d], as poe broadcasts): the
+    # mean KL is over the 4 states. KL = alpha^2 m^2 / 2 with m = 1: budget 0.125 -> 0.5 (a
+    # sum over the states would give 0.25).
+    one = P.DiagGaussian(jnp.zeros((1, 1)), jnp.ones((1, 1)))
+    four = P.DiagGaussian(jnp.ones((4, 1)), jnp.ones((4, 1)))
+    assert round(float(P.kl_budget_alpha(one, four, 0.125)), 4) == 0.5
+    assert round(float(P.kl_budget_alpha(one, four, 0.125, weights=jnp.ones(4))), 4) == 0.5
+    with pytest.raises(ValueError, match=r"weights: expected shape \(4,\)"):
+        P.kl_budget_alpha(one, four, 0.125, weights=jnp.ones(1))
+
+
 def test_global_selector_full_alpha_when_budget_is_loose(key):
     actor, prior = _rand_pair(key)
     assert float(P.kl_budget_alpha(actor, prior, 1e6)) == 1.0

@@ -130,7 +130,8 @@ def patch_trigger(
             raise ValueError(f"pattern: expected shape [h, w, {C}], got {pat.shape}")
     h, w = pat.shape[:2]
     if h > H or w > W:
-        raise ValueError(f"size: the trigger ({h}x{w}) is larger than the image ({H}x{W})")
+        name = "size" if isinstance(pattern, str) else "pattern"
+        raise ValueError(f"{name}: the trigger ({h}x{w}) is larger than the image ({H}x{W})")
     row, col = (H - h, W - w) if loc is None else (int(loc[0]), int(loc[1]))
     if not (0 <= row <= H - h and 0 <= col <= W - w):
         raise ValueError(

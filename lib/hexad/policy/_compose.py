@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import flax.linen as nn
 import flax.struct
@@ -315,21 +315,28 @@ class ExpertLibrary:
         return out
 
 
-def _check_codes(method: np.ndarray, **given: Any) -> None:
+def _check_codes(method: np.ndarray, alpha: np.ndarray | None, **lacking: tuple) -> None:
+    """Raises a ValueError for an unknown code, for a row whose method lacks its argument
+    (``lacking``: argument name -> the methods it was not given for) and, when ``alpha`` is
+    concrete, for a guided row whose trust-region half-width ``alpha`` is not ``> 0``."""
     valid = np.isin(method, [int(m) for m in Method])
     if not np.all(valid):
         raise ValueError(
             f"method: expected codes of hexad.policy.Method, got {sorted(set(method[~valid]))}"
         )
-    needs = {
-        "q_fn": _GUIDED,
-        "gpi_action": (Method.SFGPI,),
-        "random_action": (Method.RANDOM,),
-    }
-    for name, methods in needs.items():
-        if given[name] is None and np.any(np.isin(method, [int(m) for m in methods])):
-            names = ", ".join(m.name for m in methods)
-            raise ValueError(f"{name}: expected an argument for the {names} rows, got None")
+    for name, methods in lacking.items():
+        rows = [m for m in methods if np.any(method == int(m))]
+        if rows:
+            names = ", ".join(m.name for m in rows)
+            raise ValueError(f"{name}: expected an argument for the {names} rows, got none")
+    if alpha is not None:
+        guided = np.isin(method, [int(m) for m in _GUIDED])
+        bad = guided & ~(alpha > 0)
+        if np.any(bad):
+            raise ValueError(
+                f"alpha: expected a trust-region half-width > 0 on the guided rows, got "
+                f"{sorted(set(alpha[bad].tolist()))}"
+            )
 
 
 def compose(
@@ -407,8 +414,13 @@ def compose(
         if x is not None and jnp.shape(x) != shape:
             raise ValueError(f"{name}: expected shape {shape}, got {jnp.shape(x)}")
     if not is_traced(method):
-        given = {"q_fn": q_fn, "gpi_action": gpi_action, "random_action": random_action}
-        _check_codes(np.asarray(method), **given)
+        _check_codes(
+            np.asarray(method),
+            None if is_traced(alpha) else np.asarray(alpha),
+            q_fn=tuple(m for m in _GUIDED if m not in q_fns),
+            gpi_action=(Method.SFGPI,) if gpi_action is None else (),
+            random_action=(Method.RANDOM,) if random_action is None else (),
+        )
 
     def is_(methods):
         return jnp.isin(method, jnp.asarray([int(m) for m in methods]))

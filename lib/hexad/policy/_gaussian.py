@@ -335,7 +335,8 @@ def kl_budget_alpha(
 
     Args:
       actor: ``[n, d]`` the actor's Gaussians at ``n`` data states.
-      prior: ``[n, d]`` the prior's Gaussians at the same states.
+      prior: ``[n, d]`` the prior's Gaussians at the same states (either may have a size-1
+        state axis, which broadcasts: the mean is over the ``n`` states).
       budget: scalar ``> 0``, nats.
       n_iters: bisection steps (static).
       weights: optional ``[n]`` non-negative state weights (e.g. a validity mask).
@@ -353,12 +354,14 @@ def kl_budget_alpha(
     _check_pair(actor, prior)
     _check_budget(budget)
     check_int("n_iters", n_iters)
+    # The states are the broadcast of both (a size-1 axis of one broadcasts, as in poe).
+    states = jnp.broadcast_shapes(jnp.shape(actor.mean), jnp.shape(prior.mean))[:-1]
     if weights is None:
-        w = jnp.ones(jnp.shape(actor.mean)[:-1], jnp.result_type(actor.mean))
+        w = jnp.ones(states, jnp.result_type(actor.mean))
     else:
         w = jnp.asarray(weights)
-        if w.shape != jnp.shape(actor.mean)[:-1]:
-            raise ValueError(f"weights: expected shape {jnp.shape(actor.mean)[:-1]}, got {w.shape}")
+        if w.shape != states:
+            raise ValueError(f"weights: expected shape {states}, got {w.shape}")
         if not is_traced(w):
             wn = np.asarray(w)
             if not np.all(np.isfinite(wn)) or np.any(wn < 0) or not wn.sum() > 0:
