@@ -215,3 +215,15 @@ def test_a_drainer_killed_mid_drain_commits_nothing_until_a_restart(tmp_path):
         assert (pfs / ".tmp-0" / "rank_0").is_dir() and not (pfs / "0").exists()
         assert cachex.drain_once(m.drainer_config) == [0]  # a restarted drainer finishes
     assert cachex.verified_steps(local, pfs_dir=pfs)["pfs"] == [0]
+
+
+def test_exhaust_drain_retries_names_n_steps(tmp_path):
+    cfg = cachex.DrainerConfig(
+        steps_dir=str(tmp_path / "s"),
+        item="state",
+        records_dir=str(tmp_path / "r"),
+        pfs_dir=str(tmp_path / "p"),
+    )
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="n_steps: expected an int >= 0"):
+            cachex.exhaust_drain_retries(cfg, bad)

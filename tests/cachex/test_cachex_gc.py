@@ -199,3 +199,16 @@ def test_item_checkpoint_round_trip_and_refuses_a_different_run(tmp_path):
     with pytest.raises(TypeError, match="manager"):
         cachex.ItemCheckpoint(str(tmp_path), ["a"])
     m.close()
+
+
+def test_an_item_over_capacity_is_not_done(tmp_path):
+    m = cachex.CacheXManager(tmp_path / "ckpt")
+    log = cachex.ItemCheckpoint(m, ["a", "b"], config={"n": 1}, capacity=128)
+    with pytest.raises(ValueError, match="capacity"):
+        log.complete("a", {"s": "x" * 200})
+    assert not log.done("a") and m.all_steps() == []
+    log.complete("b", {"x": 1})  # the refused record takes no room
+    assert not log.done("a") and log.done("b")
+    again = cachex.ItemCheckpoint(m, ["a", "b"], config={"n": 1}, capacity=128)
+    assert not again.done("a") and again.done("b")
+    m.close()

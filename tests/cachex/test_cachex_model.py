@@ -114,3 +114,30 @@ def test_pfs_model_lognormal_body_and_spread_match_its_draws():
     assert abs(ratio / model.quantile_ratio(0.9) - 1) < 0.05
     with pytest.raises(ValueError, match="p: expected a probability in \\(0, 1\\)"):
         model.quantile_ratio(1.0)
+
+
+def test_choose_path_compares_with_the_pfs_quantile_at_the_given_contention():
+    # staging (0.5 s) beats even the uncontended PFS (1 s): stage at contention 0 too
+    assert float(cachex.pfs_time_quantile(0.0, 0.0, 2, 0.5, 0.0)) == pytest.approx(1.0)
+    assert bool(cachex.choose_path(0.0, 0.0, 2, 0.5, 0.5, 0.0))
+    # staging (3 s) beats the PFS only beyond C* = 2
+    assert not bool(cachex.choose_path(0.0, 0.0, 2, 0.5, 3.0, 0.0))
+    assert not bool(cachex.choose_path(0.0, 0.0, 2, 0.5, 3.0, 1.5))
+    assert bool(cachex.choose_path(0.0, 0.0, 2, 0.5, 3.0, 2.5))
+    with pytest.raises(ValueError, match="n: expected an int or a \\[k\\] int array"):
+        cachex.choose_path(0.0, 0.5, 1, 0.5, 1.0, 0.0)
+
+
+def test_too_few_saves_or_a_p_outside_0_1_is_an_error():
+    t = jnp.exp(jax.random.normal(jax.random.key(0), (2, 8)))
+    assert np.isfinite(np.asarray(cachex.fit_durability_model(t))).all()
+    for saves in (0, 1):
+        with pytest.raises(ValueError, match="times: expected .* >= 2 saves"):
+            cachex.fit_durability_model(t[:saves])
+    for p in (0.0, 1.0, 1.5, -0.1, float("nan")):
+        with pytest.raises(ValueError, match="p: expected a probability in \\(0, 1\\)"):
+            cachex.critical_contention(0.0, 0.5, 4, p, 2.0)
+        with pytest.raises(ValueError, match="p: expected a probability in \\(0, 1\\)"):
+            cachex.pfs_time_quantile(0.0, 0.5, 4, p)
+        with pytest.raises(ValueError, match="p: expected a probability in \\(0, 1\\)"):
+            cachex.choose_path(0.0, 0.5, 4, p, 2.0, 0.1)

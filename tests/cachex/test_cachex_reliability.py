@@ -6,8 +6,10 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import socket
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -438,6 +440,101 @@ def test_quota_and_connection_cap(tmp_path):
         assert _wait(client.ping, 10) and srv.refused >= 1
     finally:
         srv.stop()
+
+
+class _CancelAfter:
+    """A ``threading.Event`` stand-in that reads as set from its ``k+1``-th check on."""
+
+    def __init__(self, k: int):
+        self.k = k
+
+    def is_set(self) -> bool:
+        self.k -= 1
+        return self.k < 0
+
+
+def test_retain_removes_abandoned_pushes_so_the_quota_frees(tmp_path):
+    srv = cachex.ReplicaServer(tmp_path / "n", token=TOKEN, quota_bytes=5000).start()
+    try:
+        client = cachex.ReplicaClient(srv.address, TOKEN, timeout_s=10, chunk_bytes=1000)
+        data = os.urandom(2000)
+        files = [("data.bin", [data], zlib.crc32(data)), ("manifest.json", [b"{}"], 0)]
+        for step in (1, 2, 3):  # each cancelled after its first 1000-byte chunk
+            with pytest.raises(cachex.ReplicaError, match="cancelled"):
+                client.push_files(0, step, files, cancel=_CancelAfter(1))
+        # an unfinished push of a kept step may still be under way: it stays
+        assert client.retain(0, [3]) == []
+        base = tmp_path / "n" / "rank_0"
+        assert sorted(p.name for p in base.iterdir()) == [".tmp-3"]
+        (base / ".old-3-123").mkdir()  # a replaced replica a crash left half-deleted
+        (base / ".old-3-123" / "data.bin").write_bytes(data)
+        client.retain(0, [])
+        assert not list(base.iterdir()) and srv.usage(0) == 0
+        client.push_dir(0, 4, _rank_dir(tmp_path / "a", 4000))  # fits the quota again
+        assert client.list_steps(0) == [4]
+    finally:
+        srv.stop()
+
+
+def _fake_server(*replies: dict):
+    """A peer that answers each of one client's messages with the next of ``replies``
+    (no authentication); returns its address and an event set once the client closes."""
+    from hexad.cachex import _replica
+
+    ls = socket.create_server(("127.0.0.1", 0))
+    closed = threading.Event()
+
+    def serve():
+        with ls, ls.accept()[0] as conn:
+            conn.settimeout(10)
+            for reply in replies:
+                _replica.recv_msg(conn, 1 << 16, 0)
+                _replica.send_msg(conn, reply)
+            if conn.recv(1) == b"":
+                closed.set()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return ls.getsockname(), closed
+
+
+def test_client_refuses_a_malformed_handshake_and_closes_its_socket():
+    addr, closed = _fake_server({"ok": True})  # no server_nonce
+    assert cachex.ReplicaClient(addr, TOKEN, timeout_s=5).ping() is False
+    assert closed.wait(5)
+    addr, closed = _fake_server({"ok": True, "server_nonce": 7})
+    with pytest.raises(cachex.ReplicaError, match="server_nonce"):
+        cachex.ReplicaClient(addr, TOKEN, timeout_s=5).list_steps(0)
+    assert closed.wait(5)
+    # a non-ASCII proof from the server is a failed proof, not a TypeError
+    addr, closed = _fake_server(
+        {"ok": True, "server_nonce": "0" * 64}, {"ok": True, "proof": "\u00e9" * 64}
+    )
+    with pytest.raises(cachex.ReplicaError, match="failed to prove"):
+        cachex.ReplicaClient(addr, TOKEN, timeout_s=5).list_steps(0)
+    assert closed.wait(5)
+
+
+def test_server_rejects_a_non_ascii_proof_or_mac(server):
+    from hexad.cachex import _replica
+
+    with socket.create_connection(server.address, timeout=5) as s:
+        _replica.send_msg(s, {"op": "hello", "owner": 0, "client_nonce": "0" * 64})
+        assert _replica.recv_msg(s, 1 << 16, 0)[0]["ok"]
+        _replica.send_msg(s, {"op": "auth", "proof": "\u00e9" * 64})
+        reply, _ = _replica.recv_msg(s, 1 << 16, 0)
+    assert reply == {"ok": False, "error": "authentication failed", "nbytes": 0}
+    assert server.rejected == 1
+    chan = _replica._Channel(bytes(32), b"c2s", b"s2c")
+    with pytest.raises(ValueError, match="message authentication failed"):
+        chan.check({"op": "list", "nbytes": 0, "mac": "\u00e9" * 64}, b"")
+
+
+def test_stop_before_start_closes_the_socket(tmp_path):
+    srv = cachex.ReplicaServer(tmp_path, token=TOKEN)
+    srv.stop()
+    with pytest.raises(OSError):
+        socket.create_connection(srv.address, timeout=2).close()
+    srv.stop()  # idempotent
 
 
 def test_client_refuses_an_oversized_reply(server, tmp_path):

@@ -81,13 +81,13 @@ def _flip_bit(path: Path, byte: int = 0) -> None:
 # -- names and paths --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bad", [-1, "1/2", "../3", "", "abc", "1.0", True, 2.0])
+@pytest.mark.parametrize("bad", [-1, "1/2", "../3", "", "abc", "1.0", True, 2.0, "12\n"])
 def test_step_name_rejects_non_integers_and_traversal(bad):
     with pytest.raises((ValueError, TypeError), match="step"):
         cachex.validate_step_name(bad)
 
 
-@pytest.mark.parametrize("bad", ["../x", "a/b", ".hidden", "", "x..y", "a\\b"])
+@pytest.mark.parametrize("bad", ["../x", "a/b", ".hidden", "", "x..y", "a\\b", "data.bin\n"])
 def test_file_name_rejects_traversal(bad):
     with pytest.raises(ValueError, match="file name"):
         cachex.validate_file_name(bad)
@@ -108,6 +108,23 @@ def test_staging_pool_copies_and_reuses_buffers():
         s, _ = pool.stage(src)
         pool.release(s)
     assert pool.allocations <= allocs + 1  # the second slot's first use
+
+
+def test_big_endian_leaf_is_saved_little_endian_and_restores(tmp_path):
+    x = np.arange(4, dtype=">f4")
+    slot, snap = cachex.StagingPool(1).stage({"w": x})
+    (tmp_path / "r").mkdir()
+    _format.write_rank_dir(tmp_path / "r", snap, {})
+    # data.bin holds the documented little-endian bytes
+    assert (tmp_path / "r" / "data.bin").read_bytes() == x.astype("<f4").tobytes()
+    m = _manager(tmp_path)
+    m.save(0, {"w": x})
+    m.wait_until_finished()
+    for target in (np.zeros(4, np.float32), np.zeros(4, ">f4")):
+        assert np.asarray(m.restore({"w": target}).state["w"]).tolist() == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(ValueError, match="dtype float32 as saved, got shape \\(4,\\) dtype int32"):
+        m.restore({"w": np.zeros(4, ">i4")})
+    m.close()
 
 
 def test_staging_pool_blocks_when_both_slots_busy():

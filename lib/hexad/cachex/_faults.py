@@ -39,9 +39,9 @@ __all__ = [
 ]
 
 
-def _check_step(step) -> int:
+def _check_step(step, name: str = "step") -> int:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step: expected an int >= 0, got {step!r}")
+        raise ValueError(f"{name}: expected an int >= 0, got {step!r}")
     return step
 
 
@@ -174,7 +174,7 @@ def exhaust_drain_retries(config: _pfs.DrainerConfig, n_steps: int, now: float |
     ...     m.durability(0)["pfs_error"]["attempts"]
     5
     """
-    n_steps = _check_step(n_steps)
+    n_steps = _check_step(n_steps, "n_steps")
     now = time.time() if now is None else now
     for k in range(config.retry_max_attempts * n_steps):
         _pfs.drain_once(config, now=now + 3600.0 * (k + 1))

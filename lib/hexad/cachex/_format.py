@@ -171,6 +171,9 @@ class StagingPool:
         leaves, shards = [], []
         try:
             for li, (path, (shape, dtype, parts)) in enumerate(entries):
+                # The data file holds little-endian bytes: a big-endian leaf is byte-swapped
+                # by the copy below (its dtype name does not record the byte order).
+                dtype = _little_endian(dtype)
                 leaves.append(LeafSpec(path, shape, dtype.name))
                 for k, (idx, src) in enumerate(parts):
                     bshape = tuple(b - a for a, b in idx)
@@ -190,6 +193,10 @@ class StagingPool:
     def release(self, slot: int) -> None:
         """Returns ``slot`` to the pool once its snapshot has been written out."""
         self._free.put(slot)
+
+
+def _little_endian(dtype: np.dtype) -> np.dtype:
+    return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
 
 
 def _manifest_crc(body: Mapping[str, Any]) -> int:
@@ -408,7 +415,8 @@ def _target_spec(x: Any) -> tuple[tuple[int, ...], np.dtype]:
     import jax
 
     if isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic)):
-        return tuple(int(d) for d in x.shape), np.dtype(x.dtype)
+        # compared with the saved (little-endian) dtype by kind, whatever the target's byte order
+        return tuple(int(d) for d in x.shape), _little_endian(np.dtype(x.dtype))
     if isinstance(x, (int, float, bool, complex)):
         arr = np.asarray(x)
         return (), arr.dtype

@@ -51,7 +51,7 @@ def validate_step_name(step: Any) -> str:
         if step < 0:
             raise ValueError(f"step: expected a non-negative int, got {step}")
         return str(step)
-    if isinstance(step, str) and _STEP_RE.match(step):
+    if isinstance(step, str) and _STEP_RE.fullmatch(step):
         return str(int(step))
     raise ValueError(f"step: expected a non-negative int or a string of digits, got {step!r}")
 
@@ -64,7 +64,7 @@ def validate_file_name(name: Any) -> str:
     """
     if not isinstance(name, str):
         raise TypeError(f"file name: expected a str, got {type(name).__name__}")
-    if not _FILE_RE.match(name) or ".." in name:
+    if not _FILE_RE.fullmatch(name) or ".." in name:
         raise ValueError(
             f"file name: expected a plain name matching {_FILE_RE.pattern} without '..', "
             f"got {name!r}"

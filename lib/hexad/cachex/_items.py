@@ -98,16 +98,18 @@ class ItemCheckpoint:
         until the step is durable, so a later crash cannot lose it)."""
         if item not in self.items:
             raise ValueError(f"item: expected one of {self.items}, got {item!r}")
-        self._records[item] = json.loads(json.dumps(record, default=_jsonable))
+        records = dict(self._records)
+        records[item] = json.loads(json.dumps(record, default=_jsonable))
         body = json.dumps(
-            {"config": self._config, "items": self.items, "records": self._records},
+            {"config": self._config, "items": self.items, "records": records},
             sort_keys=True,
         ).encode()
-        if len(body) > self.capacity:
+        if len(body) > self.capacity:  # checked before storing: a refused item is not done
             raise ValueError(
                 f"capacity: the records need {len(body)} bytes of JSON, more than the "
                 f"capacity {self.capacity}; pass a larger capacity"
             )
+        self._records = records
         buf = np.zeros(self.capacity, np.uint8)
         buf[: len(body)] = np.frombuffer(body, np.uint8)
         self.manager.save(self._step, {"json": buf, "arrays": dict(self.arrays)})

@@ -27,6 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.special import logsumexp, ndtri
 
+from hexad._base import is_traced
+
 __all__ = [
     "DurabilityModel",
     "choose_path",
@@ -119,16 +121,35 @@ def gumbel_of_max_lognormal(mu: jax.Array, sigma: jax.Array, n: int) -> tuple[ja
     return mu + sigma * b, sigma * a
 
 
+def _check_p(p: float) -> None:
+    if is_traced(p):
+        return  # a traced p has no value to check here
+    q = np.asarray(p)
+    if not np.all((q > 0.0) & (q < 1.0)):
+        raise ValueError(f"p: expected a probability in (0, 1), got {p!r}")
+
+
+def _check_writers(n: int | np.ndarray) -> np.ndarray:
+    counts = np.asarray(n)
+    if counts.dtype.kind not in "iu" or counts.ndim > 1 or not np.all(counts >= 2):
+        raise ValueError(
+            f"n: expected an int or a [k] int array of writers >= 2 (contention needs "
+            f"company), got {n!r}"
+        )
+    return counts
+
+
 def pfs_time_quantile(
     mu: jax.Array, sigma: jax.Array, n: int, p: float, contention: jax.Array = 0.0
 ) -> jax.Array:
     """Returns the exact ``p``-quantile (seconds) of the slowest of ``n`` contended writers.
 
-    ``exp(mu + log(1 + c (n - 1)) + sigma Phi^-1(p^(1/n)))``.
+    ``exp(mu + log(1 + c (n - 1)) + sigma Phi^-1(p^(1/n)))``; ``p`` in (0, 1).
 
     >>> round(float(pfs_time_quantile(0.0, 0.5, 1, 0.5)), 3)
     1.0
     """
+    _check_p(p)
     z = ndtri(jnp.power(p, 1.0 / n))
     return jnp.exp(mu + jnp.log1p(contention * (n - 1)) + sigma * z)
 
@@ -151,12 +172,7 @@ def critical_contention(
     >>> [round(float(c), 3) for c in critical_contention(0.0, 0.0, np.array([2, 3, 5]), 0.5, 3.0)]
     [2.0, 1.0, 0.5]
     """
-    counts = np.asarray(n)
-    if counts.dtype.kind not in "iu" or counts.ndim > 1 or not np.all(counts >= 2):
-        raise ValueError(
-            f"n: expected an int or a [k] int array of writers >= 2 (contention needs "
-            f"company), got {n!r}"
-        )
+    counts = _check_writers(n)
     base = pfs_time_quantile(mu, sigma, n, p, 0.0)
     return jnp.maximum((t_stage / base - 1.0) / (counts - 1), 0.0)
 
@@ -164,12 +180,17 @@ def critical_contention(
 def choose_path(
     mu: jax.Array, sigma: jax.Array, n: int, p: float, t_stage: jax.Array, contention: jax.Array
 ) -> jax.Array:
-    """Returns True where stage-and-replicate is the faster durable path (``c > C*_p(n)``).
+    """Returns True where stage-and-replicate is the faster durable path: ``t_stage`` below
+    the PFS's ``p``-quantile at ``contention`` (``c > C*_p(n)``, or any ``c`` when staging
+    beats even the uncontended PFS, where ``C*_p(n)`` is clipped at 0).
 
     >>> bool(choose_path(0.0, 0.0, 2, 0.5, 3.0, 2.5))
     True
+    >>> bool(choose_path(0.0, 0.0, 2, 0.5, 0.5, 0.0))
+    True
     """
-    return contention > critical_contention(mu, sigma, n, p, t_stage)
+    _check_writers(n)
+    return t_stage < pfs_time_quantile(mu, sigma, n, p, contention)
 
 
 def fit_durability_model(times: jax.Array, contention: float = 0.0) -> DurabilityModel:
@@ -184,8 +205,11 @@ def fit_durability_model(times: jax.Array, contention: float = 0.0) -> Durabilit
     >>> bool(jnp.abs(m.mu) < 0.2)
     True
     """
-    if times.ndim != 2 or times.shape[1] < 1:
-        raise ValueError(f"times: expected shape [saves, n], got {times.shape}")
+    if times.ndim != 2 or times.shape[0] < 2 or times.shape[1] < 1:
+        raise ValueError(
+            f"times: expected shape [saves, n] with >= 2 saves (the Gumbel tail is fitted to "
+            f"each save's slowest writer) and n >= 1, got {times.shape}"
+        )
     n = times.shape[1]
     mu, sigma = fit_lognormal(times.reshape(-1))
     loc, scale = fit_gumbel(jnp.log(jnp.max(times, axis=1)))

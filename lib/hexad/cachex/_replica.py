@@ -153,7 +153,8 @@ class _Channel:
         mac = header.pop("mac", None)
         raw = json.dumps(header, sort_keys=True).encode()
         want = _mac(self.key, self.recv_dir, self.received, raw, memoryview(payload))
-        if not isinstance(mac, str) or not hmac.compare_digest(mac, want):
+        # compare_digest takes ASCII-only strs (a peer's other str would raise TypeError)
+        if not isinstance(mac, str) or not mac.isascii() or not hmac.compare_digest(mac, want):
             raise ValueError("message authentication failed (bad MAC, replay or reorder)")
         self.received += 1
 
@@ -323,7 +324,8 @@ class ReplicaServer:
     def stop(self) -> None:
         """Stops the server and closes its socket (idempotent)."""
         with self._lock:
-            if self._thread is None:
+            if self._thread is None:  # never started (or stopped already): nothing to shut down
+                self._server.server_close()
                 return
             self._server.shutdown()
             self._server.server_close()
@@ -356,7 +358,11 @@ class ReplicaServer:
             header, _ = recv_msg(sock, self.max_header_bytes, 0)
             proof = header.get("proof")
             want = _proof(self._token, b"client", cn, sn, owner)
-            if not isinstance(proof, str) or not hmac.compare_digest(proof, want):
+            if (
+                not isinstance(proof, str)
+                or not proof.isascii()
+                or not hmac.compare_digest(proof, want)
+            ):
                 self.rejected += 1
                 send_msg(sock, {"ok": False, "error": "authentication failed"})
                 return
@@ -504,9 +510,20 @@ class ReplicaServer:
                     if p.is_dir() and p.name.isdigit() and p.name not in keep:
                         shutil.rmtree(p, ignore_errors=True)
                         removed.append(int(p.name))
+                    elif _leftover(p.name, keep):
+                        shutil.rmtree(p, ignore_errors=True)
                 _fsio.fsync_dir(base)
             return {"ok": True, "removed": sorted(removed)}, b""
         raise ValueError(f"op: unknown operation {op!r}")
+
+
+def _leftover(name: str, keep: set[str]) -> bool:
+    """Whether ``name`` under ``rank_<owner>/`` is a dead push or commit's folder: a
+    ``.tmp-<step>`` of a step not in ``keep`` (a cancelled or abandoned push; the owner keeps
+    the step it is pushing), or the ``.old-<step>-<ns>`` of a replaced replica."""
+    if name.startswith(".tmp-"):
+        return name[5:].isdigit() and name[5:] not in keep
+    return name.startswith(".old-")
 
 
 class ReplicaClient:
@@ -560,12 +577,17 @@ class ReplicaClient:
             send_msg(sock, {"op": "hello", "owner": owner, "client_nonce": cn})
             h, _ = recv_msg(sock, 1 << 16, 0)
             sn = h.get("server_nonce")
-            if h.get("ok") and isinstance(sn, str):
+            if h.get("ok"):
+                if not isinstance(sn, str) or not sn:
+                    raise ValueError(f"hello reply: expected a str server_nonce, got {sn!r}")
                 proof = _proof(self._token, b"client", cn, sn, owner)
                 send_msg(sock, {"op": "auth", "proof": proof})
                 h, _ = recv_msg(sock, 1 << 16, 0)
                 want = _proof(self._token, b"server", cn, sn, owner)
-                if h.get("ok") and not hmac.compare_digest(str(h.get("proof")), want):
+                got = h.get("proof")
+                if h.get("ok") and not (
+                    isinstance(got, str) and got.isascii() and hmac.compare_digest(got, want)
+                ):
                     h = {"ok": False, "error": "the server failed to prove it holds the token"}
         except (OSError, ValueError, ConnectionError) as e:
             sock.close()
@@ -715,7 +737,8 @@ class ReplicaClient:
         return dest
 
     def retain(self, owner: int, steps: list[int]) -> list[int]:
-        """Deletes ``owner``'s replicas except ``steps``; returns the removed steps."""
+        """Deletes ``owner``'s replicas except ``steps``, and what unfinished pushes of other
+        steps left behind; returns the removed (committed) steps."""
         conn = self._connect(owner)
         try:
             h, _ = self._call(conn, {"op": "retain", "owner": owner, "steps": list(steps)})
