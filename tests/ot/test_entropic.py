@@ -127,6 +127,37 @@ def test_mccann_endpoints_and_velocity(key):
     np.testing.assert_allclose(vt, [[2 * math.pi - 6.0, 0.0]], atol=1e-5)
 
 
+def test_mccann_times_broadcast_against_n_by_1():
+    # Per-point times t [n, 1] with batched x [B, n, d] broadcast like NumPy to [B, n, 1]
+    # (B == n hid the former right-padding to [n, 1, 1]; B != n was an error).
+    e1 = Euclidean(1)
+    t = jnp.array([[0.0], [0.5], [1.0]])
+    for b in (3, 2):
+        xt, vt = mccann_interpolation(e1, jnp.zeros((b, 3, 1)), jnp.ones((b, 3, 1)), t)
+        np.testing.assert_array_equal(xt, jnp.broadcast_to(t, (b, 3, 1)))
+        np.testing.assert_array_equal(vt, jnp.ones((b, 3, 1)))
+    # A vector t indexes x's leading axis: [B] per cloud of x [B, n, d], [n] per point of x [n, d].
+    xt, _ = mccann_interpolation(
+        e1, jnp.zeros((2, 3, 1)), jnp.ones((2, 3, 1)), jnp.array([0.25, 1.0])
+    )
+    np.testing.assert_array_equal(xt[:, :, 0], [[0.25] * 3, [1.0] * 3])
+    xt, _ = mccann_interpolation(e1, jnp.zeros((3, 1)), jnp.ones((3, 1)), t[:, 0])
+    np.testing.assert_array_equal(xt, t)
+    with pytest.raises(ValueError, match=r"t: expected .*\(2, 3, 1\).*got \(2, 3\)"):
+        mccann_interpolation(e1, jnp.zeros((2, 3, 1)), jnp.ones((2, 3, 1)), jnp.zeros((2, 3)))
+    with pytest.raises(ValueError, match=r"t: expected .*got \(3,\)"):
+        mccann_interpolation(e1, jnp.zeros((2, 3, 1)), jnp.ones((2, 3, 1)), jnp.zeros(3))
+
+
+def test_mccann_checks_the_tangent_shape_under_jit(key):
+    x = S2.random_uniform(key, (4,))
+    v = S2.proj_tangent(x[:1], jnp.array([[0.0, 0.3, 0.2]]))
+    with pytest.raises(
+        ValueError, match=r"tangent: expected the shape of x \(4, 3\), got \(1, 3\)"
+    ):
+        jax.jit(lambda x, v: mccann_interpolation(S2, x, v, 0.5))(x, v)
+
+
 @pytest.mark.slow  # ~45 s of CPU: dense, blocked and vmapped solvers each compile
 def test_padding_batching_and_memory_bounded_path(key):
     kx, ky = jax.random.split(key)

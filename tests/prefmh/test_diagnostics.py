@@ -59,6 +59,17 @@ def test_grid_tv_disjoint_supports_is_one():
     assert float(prefmh.grid_tv(jnp.full((10, 2), 5.0), probs, 1.0)) == pytest.approx(1.0)
 
 
+def test_grid_tv_of_integer_samples():
+    # Integer draws land in the cells of their float values: the edges are not truncated.
+    s = np.array([[-2], [-1], [1], [2]])  # one per cell of [-2.5, -1.25, 0, 1.25, 2.5]
+    for half, bins in ((2.5, 4), (2.0, 4), (1.5, 2)):
+        probs = np.full((bins,), 1.0 / bins)
+        got = float(prefmh.grid_tv(jnp.asarray(s, jnp.int32), probs, half))
+        want = float(prefmh.grid_tv(jnp.asarray(s, jnp.float32), probs, half))
+        assert got == pytest.approx(want, abs=1e-7)
+        assert got == pytest.approx(_grid_tv_numpy(s, probs, half), abs=1e-7)
+
+
 def test_bad_input_raises():
     a = jnp.zeros((5, 2))
     with pytest.raises(ValueError, match="a, b"):

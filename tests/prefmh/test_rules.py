@@ -7,6 +7,7 @@ detailed balance and ``pi P = pi`` to 1e-10.
 
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -177,3 +178,14 @@ def test_bad_rule_and_budget():
         prefmh.acceptance_probability("kbudget", jnp.log(0.5), 0.0, 0)
     with pytest.raises(ValueError, match=r"num_comparisons: expected an int >= 1, got 1\.5"):
         prefmh.acceptance_probability("kbudget", jnp.log(0.5), 0.0, 1.5)
+
+
+def test_comparison_rules_at_p_zero_and_one():
+    # p = 0 (pi(y) = 0) and p = 1 (pi(x) = 0), also float32 underflow of a score gap of 120:
+    # W is 0 or K surely (0 log 0 = 0), so kbudget and majority give exact 0 or 1, like mh.
+    log_p = jnp.array([-jnp.inf, 0.0, jax.nn.log_sigmoid(jnp.float32(120.0))])
+    zero = jnp.zeros_like(log_p)
+    for k in (1, 2, 3):
+        for rule in ("mh", "barker_oracle", "kbudget", "majority"):
+            a = np.asarray(prefmh.acceptance_probability(rule, log_p, zero, k))
+            np.testing.assert_array_equal(a, [0.0, 1.0, 1.0], err_msg=f"{rule}, K={k}")

@@ -16,7 +16,7 @@ from ott.problems.linear import linear_problem
 from ott.solvers.linear import sinkhorn
 from ott.tools import sinkhorn_divergence as ott_sd
 
-from hexad._base import check_int, check_positive, is_traced
+from hexad._base import check_int, check_positive
 from hexad.geometry import Manifold, check_points, check_weights
 from hexad.ot._costs import SqGeodesic
 from hexad.ot._online import BlockedPointCloud
@@ -302,7 +302,10 @@ def mccann_interpolation(
       manifold: the manifold (static).
       x: ``[..., n, d]`` source points.
       tangent: ``[..., n, d]`` tangent vectors ``log_x T(x)``.
-      t: time(s) broadcastable against ``[..., n, 1]`` (e.g. a scalar or ``[B, 1, 1]``).
+      t: time(s): a scalar; a vector over ``x``'s leading axis (``[B]``, one time per cloud
+        of ``x [B, n, d]``, or ``[n]``, one per point of ``x [n, d]``); or an array of two
+        or more axes broadcastable against ``[..., n, 1]`` by NumPy's rules without
+        enlarging it (e.g. ``[B, 1, 1]``, or ``[n, 1]`` per point for every batch).
 
     Returns:
       ``(x_t, v_t)``, both ``[..., n, d]``.
@@ -312,13 +315,28 @@ def mccann_interpolation(
     >>> float(xt[0, 0]), float(vt[0, 0])
     (0.25, 1.0)
     """
-    if not is_traced(x) and jnp.shape(x) != jnp.shape(tangent):
-        raise ValueError(
-            f"tangent: expected the shape of x {jnp.shape(x)}, got {jnp.shape(tangent)}"
-        )
+    # Shapes are static: checked under jit too.
+    shape = jnp.shape(x)
+    if jnp.shape(tangent) != shape:
+        raise ValueError(f"tangent: expected the shape of x {shape}, got {jnp.shape(tangent)}")
     t = jnp.asarray(t, jnp.result_type(x))
-    if t.ndim < jnp.ndim(x):
-        t = jnp.reshape(t, t.shape + (1,) * (jnp.ndim(x) - t.ndim))
+    target = shape[:-1] + (1,)
+    leading = t.ndim == 1 and len(shape) > 1  # a vector over x's leading axis
+    if leading:
+        ok = t.shape[0] in (1, shape[0])
+    else:  # NumPy's rules, right-aligned
+        ok = t.ndim <= len(target) and all(
+            a in (1, b) for a, b in zip(t.shape[::-1], target[::-1], strict=False)
+        )
+    if not ok:
+        raise ValueError(
+            f"t: expected a scalar, a vector over x's leading axis {shape[:1]} or a shape "
+            f"broadcastable against {target} without enlarging it, got {t.shape}"
+        )
+    if leading:
+        t = jnp.reshape(t, t.shape + (1,) * (len(shape) - 1))
+    else:  # pad on the left to x's rank (implicit rank promotion may be an error)
+        t = jnp.reshape(t, (1,) * (len(shape) - t.ndim) + t.shape)
     return manifold.geodesic(x, tangent, t)
 
 

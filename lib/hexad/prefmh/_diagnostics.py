@@ -172,9 +172,11 @@ def grid_tv(samples: jax.Array, probs: jax.Array, half_width: float) -> jax.Arra
 def _grid_tv(samples, probs, half_width):
     index = jnp.zeros(samples.shape[0], jnp.int32)
     inside = jnp.ones(samples.shape[0], bool)
+    # Edges in a float dtype: integer samples would truncate them (and land in wrong cells).
+    etype = jnp.result_type(samples.dtype, float)
     for axis, bins in enumerate(probs.shape):
-        x = samples[:, axis]
-        edges = jnp.linspace(-half_width, half_width, bins + 1, dtype=samples.dtype)
+        x = samples[:, axis].astype(etype)
+        edges = jnp.linspace(-half_width, half_width, bins + 1, dtype=etype)
         cell = jnp.searchsorted(edges, x, side="right") - 1
         cell = jnp.where(x == edges[-1], bins - 1, cell)
         inside = inside & (cell >= 0) & (cell < bins)

@@ -52,12 +52,15 @@ class PPCA(NamedTuple):
 
 
 def fit_ppca(x, latent_dim: int) -> PPCA:
-    """Returns the maximum-likelihood probabilistic PCA of ``x`` (Tipping & Bishop 1999).
+    """Returns the probabilistic PCA of ``x`` in Tipping & Bishop's (1999) closed form.
 
-    With ``S`` the sample covariance and ``l_1 >= ... >= l_D`` its eigenvalues (eigenvectors
-    ``U``): ``sigma^2 = mean(l_{d+1..D})`` and ``W = U_d diag(sqrt(max(l_i - sigma^2, 0)))``
-    (the rotation left free by the likelihood is taken as the identity). The model
-    covariance ``W W^T + sigma^2 I`` keeps the top ``d`` eigenpairs of ``S``.
+    With ``S`` the unbiased sample covariance (``np.cov``, divisor ``n - 1``) and
+    ``l_1 >= ... >= l_D`` its eigenvalues (eigenvectors ``U``): ``sigma^2 = mean(l_{d+1..D})``
+    and ``W = U_d diag(sqrt(max(l_i - sigma^2, 0)))`` (the rotation left free by the
+    likelihood is taken as the identity). The model covariance ``W W^T + sigma^2 I`` keeps
+    the top ``d`` eigenpairs of ``S``. This is *not* exactly the maximum-likelihood fit:
+    Tipping & Bishop's ``S`` divides by ``n``, so ``W W^T + sigma^2 I`` here is the ML one
+    times ``n / (n - 1)`` (same ``U``; ``sigma^2`` and ``l_i - sigma^2`` scaled by it).
 
     Args:
       x: ``[n, D]`` data, ``n >= 2``.

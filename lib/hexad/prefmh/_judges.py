@@ -243,7 +243,10 @@ def external_judge(fn: Callable[..., Any]) -> Judge:
     per device, which ``run_chains`` does not use). The batch and
     the numpy seed are then those of the unsharded run, and so are the traces, bit for bit
     (tested on 8 simulated CPU devices). The gather costs one transfer per step.
-    The judge's :class:`JudgeCounter` (``judge.counter``) counts calls and comparisons.
+    The judge's :class:`JudgeCounter` (``judge.counter``) counts calls and comparisons
+    the host received. With the ``"two_coin"`` rule under ``jax.vmap`` that is more than
+    the sum of ``PrefMHInfo.judge_calls``: the batched loop keeps asking for finished chains
+    (``chains * max(rounds)`` per step; their outcomes are discarded).
 
     Args:
       fn: the batched judge, ``fn(first, second, rng) -> [n]`` binary outcomes.

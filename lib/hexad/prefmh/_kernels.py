@@ -61,7 +61,11 @@ class PrefMHInfo(NamedTuple):
         for ``"two_coin"`` the factory's 0/1 output).
       is_accepted: ``[]`` bool.
       wins: ``[]`` int32, comparisons won by the proposal.
-      judge_calls: ``[]`` int32, comparisons made this step.
+      judge_calls: ``[]`` int32, comparisons this chain's step used. For ``"two_coin"``
+        under ``jax.vmap`` a host judge (:func:`~hexad.prefmh.external_judge`) sees more:
+        the vmapped ``while_loop`` runs every chain's round until the slowest chain is done,
+        so its counter grows by ``chains * max(rounds)`` per step, not ``sum(judge_calls)``
+        (the finished chains' extra outcomes are discarded; the chains are unaffected).
       valid: ``[]`` bool, False if an outcome was not binary or ``log_rho`` was NaN / ``+inf``.
       truncated: ``[]`` bool, the two-coin factory hit ``max_rounds`` (step rejected).
       proposal: ``[...]`` the proposed candidate.
@@ -180,7 +184,10 @@ def build_kernel(
       rule: (static) one of ``"kbudget"``, ``"two_coin"``, ``"majority"``, ``"mh"``,
         ``"barker_oracle"``.
       num_comparisons: (static) the budget ``K >= 1`` (``"kbudget"``, ``"majority"``).
-      max_rounds: (static) bound on the two-coin factory's rounds.
+      max_rounds: (static) bound on the two-coin factory's rounds. Vmapped over chains,
+        every chain makes a comparison in each round until all are done: a host judge is
+        asked ``chains * max(rounds)`` comparisons a step, more than the sum of
+        ``info.judge_calls`` (which counts each chain's own rounds).
 
     >>> from hexad.prefmh import bradley_terry_judge, random_walk
     >>> judge = bradley_terry_judge(lambda x: -0.5 * jnp.sum(x**2))

@@ -16,6 +16,7 @@ Barker's rule and ``K -> inf`` tends to Metropolis-Hastings.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -129,15 +130,25 @@ def two_coin_acceptance(log_p_win: jax.Array, log_rho: jax.Array) -> jax.Array:
 
 
 def _log_binom_pmf(num_comparisons: int, log_p: jax.Array, log_q: jax.Array) -> jax.Array:
-    k = jnp.arange(num_comparisons + 1, dtype=log_p.dtype).reshape(
-        (1,) * log_p.ndim + (num_comparisons + 1,)
-    )
-    log_coef = (
-        jax.scipy.special.gammaln(num_comparisons + 1.0)
-        - jax.scipy.special.gammaln(k + 1.0)
-        - jax.scipy.special.gammaln(num_comparisons - k + 1.0)
-    )
-    return log_coef + k * log_p[..., None] + (num_comparisons - k) * log_q[..., None]
+    """Returns ``[..., K + 1]`` ``log P(W = k)``, ``W ~ Binomial(K, p)``, ``log q = log(1 - p)``."""
+    shape = (1,) * log_p.ndim + (num_comparisons + 1,)
+    k = jnp.arange(num_comparisons + 1, dtype=log_p.dtype).reshape(shape)
+    # log C(K, k) from the static K in float64 on the host: exactly 0 at k = 0 and k = K
+    # (float32 gammaln(1) is 5e-7, which made a sure outcome's probability 1 - 5e-7).
+    log_coef = jnp.asarray(
+        [
+            math.lgamma(num_comparisons + 1)
+            - math.lgamma(j + 1)
+            - math.lgamma(num_comparisons - j + 1)
+            for j in range(num_comparisons + 1)
+        ],
+        log_p.dtype,
+    ).reshape(shape)
+    # 0 log 0 = 0: at p = 0 or 1 (log_p or log_q = -inf, also float32 underflow of a large
+    # score gap) the k = 0 or k = K term is exactly 0, not 0 * (-inf) = NaN.
+    wins = jnp.where(k == 0, 0.0, k * log_p[..., None])
+    losses = jnp.where(k == num_comparisons, 0.0, (num_comparisons - k) * log_q[..., None])
+    return log_coef + wins + losses
 
 
 def acceptance_probability(

@@ -42,12 +42,13 @@ def _make_chunk(step: Callable, thin: int):
         def body(carry, k):
             s, acc, calls, trunc, ok = carry
             s, info = step(k, s)
+            # A plain BlackJAX info has no judge_calls / truncated / valid: 0, False, True.
             carry = (
                 s,
                 acc + info.is_accepted.astype(acc.dtype),
-                calls + info.judge_calls.astype(calls.dtype),
-                trunc + info.truncated.astype(trunc.dtype),
-                ok & info.valid,
+                calls + jnp.asarray(getattr(info, "judge_calls", 0)).astype(calls.dtype),
+                trunc + jnp.asarray(getattr(info, "truncated", False)).astype(trunc.dtype),
+                ok & getattr(info, "valid", True),
             )
             return carry, s.position
 
@@ -82,8 +83,11 @@ def run_chains(
     its chunk.
 
     Args:
-      key: PRNG key.
-      algorithm: ``(init, step)``, e.g. :func:`~hexad.prefmh.prefmh` (or any BlackJAX one).
+      key: PRNG key, typed (``jax.random.key``) or raw (``jax.random.PRNGKey``).
+      algorithm: ``(init, step)``, e.g. :func:`~hexad.prefmh.prefmh`, or any BlackJAX one
+        whose state has a ``position`` and whose info has ``is_accepted`` (``blackjax.rmh``);
+        an info without Pref-MH's ``judge_calls``, ``truncated`` or ``valid`` counts as 0
+        comparisons, not truncated and valid.
       initial_positions: ``[chains, ...]``.
       num_steps: (static) total steps per chain, including burn-in.
       burn_in: (static) steps left out of the trace.
@@ -142,7 +146,9 @@ def run_chains(
     while done < num_steps:
         n = chunk_size
         key, sub = jax.random.split(key)
-        keys = jax.random.split(sub, num_chains * n).reshape(num_chains, n)
+        # The same keys as split(sub, chains * n).reshape(chains, n) for a typed key; a raw
+        # uint32 key (shape [2]) gives [chains, n, 2].
+        keys = jax.random.split(sub, (num_chains, n))
         if spec is not None:
             keys = jax.device_put(keys, spec)
         states, pos, a, c, t, ok = chunk_fn(keys, states)
