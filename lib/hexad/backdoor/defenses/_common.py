@@ -87,8 +87,9 @@ def _at_lr(kind: str, lr: float, momentum: float = 0.0, n_steps: int = 0, weight
 
 @functools.cache
 def sgd(lr: float, momentum: float = 0.9, n_steps: int = 0, weight_decay: float = 0.0):
-    """SGD with momentum; a cosine decay over ``n_steps`` when ``n_steps > 0``; decoupled
-    L2 weight decay ``weight_decay`` added to the gradient (torch's SGD ``weight_decay``).
+    """SGD with momentum; a cosine decay over ``n_steps`` when ``n_steps > 0``; L2 weight
+    decay ``weight_decay`` added to the gradient before the momentum (coupled, as torch's
+    SGD ``weight_decay``).
     ``lr`` lives in the optimiser state, so every ``lr`` shares one compile."""
     return _at_lr("sgd", lr, momentum, n_steps, weight_decay)
 
