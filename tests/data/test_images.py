@@ -102,3 +102,69 @@ def test_shapes_rgb_is_deterministic_balanced_and_cached(tmp_path, monkeypatch):
     np.testing.assert_array_equal(images.load_shapes_rgb(2, 3, 12).x, first.x)
     with pytest.raises(ValueError, match="n_per_class"):
         images.make_shapes_rgb(0, n_per_class=0)
+
+
+def _gtsrb_one(root, body, header):
+    folder = root / "00001"
+    folder.mkdir(parents=True)
+    (folder / "a.ppm").write_bytes(header + body)
+    (folder / "GT-00001.csv").write_text(
+        "Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2;ClassId\na.ppm;2;1;0;0;1;0;1\n"
+    )
+    return folder / "a.ppm"
+
+
+def test_gtsrb_scales_by_the_ppm_maxval(tmp_path):
+    # 8-bit samples with maxval 15: 15 is full intensity, 5 a third of it
+    _gtsrb_one(tmp_path / "m15", bytes([15, 5, 0, 0, 15, 5]), b"P6\n2 1\n15\n")
+    d = images.load_gtsrb(tmp_path / "m15", size=1, crop_roi=False)
+    np.testing.assert_allclose(d.x[0, 0, 0], [7.5 / 15, 10 / 15, 2.5 / 15], rtol=1e-6)
+    # 16-bit samples with maxval 1000 whose values stay below 256: 200 is 0.2, not 200 / 255
+    body = np.array([200, 1000, 0, 0, 500, 200], ">u2").tobytes()
+    path = _gtsrb_one(tmp_path / "m1000", body, b"P6\n2 1\n1000\n")
+    np.testing.assert_array_equal(images.read_ppm(path)[0, 0], [200, 1000, 0])
+    x = images.load_gtsrb(tmp_path / "m1000", size=2).x
+    assert x.shape == (1, 2, 2, 3)
+    np.testing.assert_allclose(x[0, 0, 0], [0.2, 1.0, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(x[0, 0, 1], [0.0, 0.5, 0.2], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "header, body",
+    [
+        (b"P6\n2 1\n15\n", bytes([15, 5, 0, 0, 16, 5])),
+        (b"P6\n2 1\n1000\n", np.array([200, 1000, 0, 0, 1001, 200], ">u2").tobytes()),
+    ],
+    ids=["8bit", "16bit"],
+)
+def test_gtsrb_rejects_a_sample_above_maxval(tmp_path, header, body):
+    path = _gtsrb_one(tmp_path, body, header)
+    with pytest.raises(ValueError, match=r"a\.ppm.*maxval"):
+        images.load_gtsrb(tmp_path, size=2)
+    with pytest.raises(ValueError, match=r"a\.ppm.*maxval"):
+        images.read_ppm(path)
+
+
+@pytest.mark.parametrize(
+    "y",
+    [
+        np.arange(5, dtype=np.int32),  # wrong length
+        np.zeros((30, 1), np.int32),  # wrong rank
+        np.full(30, 77, np.int32),  # past the ten classes
+        np.full(30, -1, np.int32),  # negative
+        np.full(30, 0.5),  # float labels
+    ],
+    ids=["short", "2d", "too_large", "negative", "float"],
+)
+def test_shapes_rgb_cache_with_bad_labels_is_regenerated(tmp_path, monkeypatch, y):
+    monkeypatch.setenv("HEXAD_CACHE", str(tmp_path))
+    good = images.load_shapes_rgb(2, n_per_class=3, size=12, cache=False)
+    path = tmp_path / "images" / "shapes_rgb_s2_n3_12.npz"
+    path.parent.mkdir()
+    np.savez(path, x=np.round(good.x * 255).astype(np.uint8), y=y)
+    d = images.load_shapes_rgb(2, n_per_class=3, size=12)
+    np.testing.assert_array_equal(d.y, good.y)
+    np.testing.assert_array_equal(d.x, good.x)
+    assert d.y.dtype == np.int32
+    with np.load(path, allow_pickle=False) as f:  # the cache now holds the regenerated labels
+        np.testing.assert_array_equal(f["y"], good.y)

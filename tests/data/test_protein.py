@@ -139,3 +139,69 @@ def test_tiny_simulation_and_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(protein, "simulate", lambda *a, **k: pytest.fail("re-simulated"))
     again = protein.alanine_dipeptide([300.0], [7], n_frames=4, steps_per_frame=50, equil_steps=100)
     np.testing.assert_array_equal(again.torsions, d.torsions)
+
+
+def _saved(
+    path, temperatures=(300.0, 500.0), seeds=(1, 2), n_frames=3, frame_ps=0.2, solvent="obc"
+):
+    """Writes a set as :func:`alanine_dipeptide` would for these settings (no simulation)."""
+    pairs = [(t, s) for t in temperatures for s in seeds]
+    data = protein.Torsions(
+        np.zeros((len(pairs), n_frames, 2), np.float32),
+        np.array([t for t, _ in pairs], np.float32),
+        np.array([s for _, s in pairs], np.int64),
+        frame_ps,
+        solvent,
+    )
+    return protein.save_torsions(path, data)
+
+
+# the request that matches _saved's defaults: 100 steps of 2 fs per frame is 0.2 ps
+_REQUEST = dict(temperatures=[300.0, 500.0], seeds=[1, 2], n_frames=3, steps_per_frame=100)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"temperatures": [350.0, 500.0]}, "temperatures"),
+        ({"temperatures": [500.0, 300.0]}, "temperatures"),  # another trajectory order
+        ({"temperatures": [300.0]}, "temperatures|seeds"),
+        ({"seeds": [1, 9]}, "seeds"),
+        ({"seeds": [1]}, "temperatures|seeds"),
+        ({"n_frames": 5}, "n_frames"),
+        ({"steps_per_frame": 50}, "steps_per_frame"),
+        ({"solvent": "vacuum"}, "solvent"),
+    ],
+    ids=[
+        "temperature",
+        "order",
+        "fewer_temperatures",
+        "seed",
+        "fewer_seeds",
+        "frames",
+        "spf",
+        "solvent",
+    ],
+)
+def test_explicit_path_with_other_settings_is_rejected(tmp_path, monkeypatch, change, match):
+    monkeypatch.setenv("HEXAD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(protein, "simulate", lambda *a, **k: pytest.fail("simulated"))
+    path = _saved(tmp_path / "set.npz")
+    d = protein.alanine_dipeptide(**_REQUEST, path=path)  # the matching request loads it
+    assert d.torsions.shape == (4, 3, 2)
+    with pytest.raises(ValueError, match=rf"path: .*set\.npz.*({match})"):
+        protein.alanine_dipeptide(**{**_REQUEST, **change}, path=path)
+
+
+def test_cache_hit_with_matching_settings_loads(tmp_path, monkeypatch):
+    monkeypatch.setenv("HEXAD_CACHE", str(tmp_path))
+    monkeypatch.setattr(protein, "simulate", lambda *a, **k: pytest.fail("simulated"))
+    name = protein._file_name([300.0, 500.0], [1, 2], 3, 100, 5000, "obc")
+    _saved(tmp_path / "protein" / name)
+    d = protein.alanine_dipeptide(**_REQUEST)
+    assert d.torsions.shape == (4, 3, 2) and d.solvent == "obc"
+    np.testing.assert_array_equal(d.seed, [1, 2, 1, 2])
+    # a cache file whose contents disagree with its name is not trusted either
+    _saved(tmp_path / "protein" / name, seeds=(1, 3))
+    with pytest.raises(ValueError, match="seeds"):
+        protein.alanine_dipeptide(**_REQUEST)

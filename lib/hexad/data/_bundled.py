@@ -67,6 +67,18 @@ def load_npz(path: str | os.PathLike, required: tuple[str, ...] = ()) -> dict[st
     return data
 
 
+def _range(a: np.ndarray) -> str:
+    return f"[{a.min()}, {a.max()}]" if a.size else "empty"
+
+
+def _ints(d: dict[str, np.ndarray], key: str, where: str) -> np.ndarray:
+    """``d[key]``, which must have an integer dtype (a float array would be truncated)."""
+    a = d[key]
+    if not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{key}: expected an integer array, got dtype {a.dtype} {where}")
+    return a
+
+
 @dataclasses.dataclass(frozen=True)
 class Planetoid:
     """A Planetoid citation graph (Sen et al. 2008; split of Yang et al. 2016, arXiv 1603.08861).
@@ -101,35 +113,92 @@ def load_planetoid(name: str, path: str | os.PathLike | None = None) -> Planetoi
       name: ``"cora"`` or ``"citeseer"``.
       path: optional ``.npz`` in the same format (see the bundled README); default: bundled.
 
+    Raises:
+      ValueError: the file lacks an array or its arrays disagree, naming the array: a CSR
+        ``features_*`` whose ``features_indptr`` is not ``[n + 1]`` non-decreasing from 0 to
+        ``len(features_indices)`` or whose column ids are outside ``[0, f)``; ``labels`` not
+        ``[n]`` ids ``>= -1``; ``edges`` not ``[E, 2]`` node ids with ``i < j``, each once;
+        split indices outside ``[0, n)``; an id array of a non-integer dtype.
+
     >>> g = load_planetoid("cora")
     >>> g.features.shape, g.num_classes
     ((2708, 1433), 7)
     """
     if name not in PLANETOID_NAMES:
         raise ValueError(f"name: expected one of {PLANETOID_NAMES}, got {name!r}")
-    path = bundled_path("planetoid", f"{name}.npz") if path is None else path
+    path = bundled_path("planetoid", f"{name}.npz") if path is None else Path(path)
     keys = ("features_data", "features_indices", "features_indptr", "features_shape", "edges")
     d = load_npz(path, keys + ("labels", "train_idx", "val_idx", "test_idx"))
-    n, f = (int(v) for v in d["features_shape"])
-    indptr = d["features_indptr"].astype(np.int64)
-    if indptr.shape != (n + 1,):
-        raise ValueError(f"path: features_indptr has shape {indptr.shape}, expected ({n + 1},)")
+    where = f"(in {path.name})"
+    shape = _ints(d, "features_shape", where)
+    if shape.shape != (2,) or shape.min() < 0:
+        raise ValueError(
+            f"features_shape: expected two non-negative ints [n, f], got {shape.tolist()} {where}"
+        )
+    n, f = (int(v) for v in shape)
+    indices = _ints(d, "features_indices", where)
+    data = d["features_data"]
+    if indices.ndim != 1 or (indices.size and (indices.min() < 0 or indices.max() >= f)):
+        raise ValueError(
+            f"features_indices: expected a 1-d array of column ids in [0, {f}), got shape "
+            f"{indices.shape}, range {_range(indices)} {where}"
+        )
+    if data.shape != indices.shape:
+        raise ValueError(
+            f"features_data: expected shape {indices.shape} (one value per features_indices "
+            f"entry), got {data.shape} {where}"
+        )
+    indptr = _ints(d, "features_indptr", where).astype(np.int64)
+    if (
+        indptr.shape != (n + 1,)
+        or indptr[0] != 0
+        or indptr[-1] != indices.size
+        or (np.diff(indptr) < 0).any()
+    ):
+        raise ValueError(
+            f"features_indptr: expected shape ({n + 1},), non-decreasing from 0 to "
+            f"len(features_indices)={indices.size}, got shape {indptr.shape}, first "
+            f"{indptr[:1].tolist()}, last {indptr[-1:].tolist()} {where}"
+        )
+    labels = _ints(d, "labels", where)
+    if labels.shape != (n,) or (n and not -1 <= labels.min() <= labels.max() < 2**31 - 1):
+        raise ValueError(
+            f"labels: expected shape ({n},) (the rows of features_shape) with class ids >= 0 "
+            f"or -1, got shape {labels.shape}, range {_range(labels)} {where}"
+        )
+    edges = _ints(d, "edges", where)
+    if edges.ndim != 2 or edges.shape[1] != 2:
+        raise ValueError(f"edges: expected shape [E, 2], got {edges.shape} {where}")
+    if edges.size and (edges.min() < 0 or edges.max() >= n):
+        raise ValueError(f"edges: expected node ids in [0, {n}), got range {_range(edges)} {where}")
+    bad = np.flatnonzero(edges[:, 0] >= edges[:, 1])
+    if bad.size:
+        raise ValueError(
+            f"edges: expected each edge (i, j) with i < j (no self loops), got "
+            f"{edges[bad[0]].tolist()} at row {bad[0]} {where}"
+        )
+    if np.unique(edges, axis=0).shape[0] != edges.shape[0]:
+        raise ValueError(f"edges: expected each undirected edge once, found duplicates {where}")
+    split = {}
+    for key in ("train_idx", "val_idx", "test_idx"):
+        idx = _ints(d, key, where)
+        if idx.ndim != 1 or (idx.size and (idx.min() < 0 or idx.max() >= n)):
+            raise ValueError(
+                f"{key}: expected a 1-d array of node ids in [0, {n}), got shape {idx.shape}, "
+                f"range {_range(idx)} {where}"
+            )
+        split[key] = idx.astype(np.int32)
     features = np.zeros((n, f), np.float32)
     rows = np.repeat(np.arange(n), np.diff(indptr))
-    features[rows, d["features_indices"]] = d["features_data"]
-    labels = d["labels"].astype(np.int32)
-    edges = d["edges"].astype(np.int32)
-    if edges.ndim != 2 or edges.shape[1] != 2 or edges.min() < 0 or edges.max() >= n:
-        raise ValueError(f"path: edges must be [E, 2] node ids in [0, {n}), got {edges.shape}")
+    features[rows, indices] = data
+    labels = labels.astype(np.int32)
     return Planetoid(
         name=name,
         features=features,
-        edges=edges,
+        edges=edges.astype(np.int32),
         labels=labels,
-        train_idx=d["train_idx"].astype(np.int32),
-        val_idx=d["val_idx"].astype(np.int32),
-        test_idx=d["test_idx"].astype(np.int32),
-        num_classes=int(labels.max()) + 1,
+        **split,
+        num_classes=int(labels.max(initial=-1)) + 1,
     )
 
 
@@ -155,16 +224,47 @@ class SingleCell:
 def load_pbmc68k(path: str | os.PathLike | None = None) -> SingleCell:
     """Loads the bundled PBMC 68k reduced set (or the same format from ``path``).
 
+    Raises:
+      ValueError: the file lacks an array, or, naming the array, ``X_pca``, ``X_umap``,
+        ``cell_type`` and ``louvain`` disagree on the number of cells, an id array is not of an
+        integer dtype or has a negative id, or a ``cell_type`` id is not below
+        ``len(cell_type_names)``.
+
     >>> d = load_pbmc68k()
     >>> d.X_pca.shape, len(d.cell_type_names)
     ((700, 50), 10)
     """
-    path = bundled_path("pbmc68k_reduced", "pbmc68k_reduced.npz") if path is None else path
+    path = bundled_path("pbmc68k_reduced", "pbmc68k_reduced.npz") if path is None else Path(path)
     d = load_npz(path, ("X_pca", "X_umap", "cell_type", "cell_type_names", "louvain"))
+    where = f"(in {path.name})"
+    if d["X_pca"].ndim != 2:
+        raise ValueError(f"X_pca: expected shape [n, k], got {d['X_pca'].shape} {where}")
+    n = d["X_pca"].shape[0]
+    if d["X_umap"].ndim != 2 or d["X_umap"].shape[0] != n:
+        raise ValueError(
+            f"X_umap: expected shape [{n}, 2] (one row per X_pca row), got "
+            f"{d['X_umap'].shape} {where}"
+        )
+    names = d["cell_type_names"]
+    if names.ndim != 1:
+        raise ValueError(f"cell_type_names: expected a 1-d array, got shape {names.shape} {where}")
+    for key in ("cell_type", "louvain"):
+        a = _ints(d, key, where)
+        if a.shape != (n,) or (n and a.min() < 0):
+            raise ValueError(
+                f"{key}: expected shape ({n},) (one id >= 0 per X_pca row), got shape "
+                f"{a.shape}, range {_range(a)} {where}"
+            )
+    cell_type = d["cell_type"]
+    if n and cell_type.max() >= len(names):
+        raise ValueError(
+            f"cell_type: expected ids in [0, {len(names)}) (len(cell_type_names)), got "
+            f"{cell_type.max()} {where}"
+        )
     return SingleCell(
         X_pca=d["X_pca"].astype(np.float32),
         X_umap=d["X_umap"].astype(np.float32),
-        cell_type=d["cell_type"].astype(np.int32),
-        cell_type_names=tuple(str(s) for s in d["cell_type_names"]),
+        cell_type=cell_type.astype(np.int32),
+        cell_type_names=tuple(str(s) for s in names),
         louvain=d["louvain"].astype(np.int32),
     )

@@ -280,8 +280,8 @@ def load_shapes_rgb(
 
     The cache is ``cache_dir("images")/shapes_rgb_s{seed}_n{n_per_class}_{size}.npz``
     (``x`` uint8 ``[n, size, size, 3]``, ``y`` int32), read without pickle; a file of the
-    wrong shape is regenerated, never trusted. ``cache=False`` generates without touching
-    the disk (the same values).
+    wrong shape or dtype, or with labels outside ``[0, 10)``, is regenerated, never trusted.
+    ``cache=False`` generates without touching the disk (the same values).
 
     >>> d = load_shapes_rgb(0, n_per_class=2, size=8, cache=False)
     >>> d.x.shape, d.x.dtype
@@ -297,8 +297,16 @@ def load_shapes_rgb(
     if cache and path.is_file():
         try:
             f = load_npz(path, ("x", "y"))
-            if f["x"].shape == (n, size, size, 3) and f["x"].dtype == np.uint8:
-                x8, y = f["x"], f["y"].astype(np.int32)
+            fx, fy = f["x"], f["y"]
+            if (
+                fx.shape == (n, size, size, 3)
+                and fx.dtype == np.uint8
+                and fy.shape == (n,)
+                and np.issubdtype(fy.dtype, np.integer)
+                and fy.min() >= 0
+                and fy.max() < len(PROCEDURAL_CLASSES)
+            ):
+                x8, y = fx, fy.astype(np.int32)
         except ValueError:
             x8 = None
     if x8 is None:
@@ -401,12 +409,20 @@ def load_cifar10(path: str | os.PathLike, split: str = "train") -> ImageSet:
 def read_ppm(path: str | os.PathLike) -> np.ndarray:
     """Reads a binary PPM (P6) file into a ``[H, W, 3]`` uint8 (or uint16) array.
 
+    The samples are returned as stored, not scaled by the header's ``maxval`` (a file with a
+    sample above its ``maxval`` is rejected).
+
     >>> import tempfile
     >>> path = Path(tempfile.mkdtemp()) / "00000_00000.ppm"
     >>> _ = path.write_bytes(b"P6\\n# a comment\\n2 1\\n255\\n" + bytes([255, 0, 0, 0, 0, 255]))
     >>> read_ppm(path).tolist()
     [[[255, 0, 0], [0, 0, 255]]]
     """
+    return _read_ppm(path)[0]
+
+
+def _read_ppm(path: str | os.PathLike) -> tuple[np.ndarray, int]:
+    """:func:`read_ppm`'s array and the header's ``maxval``."""
     data = Path(path).read_bytes()
     if data[:2] != b"P6":
         raise ValueError(f"path: {Path(path).name} is not a binary PPM (magic {data[:2]!r})")
@@ -439,7 +455,11 @@ def read_ppm(path: str | os.PathLike) -> np.ndarray:
     )
     if body is None:
         raise ValueError(f"path: {Path(path).name} is truncated ({len(data) - i} body bytes)")
-    return body.reshape(h, w, 3).astype(np.uint16 if maxval >= 256 else np.uint8)
+    if int(body.max()) > maxval:
+        raise ValueError(
+            f"path: {str(path)!r} has a sample {int(body.max())} above its PPM maxval {maxval}"
+        )
+    return body.reshape(h, w, 3).astype(np.uint16 if maxval >= 256 else np.uint8), maxval
 
 
 def write_ppm(path: str | os.PathLike, img: np.ndarray) -> None:
@@ -473,8 +493,13 @@ def load_gtsrb(path: str | os.PathLike, size: int = 32, crop_roi: bool = True) -
       crop_roi: crop to the annotated region of interest.
 
     Returns:
-      ``x`` of shape ``[n, size, size, 3]`` float32 in [0, 1], ``y`` of shape ``[n]``;
-      ``num_classes`` is 43 (the GTSRB classes).
+      ``x`` of shape ``[n, size, size, 3]`` float32 in [0, 1] (each image's samples divided by
+      its PPM header's ``maxval``), ``y`` of shape ``[n]``; ``num_classes`` is 43 (the GTSRB
+      classes).
+
+    Raises:
+      ValueError: a PPM with a sample above its header's ``maxval`` (naming the file), a
+        malformed or truncated PPM, missing CSV columns, an empty ROI or a ClassId past 42.
 
     One class folder with one 4 x 4 image whose annotated box is its top-left 2 x 2 corner:
 
@@ -505,8 +530,8 @@ def load_gtsrb(path: str | os.PathLike, size: int = 32, crop_roi: bool = True) -
             if missing:
                 raise ValueError(f"path: {c.name} lacks the columns {sorted(missing)}")
             for row in reader:
-                img = read_ppm(c.parent / row["Filename"]).astype(np.float64)
-                img = img / (255.0 if img.max() <= 255 else 65535.0)
+                img, maxval = _read_ppm(c.parent / row["Filename"])
+                img = img.astype(np.float64) / maxval
                 if crop_roi:
                     x1, y1 = int(row["Roi.X1"]), int(row["Roi.Y1"])
                     x2, y2 = int(row["Roi.X2"]), int(row["Roi.Y2"])

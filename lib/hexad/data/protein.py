@@ -401,6 +401,37 @@ def _file_name(temperatures, seeds, n_frames, steps_per_frame, equil_steps, solv
     return f"ala2_{solvent}_T{temps}_s{sds}_f{n_frames}x{steps_per_frame}_e{equil_steps}.npz"
 
 
+def _check_request(
+    data: Torsions, path: Path, temperatures, seeds, n_frames, steps_per_frame, solvent
+) -> Torsions:
+    """``data`` read from ``path`` if it is the set :func:`generate` makes for these settings."""
+    pairs = [(float(t), int(s)) for t in temperatures for s in seeds]
+    want_t = np.array([t for t, _ in pairs], np.float32)
+    want_s = np.array([s for _, s in pairs], np.int64)
+    where = f"path: {str(path)!r} holds another set than requested"
+    if data.temperature.shape != want_t.shape or not np.array_equal(data.temperature, want_t):
+        raise ValueError(
+            f"{where}: per-trajectory temperatures {data.temperature.tolist()}, expected "
+            f"{want_t.tolist()} for temperatures={list(temperatures)} x seeds={list(seeds)}"
+        )
+    if not np.array_equal(data.seed, want_s):
+        raise ValueError(
+            f"{where}: per-trajectory seeds {data.seed.tolist()}, expected {want_s.tolist()} "
+            f"for temperatures={list(temperatures)} x seeds={list(seeds)}"
+        )
+    if data.n_frames != n_frames:
+        raise ValueError(f"{where}: {data.n_frames} frames, expected n_frames={n_frames}")
+    if data.solvent != solvent:
+        raise ValueError(f"{where}: solvent {data.solvent!r}, expected solvent={solvent!r}")
+    frame_ps = steps_per_frame * 2.0 / 1000.0  # generate's default 2 fs timestep
+    if not math.isclose(data.frame_ps, frame_ps, rel_tol=1e-9):
+        raise ValueError(
+            f"{where}: frame_ps {data.frame_ps}, expected {frame_ps} for "
+            f"steps_per_frame={steps_per_frame} at 2 fs"
+        )
+    return data
+
+
 def alanine_dipeptide(
     temperatures: Sequence[float] = (300.0, 400.0, 500.0),
     seeds: Sequence[int] = (1, 2, 3, 4),
@@ -419,6 +450,12 @@ def alanine_dipeptide(
       path: an explicit ``.npz``; default a file in ``hexad.data.cache_dir("protein")`` named by the
         settings.
       progress: passed to :func:`generate` when simulating.
+
+    Raises:
+      ValueError: the file at ``path`` (explicit or the cache's) holds another set: its
+        per-trajectory temperatures and seeds (temperature-major, as :func:`generate` writes
+        them), frame count, solvent or ``frame_ps`` (``steps_per_frame`` x 2 fs) differ from the
+        requested ones. ``equil_steps`` is not recorded in the file and cannot be compared.
     """
     if path is None:
         path = cache_dir("protein") / _file_name(
@@ -426,7 +463,9 @@ def alanine_dipeptide(
         )
     path = Path(path)
     if path.is_file():
-        return load_torsions(path)
+        return _check_request(
+            load_torsions(path), path, temperatures, seeds, n_frames, steps_per_frame, solvent
+        )
     data = generate(
         temperatures,
         seeds,
