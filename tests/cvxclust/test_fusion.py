@@ -122,6 +122,32 @@ def test_kkt_and_duality_gap_vanish(solve, blobs):
     assert hist[int(out.n_iters) - 1] <= SOLVER.tol and (hist[int(out.n_iters) :] == -1).all()
 
 
+def test_dual_objective_takes_its_limit_at_unobserved_entries():
+    # Partial labels under the squared loss: node 2's label columns are unobserved (M = 0).
+    x, e = np.array([[0.0], [1.0], [3.0]]), np.array([[0, 1], [1, 2]])
+    xa, m = cc.with_labels(x, np.array([0, 1, 0]), np.array([1, 1, 0], bool), 2)
+    p = cc.FusionProblem.create(xa, e, np.ones(2), 1.0, mask=m)
+    # inf_u M (x - u)^2 / 2 - g u at M = 0 is 0 where g = D^T Lambda = 0, -inf elsewhere.
+    assert float(cc.fusion_dual_objective(p, jnp.zeros((2, 3)))) == 0.0
+    lam = jnp.zeros((2, 3)).at[0, 0].set(0.5)  # g = (0.5, -0.5, 0) on the feature column only
+    # <g, x> - |g|^2 / 2 = -0.5 - 0.25, by hand
+    assert float(cc.fusion_dual_objective(p, lam)) == pytest.approx(-0.75)
+    lam = lam.at[1, 2].set(0.5)  # edge (1, 2) moves node 2's unobserved label entry
+    assert float(cc.fusion_dual_objective(p, lam)) == -np.inf
+
+
+def test_dual_objective_names_what_it_does_not_cover():
+    # the dual covers neither the softmax label block nor the other losses, and says which
+    x, e = np.array([[0.0], [1.0], [3.0]]), np.array([[0, 1], [1, 2]])
+    xa, m = cc.with_labels(x, np.array([0, 1, 0]), np.array([1, 1, 0], bool), 2)
+    q = cc.FusionProblem.create(xa, e, np.ones(2), 1.0, mask=m, label_classes=2)
+    with pytest.raises(ValueError, match="problem.label_classes: .* got 2"):
+        cc.fusion_dual_objective(q, jnp.zeros((2, 3)))
+    q = cc.FusionProblem.create(x, e, np.ones(2), 1.0, loss="huber")
+    with pytest.raises(ValueError, match="problem.loss: .* got 'huber'"):
+        cc.fusion_dual_objective(q, jnp.zeros((2, 1)))
+
+
 def test_any_warm_start_converges_to_the_same_optimum(solve, blobs):
     x, edges, w = blobs
     p = cc.FusionProblem.create(x, edges, w, 0.7)

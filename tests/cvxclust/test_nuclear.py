@@ -352,6 +352,18 @@ def test_assign_labels_marks_unsupported_nodes():
     assert pred.tolist() == [1, 1, 0, 0, -1, -1] and scores.shape == (6, 2)
 
 
+def test_feature_similarity_drops_constant_columns_exactly():
+    # A constant column of 0.1 has a float std of 1.4e-17, not 0: it is still constant, and
+    # standardising its rounding noise would add +-1 entries to every node's features.
+    x = np.random.default_rng(0).normal(size=(7, 2))
+    const = np.full((7, 1), 0.1)
+    assert const.std(0)[0] > 0  # the case the exact test must catch
+    np.testing.assert_array_equal(cc.feature_similarity(np.c_[x, const]), cc.feature_similarity(x))
+    np.testing.assert_array_equal(cc.feature_similarity(np.c_[const, x]), cc.feature_similarity(x))
+    with pytest.raises(ValueError, match="features: every column is constant"):
+        cc.feature_similarity(np.full((7, 2), 0.1))
+
+
 def test_bad_input_raises():
     a = np.ones((3, 3)) - np.eye(3)
     with pytest.raises(ValueError, match="symmetric"):

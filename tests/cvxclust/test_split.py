@@ -94,6 +94,20 @@ def test_split_warm_start_and_one_compile_per_bucket(problem):
     assert _split._jit_batched(loose._small())._cache_size() == 1
 
 
+def test_split_accepts_the_nuclear_solvers_warm_start(problem, unsplit):
+    # NuclearSolver's output warm-starts from (z, dual, rho, subspace); the split solver takes
+    # the same 4-tuple (the subspace is of the whole problem, not of a block: it is ignored).
+    solver = cc.SplitNuclearSolver(SOLVER, small_max=5)
+    init = (unsplit.l, unsplit.dual, unsplit.rho, unsplit.subspace)
+    four, three = solver(problem, init), solver(problem, init[:3])
+    assert int(four.n_iters) <= 5
+    for a, b in zip(four, three, strict=True):
+        if a is not None:
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    with pytest.raises(ValueError, match=r"init: expected \(z, dual, rho\) or"):
+        solver(problem, init + (None,))
+
+
 def test_split_bad_input():
     with pytest.raises(TypeError, match="problem"):
         cc.nuclear_blocks(np.eye(3))

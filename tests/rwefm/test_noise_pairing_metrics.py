@@ -1,6 +1,8 @@
 """RWEFM noise models, cloud matching, map-iteration calibration and the evaluation metrics:
 closed forms, exact small problems, invariants and named errors."""
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -104,6 +106,86 @@ def test_calibrated_bound_meets_its_target(key):
     assert calib(0.9, its)[1] >= 0.9  # the same maps, bounded at the returned count
     if its > 10:
         assert calib(0.9, its - 10)[1] < 0.9
+
+
+@pytest.mark.parametrize("target", [0.55, 0.07, 0.5])
+def test_calibrated_bound_counts_the_target_in_integers(monkeypatch, target):
+    # In floating point 0.55 * 100 = 55.00000000000001 (0.07 * 100 likewise; 0.5 * 100 is
+    # exact): with exactly 55 of 100 maps converged the target is met, and the bound must be
+    # what the 55th fastest converged map took, not the "iterations" of a map that failed.
+    # Stand-ins make the count exact: noise cloud i is the constant i (pairing "none" keeps
+    # the order, so pair i holds it), and the map of pair i converges iff i < converged,
+    # after 10 (i + 1) iterations.
+    n_pairs, need = 100, round(target * 100)
+
+    class Counting:
+        manifold = Euclidean(1)
+
+        def sample(self, key, shape):
+            i = jnp.arange(shape[0] * shape[1], dtype=jnp.float32).reshape(shape[:2])
+            return jnp.broadcast_to(i[:, :, None, None], (*shape, 1))
+
+    class Out(NamedTuple):
+        converged: jax.Array
+        n_iters: jax.Array
+
+    def calib(converged):
+        class Map:
+            def __init__(self, *args, **kwargs):
+                pass
+
+            def __call__(self, x, y, a, b):
+                i = x[0, 0]
+                return Out(i < converged, (10 * (i + 1)).astype(jnp.int32))
+
+        monkeypatch.setattr("hexad.rwefm._train.EntropicMap", Map)
+        clouds = jnp.zeros((3, 2, 1))
+        return calibrate_map_iterations(
+            jax.random.key(0), Euclidean(1), Counting(), clouds, jnp.ones((3, 2)),
+            target=target, n_pairs=n_pairs, max_iterations=5000,
+        )  # fmt: skip
+
+    assert calib(need) == (10 * need, need / n_pairs)
+    assert calib(need + 3) == (10 * need, (need + 3) / n_pairs)
+    assert calib(need - 1) == (5000, (need - 1) / n_pairs)  # short of the target
+
+
+def test_match_clouds_costs_noise_under_the_data_mask():
+    # On the line: data cloud 0 is two points at 0, cloud 1 two points at 10, with masses
+    # (0.99, 0.01); noise cloud 0 is {1, 100}, noise cloud 1 is {9, 9}. Under the documented
+    # cost (each noise point counts equally where the data cloud has a real point, the data
+    # points by their masses) the Chamfer costs are, by hand,
+    #   noise 0: 5001.5 to data 0, 4171.5 to data 1;  noise 1: 162 to data 0, 2 to data 1,
+    # so the swap (4333.5) beats the identity (5003.5). Weighing noise point i by data mass
+    # b_i instead (101.99, 242.19; 162, 2) would choose the identity (103.99 vs 404.19).
+    data = jnp.array([[[0.0], [0.0]], [[10.0], [10.0]]])
+    noise = jnp.array([[[1.0], [100.0]], [[9.0], [9.0]]])
+    w = jnp.array([[0.99, 0.01], [0.99, 0.01]])
+    assert match_clouds(Euclidean(1), noise, data, w).tolist() == [1, 0]
+    # Uniform masses are their own mask: the same costs either way, padding ignored (a third,
+    # zero-mass data point at 50, and third noise points at 1000 that it masks out).
+    for m in (jnp.ones((2, 2)), 0.5 * jnp.ones((2, 2))):
+        assert match_clouds(Euclidean(1), noise, data, m).tolist() == [1, 0]
+    pad = jnp.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0]])
+    data3 = jnp.concatenate([data, jnp.full((2, 1, 1), 50.0)], axis=1)
+    noise3 = jnp.concatenate([noise, jnp.full((2, 1, 1), 1000.0)], axis=1)
+    assert match_clouds(Euclidean(1), noise3, data3, pad).tolist() == [1, 0]
+
+
+def test_fit_noise_ignores_padded_points():
+    # Padding may hold any finite value: a huge one (1e20, whose square overflows float32)
+    # must not reach the fit through a 0 * inf, and a NaN one is rejected by name.
+    x = S2.random_uniform(jax.random.key(0), (2, 5))
+    w = jnp.ones((2, 5)).at[:, -1].set(0.0)
+    e = jax.random.normal(jax.random.key(1), (2, 5, 3))
+    for m, pts in ((S2, x), (Euclidean(3), e)):
+        for kind in NOISE_KINDS:
+            clean = fit_noise(m, CloudBatch(pts, w), kind)
+            huge = fit_noise(m, CloudBatch(pts.at[:, -1].set(1e20), w), kind)
+            for a, b in zip(jax.tree.leaves(clean), jax.tree.leaves(huge), strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=f"{m} {kind}")
+    with pytest.raises(ValueError, match="batch.points: expected finite values"):
+        fit_noise(S2, CloudBatch(x.at[:, -1].set(jnp.nan), w))
 
 
 def test_match_clouds_is_a_permutation_that_recovers_a_shuffle(key):

@@ -329,8 +329,53 @@ def test_bad_input_is_named():
         validate_batch(S2, CloudBatch(x[0], jnp.ones((2, 3))))
     with pytest.raises(ValueError, match="method"):
         make_sampler(S2, ConstantField((0.0, 0.0, 0.0)), method="rk4")
-    # padded points may hold anything; they are not checked
+    # padded points may hold anything finite; they are not checked against the manifold
     validate_batch(S2, CloudBatch(x.at[0, 2].set(7.0), jnp.ones((2, 3)).at[0, 2].set(0.0)))
+
+
+def test_padding_must_be_finite():
+    # CloudBatch: padding may lie off the manifold but must be finite (fit_noise and the
+    # trainer multiply it by a zero weight, and 0 * NaN is NaN).
+    x = S2.random_uniform(jax.random.key(0), (2, 4))
+    w = jnp.ones((2, 4)).at[:, -1].set(0.0)
+    for bad in (jnp.nan, jnp.inf):
+        with pytest.raises(ValueError, match="batch.points: expected finite values, got 2 NaN/inf"):
+            validate_batch(S2, CloudBatch(x.at[:, -1, 0].set(bad), w))
+    with pytest.raises(ValueError, match="clouds.points: expected finite"):
+        validate_batch(S2, CloudBatch(x.at[0, -1].set(jnp.nan), w), "clouds")
+
+
+def test_points_of_the_wrong_dimension_are_named():
+    # named, not a bare broadcasting error
+    x = S2.random_uniform(jax.random.key(0), (2, 4))
+    w = jnp.ones((2, 4)).at[:, -1].set(0.0)
+    for d in (2, 4):
+        with pytest.raises(
+            ValueError, match=rf"batch.points: expected shape \[B, n, 3\].*\(2, 4, {d}\)"
+        ):
+            validate_batch(S2, CloudBatch(jnp.ones((2, 4, d)) / 2, jnp.ones((2, 4))))
+    with pytest.raises(ValueError, match=r"batch.points: expected shape \[B, n, 2\]"):
+        validate_batch(T2, CloudBatch(x, w))
+
+
+class UnitField:
+    """``v = 1`` everywhere: integrated from ``t = 0`` to ``1``, ``x(1) = x(0) + 1``."""
+
+    num_classes = 0
+
+    def apply(self, params, x, mask, t, labels):
+        return jnp.ones_like(x)
+
+
+def test_sampler_steps_must_be_an_int():
+    # A float n_steps would give dt = 1 / 2.5 but 3 steps: the flow would run to t = 1.2.
+    x0, mask = jnp.zeros((1, 1, 1)), jnp.ones((1, 1), bool)
+    for n in (4, np.int64(3)):
+        out = make_sampler(Euclidean(1), UnitField(), n_steps=n).sample(None, x0, mask)
+        np.testing.assert_allclose(out, 1.0, rtol=1e-6)
+    for bad in (2.5, 3.0, 0, True):
+        with pytest.raises(ValueError, match=rf"n_steps: expected an int >= 1, got {bad!r}"):
+            make_sampler(Euclidean(1), UnitField(), n_steps=bad)
 
 
 def test_pair_clouds_recovers_a_permutation_and_blocking_is_exact(key):

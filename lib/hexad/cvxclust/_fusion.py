@@ -358,21 +358,32 @@ def fusion_objective(problem: FusionProblem, u) -> jax.Array:
 def fusion_dual_objective(problem: FusionProblem, dual) -> jax.Array:
     """Returns the Lagrange dual value at ``dual`` ``[E, d]`` for the squared loss.
 
-    With ``M > 0`` everywhere, ``g(Lambda) = <D^T Lambda, X> - 1/2 sum (D^T Lambda)^2 / M`` on
-    ``||Lambda_l|| <= gamma w_l`` (``dual`` is projected onto that set first), a lower bound of
-    the optimum: the duality gap ``fusion_objective - fusion_dual_objective`` certifies accuracy.
+    ``g(Lambda) = <D^T Lambda, X> - 1/2 sum (D^T Lambda)^2 / M`` on ``||Lambda_l|| <= gamma
+    w_l`` (``dual`` is projected onto that set first), a lower bound of the optimum: the
+    duality gap ``fusion_objective - fusion_dual_objective`` certifies accuracy. Where
+    ``M = 0`` (an unobserved entry) a term is its limit: 0 where ``D^T Lambda`` is 0 there,
+    else ``+inf`` (the dual is ``-inf``: the entry's ``u`` is free). Implemented for
+    ``loss="squared"`` without a label block (``label_classes = 0``); otherwise a ValueError
+    names which.
 
     >>> p = FusionProblem.create(np.array([[0.0], [1.0]]), np.array([[0, 1]]), np.ones(1), 1.0)
     >>> float(fusion_dual_objective(p, jnp.array([[-0.5]])))
     0.25
     """
-    if problem.loss != "squared" or problem.label_classes:
+    if problem.loss != "squared":
         raise ValueError(
             f"problem.loss: the dual is implemented for 'squared', got {problem.loss!r}"
         )
+    if problem.label_classes:
+        raise ValueError(
+            "problem.label_classes: the dual is implemented without a label block (0), got "
+            f"{problem.label_classes}"
+        )
     lam = _project(problem, dual)
     g = _diff_t(problem.edges, lam, problem.n)
-    return jnp.sum(g * problem.x) - 0.5 * jnp.sum(g**2 / problem.mask)
+    m = problem.mask
+    quad = jnp.where(m > 0, g**2 / jnp.where(m > 0, m, 1.0), jnp.where(g == 0, 0.0, jnp.inf))
+    return jnp.sum(g * problem.x) - 0.5 * jnp.sum(quad)
 
 
 # ------------------------------------------------------------------------------------------

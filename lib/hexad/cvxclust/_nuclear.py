@@ -208,7 +208,9 @@ def _check_bool(name: str, value) -> bool:
 def feature_similarity(x) -> np.ndarray:
     """Returns ``K = X_s X_s^T / d`` ``[n, n]`` with zero diagonal, ``X_s`` column-standardised.
 
-    Constant columns are dropped. Used as the feature reward of :func:`joint_problem`.
+    Constant columns (all entries equal, tested exactly: a float standard deviation of a
+    constant column need not be 0) are dropped. Used as the feature reward of
+    :func:`joint_problem`.
 
     >>> feature_similarity(np.array([[1.0], [1.0], [-1.0]]))[0].round(3).tolist()
     [0.0, 0.5, -1.0]
@@ -217,7 +219,7 @@ def feature_similarity(x) -> np.ndarray:
     if x.ndim != 2 or not np.isfinite(x).all():
         raise ValueError(f"features: expected a finite [n, d] array, got shape {x.shape}")
     sd = x.std(0)
-    keep = sd > 0
+    keep = (np.ptp(x, axis=0) > 0) & (sd > 0)
     if not keep.any():
         raise ValueError("features: every column is constant; nothing to compare")
     xs = (x[:, keep] - x[:, keep].mean(0)) / sd[keep]

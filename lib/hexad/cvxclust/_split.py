@@ -144,7 +144,8 @@ class SplitNuclearSolver:
         return self.solver.replace(rank=None, compute_objective=False)
 
     def __call__(self, problem: NuclearProblem, init=None) -> NuclearOutput:
-        """Solves ``problem``; ``init`` as for :class:`~hexad.cvxclust.NuclearSolver`."""
+        """Solves ``problem``; ``init`` as for :class:`~hexad.cvxclust.NuclearSolver` (the
+        subspace of a 4-tuple is ignored: each block starts its own)."""
         if not isinstance(self.solver, NuclearSolver):
             raise TypeError(f"solver: expected a NuclearSolver, got {type(self.solver).__name__}")
         check_int("small_max", self.small_max)
@@ -153,7 +154,13 @@ class SplitNuclearSolver:
         if init is None:
             z0, w0, rho0 = np.eye(n), np.zeros((n, n)), self.solver.rho
         elif isinstance(init, tuple):
-            z0, w0, rho0 = (np.asarray(v, np.float64) for v in init)
+            if len(init) not in (3, 4):
+                raise ValueError(
+                    f"init: expected (z, dual, rho) or (z, dual, rho, subspace), got a tuple of "
+                    f"{len(init)}"
+                )
+            # a subspace is of the whole problem, not of a block: it is not used
+            z0, w0, rho0 = (np.asarray(v, np.float64) for v in init[:3])
         else:
             z0, w0, rho0 = np.asarray(init, np.float64), np.zeros((n, n)), self.solver.rho
         if z0.shape != (n, n) or w0.shape != (n, n):

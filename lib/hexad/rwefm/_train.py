@@ -191,14 +191,19 @@ def fit_noise(manifold: Manifold, batch: CloudBatch, kind: str = "ambient_gaussi
     if kind == "uniform":
         return NoiseModel(manifold, kind)
     if kind == "wrapped_normal":
-        x = batch.points.reshape(-1, manifold.dim)
-        real = (batch.weights.reshape(-1) > 0).astype(x.dtype)
+        real = (batch.weights.reshape(-1) > 0).astype(batch.points.dtype)
+        # padding (any finite value) is replaced by a point of M before its zero weight is used
+        x = jnp.where(
+            real[:, None] > 0,
+            batch.points.reshape(-1, manifold.dim),
+            manifold.proj(jnp.ones(manifold.dim, batch.points.dtype)),
+        )
         loc = manifold.mean(x, real)
         w = real / jnp.sum(real)
         d2 = manifold.sqdist(jnp.broadcast_to(loc, x.shape), x)
         scale = jnp.sqrt(jnp.sum(w * d2) / manifold.intrinsic_dim)
         return NoiseModel(manifold, kind, loc, scale)
-    x = batch.points
+    x = jnp.where(batch.weights[..., None] > 0, batch.points, 0.0)  # padding (finite) to 0
     w = jnp.where(batch.weights > 0, batch.weights, 0.0)
     w = w / jnp.sum(w, axis=1, keepdims=True)
     mu = jnp.einsum("bn,bnd->bd", w, x)
@@ -218,9 +223,9 @@ def fit_noise(manifold: Manifold, batch: CloudBatch, kind: str = "ambient_gaussi
 def validate_batch(manifold: Manifold, batch: CloudBatch, name: str = "batch") -> None:
     """Raises ValueError/TypeError naming ``name`` for malformed clouds (host side).
 
-    Checks ``points [B, n, d]`` on ``manifold`` where the weight is positive (padded points may
-    hold anything), ``weights [B, n]`` finite, non-negative and not all zero per cloud, and
-    ``labels [B]`` if given.
+    Checks ``points [B, n, d]`` (``d = manifold.dim``) finite everywhere and on ``manifold``
+    where the weight is positive (padded points may hold any finite value), ``weights [B, n]``
+    finite, non-negative and not all zero per cloud, and ``labels [B]`` if given.
 
     >>> from hexad.geometry import Sphere
     >>> validate_batch(Sphere(3), CloudBatch(2.0 * jnp.ones((1, 2, 3)), jnp.ones((1, 2))))
@@ -233,8 +238,16 @@ def validate_batch(manifold: Manifold, batch: CloudBatch, name: str = "batch") -
     pts, w = batch.points, batch.weights
     if jnp.ndim(pts) != 3:
         raise ValueError(f"{name}.points: expected shape [B, n, d], got {jnp.shape(pts)}")
+    if jnp.shape(pts)[-1] != manifold.dim:
+        raise ValueError(
+            f"{name}.points: expected shape [B, n, {manifold.dim}] for {manifold}, got "
+            f"{jnp.shape(pts)}"
+        )
     if jnp.shape(w) != jnp.shape(pts)[:2]:
         raise ValueError(f"{name}.weights: expected shape {jnp.shape(pts)[:2]}, got {jnp.shape(w)}")
+    bad = int(np.sum(~np.isfinite(np.asarray(pts))))
+    if bad:
+        raise ValueError(f"{name}.points: expected finite values, got {bad} NaN/inf")
     mask = jnp.asarray(w) > 0
     # padded points may hold anything finite; check the real ones only
     filled = jnp.where(mask[..., None], pts, manifold.proj(jnp.ones(manifold.dim)))
@@ -373,7 +386,7 @@ def match_clouds(
     """
 
     def cost(x, y, b):
-        return chamfer(manifold, x, y, b, b)
+        return chamfer(manifold, x, y, (b > 0).astype(x.dtype), b)
 
     cmat = jax.vmap(jax.vmap(cost, in_axes=(None, 0, 0)), in_axes=(0, None, None))(
         noise, data, data_w
@@ -456,10 +469,17 @@ def calibrate_map_iterations(
     out = jax.jit(jax.vmap(mapper))(x, y, a, b)
     ok = np.asarray(out.converged)
     its = np.where(ok, np.asarray(out.n_iters), np.iinfo(np.int32).max)
-    frac = float(np.mean(ok))
+    frac = int(np.sum(ok)) / n_pairs
     if frac < target:
         return int(max_iterations), frac
-    need = int(np.sort(its)[int(np.ceil(target * n_pairs)) - 1])
+    # the fewest converged maps m with m / n_pairs >= target, by the same float test as frac
+    # (ceil(target * n_pairs) alone can overshoot by one: 0.55 * 100 = 55.00000000000001)
+    m = max(1, int(np.ceil(target * n_pairs)))
+    while m > 1 and (m - 1) / n_pairs >= target:
+        m -= 1
+    while m / n_pairs < target:
+        m += 1
+    need = int(np.sort(its)[m - 1])
     return int(min(max_iterations, inner * int(np.ceil(need / inner)))), frac
 
 
@@ -819,7 +839,7 @@ def make_sampler(
     Args:
       manifold: the manifold (static).
       model: the flax vector field (static).
-      n_steps: number of steps (static).
+      n_steps: number of steps, an int ``>= 1`` (static).
       method: ``"euler"`` or ``"midpoint"`` (static).
       guidance: CFG weight, or ``None`` (static).
 
@@ -835,8 +855,7 @@ def make_sampler(
     """
     if method not in ("euler", "midpoint"):
         raise ValueError(f"method: expected 'euler' or 'midpoint', got {method!r}")
-    if n_steps < 1:
-        raise ValueError(f"n_steps: expected a positive int, got {n_steps}")
+    n_steps = check_int("n_steps", n_steps)
     num_classes = int(getattr(model, "num_classes", 0))
     dt = 1.0 / n_steps
 
