@@ -95,11 +95,13 @@ def test_planetoid_tiny_file_loads(tmp_path):
     ],
 )
 def test_planetoid_rejects_a_corrupt_file(tmp_path, key, value, match):
-    d = _graph()
-    d[key] = value
-    np.savez(tmp_path / "bad.npz", **d)
+    _assert_rejected(tmp_path, _graph() | {key: value}, lambda p: load_planetoid("cora", p), match)
+
+
+def _assert_rejected(tmp_path, arrays, load, match):
+    np.savez(tmp_path / "bad.npz", **arrays)
     with pytest.raises(ValueError, match=match):
-        load_planetoid("cora", tmp_path / "bad.npz")
+        load(tmp_path / "bad.npz")
 
 
 def _cells(n=5):
@@ -145,8 +147,4 @@ def test_pbmc_tiny_file_loads(tmp_path):
     ],
 )
 def test_pbmc_rejects_a_corrupt_file(tmp_path, key, value, match):
-    d = _cells()
-    d[key] = value
-    np.savez(tmp_path / "bad.npz", **d)
-    with pytest.raises(ValueError, match=match):
-        load_pbmc68k(tmp_path / "bad.npz")
+    _assert_rejected(tmp_path, _cells() | {key: value}, load_pbmc68k, match)
