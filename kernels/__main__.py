@@ -6,6 +6,9 @@ machine's roofline. Prints one row per case: shapes and dtype, compile seconds, 
 median (>= 5 runs after warm-up), throughput, fraction of the roofline, the named peer's median
 measured in the same run, and the ratio ours / peer (below 1 is faster). ``--json FILE`` appends
 the rows as JSON lines. No row is a pass/fail test; the ``goal`` column states each kernel's target.
+A name that is both a module and a prefix of its cases selects the whole module; a prefix
+that matches no case is a usage error (exit 2). A module that cannot be imported or give its
+cases, or a case that raises, is reported on stderr and the run goes on; the exit code is then 1.
 """
 
 from __future__ import annotations
@@ -47,13 +50,43 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print("\n".join(modules))
         return 0
-    selected = []
+    # module -> the case-name prefixes that select its cases; None selects the whole module
+    selected: dict[str, list[str] | None] = {}
     for name in args.names:
         module = name.split("/", 1)[0]
         if module not in modules:
             parser.error(f"unknown kernel {name!r}; known modules: {', '.join(modules)}")
-        selected.append((module, name))
-    wanted = {m for m, _ in selected} if selected else set(modules)
+        if name == module or selected.get(module, []) is None:
+            selected[module] = None
+        else:
+            selected.setdefault(module, []).append(name)
+    wanted = sorted(selected) if selected else modules
+
+    failed = []
+    cases: dict[str, list[_harness.Case]] = {}
+
+    def load(module: str) -> list[_harness.Case] | None:
+        """The cases of ``kernels.<module>``; None, recorded as failed, if it cannot give them."""
+        try:
+            return importlib.import_module(f"kernels.{module}").cases(args.quick)
+        except Exception:  # a broken module must not hide the other modules' rows either
+            failed.append(f"{module} (module)")
+            traceback.print_exc()
+            return None
+
+    # Check the case-name prefixes before anything is timed; only the modules named with a
+    # prefix have their cases built here (the others are built one at a time, when timed).
+    for module, prefixes in selected.items():
+        if prefixes is None or (built := load(module)) is None:
+            continue
+        names = [case.name for case in built]
+        for prefix in prefixes:
+            if not any(n.startswith(prefix) for n in names):
+                parser.error(
+                    f"argument names: case prefix {prefix!r} matches no case of {module!r}; "
+                    f"its cases: {', '.join(names) or '(none)'}"
+                )
+        cases[module] = [c for c in built if any(c.name.startswith(p) for p in prefixes)]
 
     t0 = time.perf_counter()
     roofline = _harness.measure_roofline(quick=args.quick)
@@ -63,13 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     rows: list[_harness.Row] = []
-    failed = []
-    for module in sorted(wanted):
-        mod = importlib.import_module(f"kernels.{module}")
-        prefixes = [n for m, n in selected if m == module and n != module]
-        for case in mod.cases(args.quick):
-            if prefixes and not any(case.name.startswith(p) for p in prefixes):
-                continue
+    for module in wanted:
+        if selected.get(module) is not None:
+            module_cases = cases.pop(module, None)  # None: it failed to load above
+        else:
+            module_cases = load(module)
+        for case in module_cases or []:
             try:
                 row = _harness.time_case(case, roofline)
             except Exception:  # a broken case must not hide the others' rows
@@ -89,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     if unbounded:
         print(f"# rows without a lower bound: {', '.join(unbounded)}", file=sys.stderr)
     if failed:
-        print(f"# failed cases: {', '.join(failed)}", file=sys.stderr)
+        print(f"# failed cases or modules: {', '.join(failed)}", file=sys.stderr)
         return 1
     return 0
 

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import types
 
 import jax.numpy as jnp
 import numpy as np
@@ -167,3 +168,60 @@ def test_every_kind_of_bound(roofline):
     none = _harness.time_case(case(), roofline)
     assert none.bound_s is None and none.bound_frac is None
     assert "of bound" in _harness.format_table([fixed, none]).splitlines()[0]
+
+
+@pytest.fixture
+def stub_timing(monkeypatch):
+    """Stubs the roofline measurement and ``time_case`` so that a CLI test runs in seconds.
+
+    Returns the list of the names of the cases timed, in order.
+    """
+    timed = []
+
+    def time_case(case, roofline):
+        timed.append(case.name)
+        return _harness.Row(case.name, "", "f32", "cpu", None, 1.0, 1.0, 5, 1.0, "x", None, 1.0)
+
+    monkeypatch.setattr(
+        _harness, "measure_roofline", lambda quick=False: _harness.Roofline(1e12, 1e11, "cpu")
+    )
+    monkeypatch.setattr(_harness, "time_case", time_case)
+    return timed
+
+
+@pytest.mark.parametrize(
+    "names", [["roofline", "roofline/matmul"], ["roofline/matmul", "roofline"]]
+)
+def test_cli_module_name_beside_a_prefix_selects_the_whole_module(stub_timing, capsys, names):
+    assert kernels_main.main([*names, "--quick"]) == 0
+    assert [n.split(" ")[0] for n in stub_timing] == ["roofline/matmul", "roofline/stream"]
+
+
+@pytest.mark.parametrize("names", [["roofline/mtamul"], ["roofline/matmul", "roofline/mtamul"]])
+def test_cli_rejects_a_prefix_that_matches_no_case_before_timing(stub_timing, capsys, names):
+    with pytest.raises(SystemExit) as exc:
+        kernels_main.main([*names, "--quick"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "'roofline/mtamul'" in err
+    assert "roofline/matmul" in err and "roofline/stream" in err  # the cases it could name
+    assert stub_timing == []  # rejected before anything was timed
+
+
+def test_cli_broken_module_is_reported_and_does_not_hide_the_others(
+    stub_timing, monkeypatch, tmp_path, capsys
+):
+    def broken_cases(quick):
+        raise ImportError("a peer's package is missing")
+
+    monkeypatch.setitem(sys.modules, "kernels.backdoor", types.SimpleNamespace(cases=broken_cases))
+    monkeypatch.setitem(sys.modules, "kernels.cachex", None)  # import_module raises
+    good = types.SimpleNamespace(cases=lambda quick: [_harness.Case(name="prefmh/ok", fn=None)])
+    monkeypatch.setitem(sys.modules, "kernels.prefmh", good)
+    out = tmp_path / "rows.jsonl"
+    rc = kernels_main.main(["backdoor", "cachex/some case", "prefmh", "--json", str(out)])
+    assert rc == 1  # as for a broken case
+    assert stub_timing == ["prefmh/ok"]
+    assert [json.loads(x)["name"] for x in out.read_text().splitlines()] == ["prefmh/ok"]
+    failed = capsys.readouterr().err.splitlines()[-1]
+    assert "backdoor" in failed and "cachex" in failed and "prefmh" not in failed
