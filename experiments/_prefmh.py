@@ -51,13 +51,14 @@ def run_rules(
     resumed with ``--resume`` takes exactly the keys of an uninterrupted one. ``arrays`` (name
     -> ``(shape, dtype)``) are checkpointed with the records (:class:`hexad.cachex.
     ItemCheckpoint`); ``run_rule`` fills its part of them. Each rule's scalar figures go to
-    ``metrics.jsonl``.
+    ``metrics.jsonl``. The checkpoint is kept in ``ctx.settings_dir / "rules"``, so runs
+    with another seed or other settings into the same ``--ckpt`` keep theirs apart.
 
     Returns:
       ``(summary, arrays)``: the records merged, and the arrays after the last rule.
     """
     summary: dict[str, Any] = {}
-    with cachex.CacheXManager(ctx.checkpoint_dir) as mngr:
+    with cachex.CacheXManager(ctx.settings_dir / "rules") as mngr:
         done = cachex.ItemCheckpoint(
             mngr,
             names,

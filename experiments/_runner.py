@@ -41,6 +41,7 @@ import datetime as _dt
 import hashlib
 import json
 import math
+import numbers
 import os
 import platform
 import subprocess
@@ -71,6 +72,8 @@ __all__ = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+#: ``--seed`` must be below this: a JAX key holds 32 bits of it (larger seeds would wrap).
+_SEED_LIMIT = 2**32
 
 
 def checkpoint_root() -> Path:
@@ -222,7 +225,18 @@ def _convert(name: str, text: str, typ: Any) -> Any:
     if typ is str:
         return text
     if origin in (tuple, list):
-        items = [t for t in text.strip("()[]").split(",") if t.strip()]
+        inner = text.strip().strip("()[]").strip()
+        if not inner:
+            raise ValueError(
+                f"--set {name}={text!r}: expected at least one comma-separated value, got none"
+            )
+        items = inner.split(",")
+        if len(items) > 1 and not items[-1].strip():  # one trailing comma, as in Python's (3,)
+            items.pop()
+        if not all(t.strip() for t in items):
+            raise ValueError(
+                f"--set {name}={text!r}: expected comma-separated values, got an empty item"
+            )
         if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
             elem = [args[0]] * len(items)
         elif origin is tuple and args:
@@ -287,7 +301,9 @@ def apply_overrides(config: Any, overrides: Mapping[str, Any]) -> Any:
             v = float(v)
         elif typ in (int, float, bool, str) and not isinstance(v, typ):
             raise ValueError(f"config key {k!r}: expected {typ.__name__}, got {v!r}")
-        if isinstance(v, float) and not math.isfinite(v):
+        if any(isinstance(x, float) and not math.isfinite(x) for x in _each(v)):
+            if isinstance(v, (tuple, list)):
+                raise ValueError(f"config key {k!r}: expected finite numbers, got {v!r}")
             raise ValueError(f"config key {k!r}: expected a finite number, got {v!r}")
         changes[k] = v
     # The config's __post_init__ checks the ranges (ConfigError naming the field).
@@ -502,10 +518,22 @@ class Context:
             os.replace(tmp, path)
         return out
 
-    def _ckpt_root(self) -> Path | None:
+    @property
+    def settings_dir(self) -> Path | None:
+        """``checkpoint_dir / settings``: the folder of this run's checkpoints (each ``tag``
+        in its own subfolder), so a run under other settings or another seed never restores
+        them. ``checkpoint_dir`` itself when ``settings`` is empty; None without one.
+
+        >>> ctx = Context("doc", Path("out"), checkpoint_dir=Path("ck"), settings="settings-x")
+        >>> ctx.settings_dir.as_posix()
+        'ck/settings-x'
+        """
         if self.checkpoint_dir is None or not self.settings:
             return self.checkpoint_dir
         return self.checkpoint_dir / self.settings
+
+    def _ckpt_root(self) -> Path | None:
+        return self.settings_dir
 
     def train_chunks(
         self,
@@ -640,6 +668,14 @@ def mean_se(values: Any, n_groups: int = 1) -> float | None:
     return float(np.mean(per.std(axis=1, ddof=1) / np.sqrt(per.shape[1])))
 
 
+def _seed_ok(seed: Any) -> bool:
+    return (
+        isinstance(seed, numbers.Integral)
+        and not isinstance(seed, bool)
+        and 0 <= seed < _SEED_LIMIT
+    )
+
+
 def _configure_matplotlib() -> None:
     os.environ.setdefault("MPLBACKEND", "Agg")
     try:
@@ -713,7 +749,12 @@ class Study:
             metavar="KEY=VALUE",
             help="override a config field (repeatable)",
         )
-        p.add_argument("--resume", action="store_true", help="resume from the newest checkpoint")
+        p.add_argument(
+            "--resume",
+            action="store_true",
+            help="resume from the newest checkpoint (needs --out or --ckpt; appends to the "
+            "run's metrics.jsonl)",
+        )
         p.add_argument("--ckpt", type=Path, default=None, help="checkpoint folder")
         p.add_argument("--no-progress", action="store_true", help="hide progress bars")
         return p
@@ -748,7 +789,26 @@ class Study:
         checkpoint_dir: Path | None = None,
         show_progress: bool = True,
     ) -> dict[str, Any]:
-        """Runs the study with ``cfg`` and writes config.json, summary.json (and metrics)."""
+        """Runs the study with ``cfg`` and writes config.json, summary.json (and metrics).
+
+        An earlier run's ``summary.json`` in ``out_dir`` is removed before the run starts, so
+        it never stays beside this run's ``config.json`` (a crashed run leaves none), and so is
+        its ``metrics.jsonl``, except with ``resume``: a resumed run appends to the lines of
+        the run it continues (chunks redone after the last durable checkpoint appear twice).
+
+        Raises:
+          ValueError: ``seed`` outside ``0 <= seed < 2**32``, or ``resume`` without
+            ``out_dir`` or ``checkpoint_dir`` (the default folders are named by a new
+            timestamp, so there would be nothing to resume from); nothing is written then.
+        """
+        if not _seed_ok(seed):
+            raise ValueError(f"seed: expected an int in [0, 2**32), got {seed!r}")
+        if resume and out_dir is None and checkpoint_dir is None:
+            raise ValueError(
+                "resume: needs out_dir or checkpoint_dir (the run to continue); without "
+                "either the checkpoints go to a new timestamped folder, with nothing to restore"
+            )
+        seed = int(seed)
         _configure_matplotlib()
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         # Absolute paths: orbax (checkpoints, the CacheX studies' storage) refuses relative
@@ -756,6 +816,8 @@ class Study:
         out_dir = Path(out_dir) if out_dir is not None else REPO_ROOT / "runs" / self.name / stamp
         out_dir = out_dir.resolve()
         out_dir.mkdir(parents=True, exist_ok=True)
+        for stale in ("summary.json",) if resume else ("summary.json", "metrics.jsonl"):
+            (out_dir / stale).unlink(missing_ok=True)
         if checkpoint_dir is None:
             checkpoint_dir = checkpoint_root() / self.name / out_dir.name
         ctx = Context(
@@ -791,9 +853,18 @@ class Study:
         return summary
 
     def main(self, argv: list[str] | None = None) -> dict[str, Any]:
-        """The CLI: parses ``argv``, runs, prints the summary. Exit code 2 on a bad config."""
+        """The CLI: parses ``argv``, runs, prints the summary. Exit code 2 on a bad config, a
+        ``--seed`` outside ``0 <= N < 2**32``, or ``--resume`` without ``--out`` or ``--ckpt``."""
         args = self.parser().parse_args(argv)
         try:
+            if not _seed_ok(args.seed):
+                raise ValueError(f"--seed: expected an int in [0, 2**32), got {args.seed}")
+            if args.resume and args.out is None and args.ckpt is None:
+                raise ValueError(
+                    "--resume needs --out DIR (the run to continue: its checkpoints are in "
+                    f"checkpoints/{self.name}/<DIR's name>/ by default) or --ckpt DIR; without "
+                    "either the run gets a new timestamped folder, with nothing to restore"
+                )
             cfg = self.make_config(args.quick, parse_set(args.overrides))
         except (ValueError, TypeError) as e:
             print(f"error: {e}", file=sys.stderr)

@@ -11,9 +11,10 @@ generator. The rate of the asked-for property is measured by a *separate* classi
 itself.
 
 Checkpoints: each finished rule's summary values (and its plotted arrays) are checkpointed
-through ``hexad.cachex`` into ``--ckpt`` (default ``checkpoints/<study>/<run>/``, where
-``<run>`` is the ``--out`` folder's name); ``--resume`` with the same ``--out`` or ``--ckpt``
-skips the finished rules and gives the same summary as an uninterrupted run.
+through ``hexad.cachex`` into ``settings-<hash>/rules/`` (the hash of the seed and every
+setting) under ``--ckpt`` (default ``checkpoints/<study>/<run>/``, where ``<run>`` is the
+``--out`` folder's name); ``--resume`` with the same ``--out`` or ``--ckpt``, seed and
+settings skips the finished rules and gives the same summary as an uninterrupted run.
 
 Command:  python -m experiments.prefmh_digits [--quick] [--out DIR] [--seed N] [--set k=v ...]
 Runtime:  --quick (128 chains, 200 steps) about 1 min on 2 shared CPU cores; full (1024

@@ -10,9 +10,10 @@ and per 1000 judge comparisons. Reference floors: the same metrics for exact i.i
 the same size (``tv_iid``, ``sw1_iid``) show the Monte-Carlo noise level.
 
 Checkpoints: each finished rule's summary values (and its plotted arrays) are checkpointed
-through ``hexad.cachex`` into ``--ckpt`` (default ``checkpoints/<study>/<run>/``, where
-``<run>`` is the ``--out`` folder's name); ``--resume`` with the same ``--out`` or ``--ckpt``
-skips the finished rules and gives the same summary as an uninterrupted run.
+through ``hexad.cachex`` into ``settings-<hash>/rules/`` (the hash of the seed and every
+setting) under ``--ckpt`` (default ``checkpoints/<study>/<run>/``, where ``<run>`` is the
+``--out`` folder's name); ``--resume`` with the same ``--out`` or ``--ckpt``, seed and
+settings skips the finished rules and gives the same summary as an uninterrupted run.
 
 Command:  python -m experiments.prefmh_mixture [--quick] [--out DIR] [--seed N] [--set k=v ...]
 Runtime:  --quick (256 chains, 300 steps) about 1.5 min on 2 shared CPU cores; full (4096

@@ -10,9 +10,10 @@ K = 3, majority vote K = 3. The reference law of the count under ``pi`` is compu
 reweighting a large pool of ``p0`` draws by ``exp(beta * count)`` (exact up to pool noise).
 
 Checkpoints: each finished rule's summary values (and its plotted arrays) are checkpointed
-through ``hexad.cachex`` into ``--ckpt`` (default ``checkpoints/<study>/<run>/``, where
-``<run>`` is the ``--out`` folder's name); ``--resume`` with the same ``--out`` or ``--ckpt``
-skips the finished rules and gives the same summary as an uninterrupted run.
+through ``hexad.cachex`` into ``settings-<hash>/rules/`` (the hash of the seed and every
+setting) under ``--ckpt`` (default ``checkpoints/<study>/<run>/``, where ``<run>`` is the
+``--out`` folder's name); ``--resume`` with the same ``--out`` or ``--ckpt``, seed and
+settings skips the finished rules and gives the same summary as an uninterrupted run.
 
 Command:  python -m experiments.prefmh_text [--quick] [--out DIR] [--seed N] [--set k=v ...]
 Runtime:  --quick (256 chains, 200 steps) about 1.5 min on 2 shared CPU cores; full (1024

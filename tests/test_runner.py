@@ -466,3 +466,125 @@ def test_memo_keeps_types_and_refuses_a_bad_file(tmp_path):
     assert ctx.memo("a", lambda: {"acc": 1.0}) == {"acc": 1.0}
     bare = _runner.Context("t", tmp_path)
     assert bare.memo("a", lambda: {"x": 2}) == {"x": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tuples:
+    xs: tuple[float, ...] = (0.0, 1.0)
+    pair: tuple[float, float] = (0.0, 1.0)
+    ns: tuple[int, ...] = (1,)
+    words: tuple[str, ...] = ("a",)
+
+    def __post_init__(self):
+        _runner.at_least(self, 0, "xs", "pair")
+
+
+TUPLES = _runner.Study("tuples", _Tuples, lambda cfg, ctx: {"xs": cfg.xs})
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("xs=0,inf", "config key 'xs': expected finite numbers, got (0.0, inf)"),
+        ("xs=nan,1", "config key 'xs': expected finite numbers, got (nan, 1.0)"),
+        ("pair=(1, -inf)", "config key 'pair': expected finite numbers, got (1.0, -inf)"),
+        ("xs=0,,2", "--set xs='0,,2': expected comma-separated values, got an empty item"),
+        ("ns=1,,", "--set ns='1,,': expected comma-separated values, got an empty item"),
+        ("ns=(,1)", "--set ns='(,1)': expected comma-separated values, got an empty item"),
+        ("words=a,,b", "--set words='a,,b': expected comma-separated values, got an empty"),
+        ("xs=", "--set xs='': expected at least one comma-separated value, got none"),
+        ("xs=()", "--set xs='()': expected at least one comma-separated value, got none"),
+        ("ns=[ ]", "--set ns='[ ]': expected at least one comma-separated value, got none"),
+    ],
+)
+def test_tuple_values_must_be_finite_nonempty_items(tmp_path, capsys, item, message):
+    with pytest.raises(ValueError) as e:
+        _runner.apply_overrides(_Tuples(), _runner.parse_set([item]))
+    assert str(e.value).startswith(message)
+    with pytest.raises(SystemExit) as e:
+        TUPLES.main(["--out", str(tmp_path / "run"), "--no-progress", "--set", item])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: {message}")
+    assert not (tmp_path / "run").exists()  # nothing ran
+
+
+def test_tuple_values_as_python_writes_them():
+    # one trailing comma is allowed, as in Python's (3,)
+    for text in ("0.5,2", "(0.5, 2)", "[0.5, 2,]", "0.5, 2,"):
+        assert _runner.apply_overrides(_Tuples(), {"xs": text}).xs == (0.5, 2.0)
+    assert _runner.apply_overrides(_Tuples(), {"ns": "(3,)"}).ns == (3,)
+    with pytest.raises(ValueError, match="config key 'xs': expected finite numbers"):
+        _runner.apply_overrides(_Tuples(), {"xs": (1.0, float("inf"))})  # from Python
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32), str(2**40)])
+def test_main_exits_2_on_a_seed_out_of_range(tmp_path, capsys, seed):
+    with pytest.raises(SystemExit) as e:
+        STUDY.main(["--out", str(tmp_path / "run"), "--no-progress", "--seed", seed])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --seed") and seed in err and "2**32" in err
+    assert not (tmp_path / "run").exists()  # nothing ran, no config.json
+    with pytest.raises(ValueError, match="seed: expected an int in"):
+        STUDY.execute(_Cfg(), out_dir=tmp_path / "run", seed=int(seed), show_progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_largest_seed_runs(tmp_path):
+    STUDY.main(["--out", str(tmp_path), "--no-progress", "--seed", str(2**32 - 1)])
+    assert json.loads((tmp_path / "config.json").read_text())["seed"] == 2**32 - 1
+
+
+def test_resume_needs_out_or_ckpt(tmp_path, monkeypatch, capsys):
+    # without --out and --ckpt the checkpoint folder is named by a fresh timestamp: nothing
+    # to resume from. (REPO_ROOT points into tmp_path, so a run that starts writes there.)
+    monkeypatch.setattr(_runner, "REPO_ROOT", tmp_path)
+    with pytest.raises(SystemExit) as e:
+        STUDY.main(["--quick", "--resume", "--no-progress"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --resume needs --out DIR") and "--ckpt DIR" in err
+    assert not (tmp_path / "runs").exists()
+    with pytest.raises(ValueError, match="resume: needs out_dir or checkpoint_dir"):
+        STUDY.execute(_Cfg(), resume=True, show_progress=False)
+    assert not (tmp_path / "runs").exists()
+    STUDY.main(["--resume", "--out", str(tmp_path / "a"), "--no-progress"])  # either will do
+    STUDY.main(["--resume", "--ckpt", str(tmp_path / "ck"), "--no-progress"])
+    assert len(list((tmp_path / "runs" / "toy").iterdir())) == 1
+
+
+def _crashing_run(cfg, ctx):
+    for i in range(cfg.n):
+        ctx.log(step=i)
+    if cfg.flag:
+        raise RuntimeError("crash")
+    return {"n": cfg.n}
+
+
+def test_a_run_into_an_old_out_folder_leaves_none_of_the_old_results(tmp_path):
+    study = _runner.Study("toycrash", _Cfg, _crashing_run)
+
+    def go(resume=False, **over):
+        cfg = study.make_config(False, {k: str(v) for k, v in over.items()})
+        kw = {"checkpoint_dir": tmp_path / "ck", "show_progress": False, "resume": resume}
+        return study.execute(cfg, out_dir=tmp_path / "out", **kw)
+
+    def steps():
+        lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(x)["step"] for x in lines]
+
+    go(n=3)
+    assert steps() == [0, 1, 2]
+    go(n=2)  # a new run: its own metrics, not appended to the old ones
+    assert steps() == [0, 1]
+    with pytest.raises(RuntimeError, match="crash"):
+        go(n=1, flag=True)  # a crashed run leaves no summary of an earlier run
+    assert steps() == [0]
+    assert not (tmp_path / "out" / "summary.json").exists()
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["config"]["n"] == 1
+    go(resume=True, n=2)  # --resume keeps the earlier lines and appends
+    assert steps() == [0, 0, 1]
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["n"] == 2
+    with pytest.raises(RuntimeError, match="crash"):
+        go(resume=True, n=1, flag=True)  # ... but no summary outlives a crashed resume either
+    assert not (tmp_path / "out" / "summary.json").exists()

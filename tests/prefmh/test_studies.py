@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from experiments import prefmh_mixture
+from experiments import _runner, prefmh_mixture
 
 
 def test_mixture_study_smoke(tmp_path):
@@ -79,8 +79,9 @@ def _resume_after_losing_the_last_rule(study, overrides, tmp_path):
     cfg = study.make_config(True, overrides)
     ckpt = tmp_path / "ckpt"
     full = study.execute(cfg, out_dir=tmp_path / "a", checkpoint_dir=ckpt, show_progress=False)
-    steps = sorted(int(p.name) for p in (ckpt / "steps").iterdir() if p.name.isdigit())
-    shutil.rmtree(ckpt / "steps" / str(steps[-1]))
+    rules = ckpt / _runner.settings_stamp(cfg, 0, study.resume_shared) / "rules"
+    steps = sorted(int(p.name) for p in (rules / "steps").iterdir() if p.name.isdigit())
+    shutil.rmtree(rules / "steps" / str(steps[-1]))
     again = study.execute(
         cfg, out_dir=tmp_path / "b", checkpoint_dir=ckpt, resume=True, show_progress=False
     )
@@ -120,3 +121,47 @@ def test_digits_study_resume_restores_the_mh_reference(tmp_path):
     )
     assert again == full and "sw1_to_mh_prefmh_k1_latent" in again
     assert [x.get("resumed", False) for x in lines if "method" in x] == [True, False]
+
+
+def test_run_rules_checkpoints_each_seed_and_setting_apart(tmp_path):
+    # Runs of seed 0, then seed 1, into one --ckpt: each keeps its own rules checkpoint, so
+    # --resume of the seed-0 run restores its rules (it failed as "written by a different run").
+    import dataclasses
+
+    import jax
+
+    from experiments import _prefmh
+
+    @dataclasses.dataclass(frozen=True)
+    class Cfg:
+        num_steps: int = 10
+
+    def go(seed, resume, **over):
+        cfg = Cfg(**over)
+        settings = _runner.settings_stamp(cfg, seed)
+        ctx = _runner.Context("p", tmp_path / f"out{seed}", seed=seed, resume=resume,
+                              checkpoint_dir=tmp_path / "ckpt", show_progress=False,
+                              settings=settings)  # fmt: skip
+        ctx.out_dir.mkdir(exist_ok=True)
+        calls = []
+
+        def rule(i, name, key, arrays):
+            calls.append(name)
+            return {f"{name}_x": float(seed + cfg.num_steps)}
+
+        try:
+            summary, _ = _prefmh.run_rules(ctx, cfg, ["a", "b"], jax.random.key(seed), rule)
+        finally:
+            ctx.close()
+        return calls, summary
+
+    assert go(0, False) == (["a", "b"], {"a_x": 10.0, "b_x": 10.0})
+    assert go(1, False) == (["a", "b"], {"a_x": 11.0, "b_x": 11.0})
+    assert go(0, True) == ([], {"a_x": 10.0, "b_x": 10.0})  # restored, nothing recomputed
+    assert go(1, True) == ([], {"a_x": 11.0, "b_x": 11.0})
+    assert go(0, True, num_steps=5) == (["a", "b"], {"a_x": 5.0, "b_x": 5.0})  # other settings
+    # each in checkpoint_dir / settings / "rules", nothing straight in --ckpt
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == sorted(
+        _runner.settings_stamp(Cfg(num_steps=n), seed) for n, seed in ((10, 0), (10, 1), (5, 0))
+    )
+    assert (tmp_path / "ckpt" / _runner.settings_stamp(Cfg(), 0) / "rules" / "steps").is_dir()

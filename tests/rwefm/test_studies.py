@@ -143,3 +143,51 @@ def test_protein_study_interrupted_and_resumed_equals_uninterrupted(tmp_path, mo
     )
     assert _trained_models(tmp_path / "b") == [("rwefm", 4), ("euclid", 2), ("euclid", 4)]
     _figures_equal(resumed, full)
+
+
+def test_map_converged_frac_is_the_same_after_resume(tmp_path, monkeypatch):
+    # _rwefm._train's map_converged_frac is the mean over all training chunks: an interrupted
+    # run resumed, and a finished run resumed, report the uninterrupted run's value, not the
+    # mean over the chunks run after the restart.
+    import jax
+    import jax.numpy as jnp
+
+    from experiments import _rwefm
+    from hexad import rwefm
+    from hexad.geometry import Torus
+
+    # 3 chunks of 2 steps; 3 Sinkhorn iterations, so the fraction of converged maps varies
+    cfg = _rwefm.TrainConfig(**{**_rwefm.QUICK, **TINY, "steps": 6, "ckpt_every": 1})
+    torus = Torus(2)
+    clouds = jax.random.uniform(jax.random.key(1), (8, 6, 2), minval=-3.0, maxval=3.0)
+    ones = jnp.ones(clouds.shape[:2])
+    noise = rwefm.fit_noise(torus, rwefm.CloudBatch(clouds, ones), cfg.noise)
+
+    def train(name, ckpt, resume=False):
+        out = tmp_path / name
+        out.mkdir(exist_ok=True)
+        ctx = _runner.Context(
+            "t", out, checkpoint_dir=ckpt, resume=resume, show_progress=False, settings="s"
+        )
+        try:
+            return _rwefm._train(jax.random.key(0), torus, noise, clouds, cfg, 3, ctx, "arm")[2]
+        finally:
+            ctx.close()
+
+    full = train("full", None)
+    per_chunk = [json.loads(s)["map_converged"] for s in (tmp_path / "full" / "metrics.jsonl")
+                 .read_text().splitlines()]  # fmt: skip
+    assert len(per_chunk) == 3 and len(set(per_chunk)) > 1, per_chunk  # the test can tell
+    log = _runner.Context.log
+
+    def interrupt(self, **m):
+        if m.get("chunk") == 2:
+            raise _Interrupted
+        return log(self, **m)
+
+    monkeypatch.setattr(_runner.Context, "log", interrupt)
+    with pytest.raises(_Interrupted):
+        train("cut", tmp_path / "ckpt")  # chunks 0 and 1 checkpointed, chunk 2 lost
+    monkeypatch.setattr(_runner.Context, "log", log)
+    assert train("resumed", tmp_path / "ckpt", resume=True) == full
+    assert train("again", tmp_path / "ckpt", resume=True) == full  # a finished run
