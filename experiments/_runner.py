@@ -44,6 +44,7 @@ import math
 import numbers
 import os
 import platform
+import secrets
 import subprocess
 import sys
 import time
@@ -513,7 +514,9 @@ class Context:
         out = {k: _plain_scalar(v) for k, v in fn().items()}
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.tmp")
+            # this call's own temporary name: processes computing the same tag beside each
+            # other (one --ckpt) must not rename or overwrite each other's file
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}")
             tmp.write_text(json.dumps(out), encoding="utf-8")
             os.replace(tmp, path)
         return out

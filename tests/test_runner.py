@@ -588,3 +588,25 @@ def test_a_run_into_an_old_out_folder_leaves_none_of_the_old_results(tmp_path):
     with pytest.raises(RuntimeError, match="crash"):
         go(resume=True, n=1, flag=True)  # ... but no summary outlives a crashed resume either
     assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_memo_writers_of_one_tag_do_not_collide(tmp_path, monkeypatch):
+    # Another process computing the same tag writes its file while this one is between its
+    # write and its rename (simulated by a nested memo inside the first write): each must
+    # rename its own temporary file (a shared name made the outer rename fail).
+    ctx = _runner.Context("t", tmp_path, checkpoint_dir=tmp_path / "ck")
+    real = Path.write_text
+    nested = []
+
+    def write_text(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        if not nested:
+            nested.append(1)
+            other = _runner.Context("t", tmp_path, checkpoint_dir=tmp_path / "ck")
+            assert other.memo("a", lambda: {"x": 2.0}) == {"x": 2.0}
+        return out
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    assert ctx.memo("a", lambda: {"x": 1.0}) == {"x": 1.0}
+    assert json.loads((tmp_path / "ck" / "a.json").read_text()) == {"x": 1.0}
+    assert [p.name for p in (tmp_path / "ck").iterdir()] == ["a.json"]  # no temporary left

@@ -465,3 +465,25 @@ def test_restore_error_names_each_unreadable_step_once(tmp_path):
     # entry per step would show each step twice).
     assert [str(info.value).count(f"step {s}:") for s in kept] == [1] * len(kept), info.value
     m.close()
+
+
+def test_json_writers_of_one_path_do_not_collide(tmp_path, monkeypatch):
+    # A second writer of the same record (another thread, the same object) runs between this
+    # writer's file and its rename: each renames its own temporary (a name made of the pid and
+    # the object's id was shared, so the first writer's file was removed under it).
+    from hexad.cachex import _fsio
+
+    real = _fsio.write_file_durable
+    obj, nested = {"tier": "local"}, []
+
+    def durable(path, data, *args):
+        n = real(path, data, *args)
+        if not nested:
+            nested.append(1)
+            _fsio.write_json_atomic(tmp_path / "r.json", obj)
+        return n
+
+    monkeypatch.setattr(_fsio, "write_file_durable", durable)
+    _fsio.write_json_atomic(tmp_path / "r.json", obj)
+    assert _fsio.read_json(tmp_path / "r.json") == obj
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import zlib
 from pathlib import Path
 from typing import Any
@@ -128,11 +129,12 @@ def write_file_durable(path: Path, data: Any, chunk: int = 64 << 20) -> int:
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Writes ``obj`` as JSON to ``path`` atomically: tmp file, fsync, rename, parent fsync."""
+    """Writes ``obj`` as JSON to ``path`` atomically: tmp file, fsync, rename, parent fsync.
+
+    The temporary name is this call's own (process id and a random token), so writers of the
+    same ``path`` in other threads or processes never remove or rename each other's file."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{id(obj) & 0xFFFF:x}")
-    if tmp.exists():
-        tmp.unlink()
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}")
     write_file_durable(tmp, json.dumps(obj, sort_keys=True).encode())
     os.replace(tmp, path)
     fsync_dir(path.parent)
