@@ -476,6 +476,31 @@ def test_retain_removes_abandoned_pushes_so_the_quota_frees(tmp_path):
         srv.stop()
 
 
+def test_a_retain_cut_short_leaves_no_half_deleted_step(tmp_path, monkeypatch):
+    # The neighbour dies while retain removes step 1: the step must not stay listed (and
+    # readable-looking) with part of its files; the leftover goes at the next retain.
+    from hexad.cachex import _replica
+
+    srv = cachex.ReplicaServer(tmp_path / "n", token=TOKEN).start()
+    try:
+        client = cachex.ReplicaClient(srv.address, TOKEN, timeout_s=10)
+        for step in (1, 2):
+            client.push_dir(0, step, _rank_dir(tmp_path / f"a{step}", 2000))
+        real = _replica.shutil.rmtree
+
+        def cut_short(path, ignore_errors=False):  # removes one file, then "dies"
+            next(p for p in Path(path).iterdir() if p.is_file()).unlink()
+
+        monkeypatch.setattr(_replica.shutil, "rmtree", cut_short)
+        assert client.retain(0, [2]) == [1]
+        assert client.list_steps(0) == [2]
+        monkeypatch.setattr(_replica.shutil, "rmtree", real)
+        client.retain(0, [2])
+        assert sorted(p.name for p in (tmp_path / "n" / "rank_0").iterdir()) == ["2"]
+    finally:
+        srv.stop()
+
+
 def _fake_server(*replies: dict):
     """A peer that answers each of one client's messages with the next of ``replies``
     (no authentication); returns its address and an event set once the client closes."""

@@ -508,7 +508,11 @@ class ReplicaServer:
             if base.exists():
                 for p in base.iterdir():
                     if p.is_dir() and p.name.isdigit() and p.name not in keep:
-                        shutil.rmtree(p, ignore_errors=True)
+                        # renamed first, as in commit: a removal cut short leaves a .old-
+                        # folder (removed by the next retain), never a half-deleted step
+                        trash = base / f".old-{p.name}-{time.monotonic_ns()}"
+                        os.rename(p, trash)
+                        shutil.rmtree(trash, ignore_errors=True)
                         removed.append(int(p.name))
                     elif _leftover(p.name, keep):
                         shutil.rmtree(p, ignore_errors=True)
