@@ -480,7 +480,7 @@ class Context:
         ...     print(start, state["w"].tolist())
         1 [1.0, 1.0]
         """
-        with _checkpoints(self._ckpt_root(), tag, init_state, self.resume) as out:
+        with _checkpoints(self.settings_dir, tag, init_state, self.resume) as out:
             yield out
 
     def memo(self, tag: str, fn: Callable[[], Mapping[str, Any]]) -> dict[str, Any]:
@@ -500,7 +500,7 @@ class Context:
         >>> ctx.memo("a", lambda: {"x": 2.0})  # restored, not recomputed
         {'x': 1.5}
         """
-        root = self._ckpt_root()
+        root = self.settings_dir
         path = None if root is None else root / f"{tag}.json"
         if path is not None and self.resume and path.is_file():
             try:
@@ -534,9 +534,6 @@ class Context:
         if self.checkpoint_dir is None or not self.settings:
             return self.checkpoint_dir
         return self.checkpoint_dir / self.settings
-
-    def _ckpt_root(self) -> Path | None:
-        return self.settings_dir
 
     def train_chunks(
         self,
@@ -587,7 +584,7 @@ class Context:
         log = _last_of_each if log is None else log
         info_shape = jax.eval_shape(chunk_fn, state, jax.random.fold_in(key, 0))[1]
         info = jax.tree.map(lambda s: jax.numpy.zeros(s.shape, s.dtype), info_shape)
-        root = self._ckpt_root() if ckpt_every is not None else None
+        root = self.settings_dir if ckpt_every is not None else None
         saved = {"state": state, "info": info}
         with _checkpoints(root, tag, saved, self.resume) as (start, saved, save):
             state, info = saved["state"], saved["info"]
@@ -671,12 +668,29 @@ def mean_se(values: Any, n_groups: int = 1) -> float | None:
     return float(np.mean(per.std(axis=1, ddof=1) / np.sqrt(per.shape[1])))
 
 
-def _seed_ok(seed: Any) -> bool:
-    return (
-        isinstance(seed, numbers.Integral)
-        and not isinstance(seed, bool)
-        and 0 <= seed < _SEED_LIMIT
-    )
+def _check_run(name: str, seed: Any, resume: bool, located: bool, cli: bool = False) -> None:
+    """Raises a ValueError (naming the flags when ``cli``) for a seed outside
+    ``[0, 2**32)`` or a resume with no folder to resume from (``located``: an out or
+    checkpoint folder was given)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        seed_ok = False
+    else:
+        seed_ok = 0 <= seed < _SEED_LIMIT
+    if not seed_ok:
+        raise ValueError(
+            f"{'--seed' if cli else 'seed'}: expected an int in [0, 2**32), got {seed!r}"
+        )
+    if resume and not located:
+        if cli:
+            raise ValueError(
+                "--resume needs --out DIR (the run to continue: its checkpoints are in "
+                f"checkpoints/{name}/<DIR's name>/ by default) or --ckpt DIR; without "
+                "either the run gets a new timestamped folder, with nothing to restore"
+            )
+        raise ValueError(
+            "resume: needs out_dir or checkpoint_dir (the run to continue); without "
+            "either the checkpoints go to a new timestamped folder, with nothing to restore"
+        )
 
 
 def _configure_matplotlib() -> None:
@@ -804,13 +818,7 @@ class Study:
             ``out_dir`` or ``checkpoint_dir`` (the default folders are named by a new
             timestamp, so there would be nothing to resume from); nothing is written then.
         """
-        if not _seed_ok(seed):
-            raise ValueError(f"seed: expected an int in [0, 2**32), got {seed!r}")
-        if resume and out_dir is None and checkpoint_dir is None:
-            raise ValueError(
-                "resume: needs out_dir or checkpoint_dir (the run to continue); without "
-                "either the checkpoints go to a new timestamped folder, with nothing to restore"
-            )
+        _check_run(self.name, seed, resume, out_dir is not None or checkpoint_dir is not None)
         seed = int(seed)
         _configure_matplotlib()
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -860,14 +868,8 @@ class Study:
         ``--seed`` outside ``0 <= N < 2**32``, or ``--resume`` without ``--out`` or ``--ckpt``."""
         args = self.parser().parse_args(argv)
         try:
-            if not _seed_ok(args.seed):
-                raise ValueError(f"--seed: expected an int in [0, 2**32), got {args.seed}")
-            if args.resume and args.out is None and args.ckpt is None:
-                raise ValueError(
-                    "--resume needs --out DIR (the run to continue: its checkpoints are in "
-                    f"checkpoints/{self.name}/<DIR's name>/ by default) or --ckpt DIR; without "
-                    "either the run gets a new timestamped folder, with nothing to restore"
-                )
+            located = args.out is not None or args.ckpt is not None
+            _check_run(self.name, args.seed, args.resume, located, cli=True)
             cfg = self.make_config(args.quick, parse_set(args.overrides))
         except (ValueError, TypeError) as e:
             print(f"error: {e}", file=sys.stderr)

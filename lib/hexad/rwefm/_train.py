@@ -473,12 +473,8 @@ def calibrate_map_iterations(
     if frac < target:
         return int(max_iterations), frac
     # the fewest converged maps m with m / n_pairs >= target, by the same float test as frac
-    # (ceil(target * n_pairs) alone can overshoot by one: 0.55 * 100 = 55.00000000000001)
-    m = max(1, int(np.ceil(target * n_pairs)))
-    while m > 1 and (m - 1) / n_pairs >= target:
-        m -= 1
-    while m / n_pairs < target:
-        m += 1
+    # (ceil(target * n_pairs) can overshoot by one: 0.55 * 100 = 55.00000000000001)
+    m = next(j for j in range(1, n_pairs + 1) if j / n_pairs >= target)
     need = int(np.sort(its)[m - 1])
     return int(min(max_iterations, inner * int(np.ceil(need / inner)))), frac
 
