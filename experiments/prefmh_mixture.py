@@ -27,7 +27,8 @@ summary.json keys, for each method ``m`` in ``mh``, ``prefmh_k1``, ``prefmh_k3``
 (max R-hat over coordinates); and for every method but ``mh``, ``ess_per_kcall_<s>`` (ESS per
 1000 judge comparisons) with ``<s>`` = ``k1``, ``k3``, ``k5``, ``k9``, ``two_coin``,
 ``majority_k3``; ``truncated_two_coin`` (two-coin steps that hit ``max_rounds`` and were
-rejected, which would break exactness; expected 0); plus ``tv_iid``, ``sw1_iid``,
+rejected: a cost in acceptance, not in exactness, since the cut keeps detailed balance, see
+``hexad.prefmh.two_coin_acceptance``); plus ``tv_iid``, ``sw1_iid``,
 ``num_samples`` (kept draws per method), ``runtime_s``.
 """
 

@@ -7,8 +7,9 @@ probability. Rules (see :mod:`hexad.prefmh._rules`):
   (Pref-MH's Peskun-optimal exact rule; ``K = 1``, ``rho = 1``: accept iff ``y`` wins, Barker).
 - ``"two_coin"``: the two-coin Bernoulli factory (Goncalves, Latuszynski & Roberts 2017),
   exact Barker-type acceptance ``rho p / (rho p + 1 - p)`` for asymmetric proposals with a
-  random number of comparisons (at most ``max_rounds``; a truncated step rejects and is
-  flagged in ``Info``).
+  random number of comparisons (at most ``max_rounds``; a step cut there rejects and is
+  flagged in ``Info``; the cut keeps detailed balance, see
+  :func:`~hexad.prefmh.two_coin_acceptance`, so it lowers acceptance, not exactness).
 - ``"majority"``: accept iff most of ``K`` comparisons prefer ``y`` (inexact baseline).
 - ``"mh"`` / ``"barker_oracle"``: the exact-density rules from the judge's known log-odds
   (verification; no comparisons).
@@ -67,7 +68,8 @@ class PrefMHInfo(NamedTuple):
         so its counter grows by ``chains * max(rounds)`` per step, not ``sum(judge_calls)``
         (the finished chains' extra outcomes are discarded; the chains are unaffected).
       valid: ``[]`` bool, False if an outcome was not binary or ``log_rho`` was NaN / ``+inf``.
-      truncated: ``[]`` bool, the two-coin factory hit ``max_rounds`` (step rejected).
+      truncated: ``[]`` bool, the two-coin factory hit ``max_rounds`` (step rejected; exact
+        all the same, see :func:`~hexad.prefmh.two_coin_acceptance`).
       proposal: ``[...]`` the proposed candidate.
     """
 
@@ -184,7 +186,9 @@ def build_kernel(
       rule: (static) one of ``"kbudget"``, ``"two_coin"``, ``"majority"``, ``"mh"``,
         ``"barker_oracle"``.
       num_comparisons: (static) the budget ``K >= 1`` (``"kbudget"``, ``"majority"``).
-      max_rounds: (static) bound on the two-coin factory's rounds. Vmapped over chains,
+      max_rounds: (static) bound on the two-coin factory's rounds; a step that reaches it
+        rejects, which keeps the chain exact (the acceptance is
+        ``acceptance_probability("two_coin", ..., max_rounds=max_rounds)``). Vmapped over chains,
         every chain makes a comparison in each round until all are done: a host judge is
         asked ``chains * max(rounds)`` comparisons a step, more than the sum of
         ``info.judge_calls`` (which counts each chain's own rounds).

@@ -20,8 +20,9 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from hexad._base import check_int
+from hexad._base import check_int, is_traced
 
 __all__ = [
     "RULES",
@@ -79,18 +80,29 @@ def kbudget_acceptance(wins: jax.Array, num_comparisons: int, log_rho: jax.Array
       log_rho: ``[...]`` (broadcast with ``wins``) log proposal/base ratio ``log rho``.
 
     Returns:
-      ``[...]`` acceptance probabilities in ``[0, 1]``; exactly 0 where ``k = 0``.
+      ``[...]`` acceptance probabilities in ``[0, 1]``; exactly 0 where ``k = 0``. Concrete
+      ``wins`` outside ``[0, K]`` raise a ValueError naming ``wins``; traced ones give NaN.
 
     >>> float(kbudget_acceptance(jnp.array(2), 3, jnp.array(0.0)))
     1.0
     >>> round(float(kbudget_acceptance(jnp.array(1), 3, jnp.array(0.0))), 4)
     0.3333
     """
+    num_comparisons = check_num_comparisons(num_comparisons)
+    if not is_traced(wins):
+        w = np.asarray(wins)
+        if w.size and (np.any(np.isnan(w)) or w.min() < 0 or w.max() > num_comparisons):
+            raise ValueError(
+                f"wins: expected values in [0, num_comparisons = {num_comparisons}], got "
+                f"[{w.min()}, {w.max()}]"
+            )
     k = jnp.asarray(wins).astype(jnp.result_type(float))
     # rho * (k / (K + 1 - k)) rather than exp(log rho + log k - log(K + 1 - k)): one exp, which
     # folds away for a symmetric proposal's constant log rho = 0; rho = inf gives 1 for k > 0.
     a = jnp.minimum(1.0, jnp.exp(log_rho) * (k / (num_comparisons + 1.0 - k)))
-    return jnp.where(k > 0, a, 0.0)
+    a = jnp.where(k > 0, a, 0.0)
+    # Outside [0, K] the formula gives a negative or > 1 "probability": NaN says so.
+    return jnp.where((k < 0) | (k > num_comparisons), jnp.nan, a)
 
 
 def majority_acceptance(wins: jax.Array, num_comparisons: int) -> jax.Array:
@@ -110,23 +122,49 @@ def majority_acceptance(wins: jax.Array, num_comparisons: int) -> jax.Array:
     return jnp.where(twice > num_comparisons, 1.0, jnp.where(twice == num_comparisons, 0.5, 0.0))
 
 
-def two_coin_acceptance(log_p_win: jax.Array, log_rho: jax.Array) -> jax.Array:
-    """Returns the two-coin factory's acceptance probability ``rho p / (rho p + 1 - p)``.
+def two_coin_acceptance(
+    log_p_win: jax.Array, log_rho: jax.Array, max_rounds: int | None = None
+) -> jax.Array:
+    """Returns the two-coin factory's acceptance probability, ``rho p / (rho p + 1 - p)``
+    untruncated.
 
     Goncalves, Latuszynski & Roberts (2017), "Barker's algorithm for Bayesian inference with
     intractable likelihoods": with coins ``p`` (the proposal
     wins) and ``1 - p`` and weights ``rho`` and 1, the factory returns 1 with probability
     ``rho p / (rho p + 1 - p)``: Barker's rule for an asymmetric proposal.
 
+    A round ends the factory with probability
+    ``d = (rho p + 1 - p) / (1 + rho)``; a factory cut after ``N = max_rounds`` rounds
+    (rejecting) accepts with probability ``rho p / (rho p + 1 - p) * (1 - (1 - d)^N)``.
+    Swapping ``x`` and ``y`` maps ``rho -> 1 / rho`` and ``p -> 1 - p`` and leaves ``d``
+    unchanged, so the cut multiplies Barker's rule by a factor symmetric in ``x`` and ``y``:
+    detailed balance, hence exactness, holds at every ``N`` (the cut costs acceptance, not
+    exactness; the tests check ``pi P = pi`` for ``N = 1..5``).
+
     Args:
       log_p_win: ``[...]`` ``log p``, the log-probability that the judge prefers ``y``.
       log_rho: ``[...]`` log proposal/base ratio.
+      max_rounds: (static) the factory's cut ``N >= 1``; ``None``: no cut.
 
     >>> round(float(two_coin_acceptance(jnp.log(0.5), jnp.log(3.0))), 4)
     0.75
+    >>> round(float(two_coin_acceptance(jnp.log(0.5), jnp.log(3.0), max_rounds=1)), 4)
+    0.375
     """
+    if max_rounds is not None:
+        max_rounds = check_int("max_rounds", max_rounds)
+    return _two_coin(jnp.asarray(log_p_win), jnp.asarray(log_rho), max_rounds)
+
+
+def _two_coin(log_p_win, log_rho, max_rounds):
     log_q = jnp.log1p(-jnp.exp(log_p_win))
-    return jax.nn.sigmoid(log_rho + log_p_win - log_q)
+    barker = jax.nn.sigmoid(log_rho + log_p_win - log_q)
+    if max_rounds is None:
+        return barker
+    # d = P(a round decides) = sigmoid(log_rho) p + sigmoid(-log_rho) (1 - p);
+    # 1 - (1 - d)^N = -expm1(N log1p(-d)), accurate for small d.
+    d = jax.nn.sigmoid(log_rho) * jnp.exp(log_p_win) + jax.nn.sigmoid(-log_rho) * jnp.exp(log_q)
+    return barker * -jnp.expm1(max_rounds * jnp.log1p(-d))
 
 
 def _log_binom_pmf(num_comparisons: int, log_p: jax.Array, log_q: jax.Array) -> jax.Array:
@@ -152,20 +190,26 @@ def _log_binom_pmf(num_comparisons: int, log_p: jax.Array, log_q: jax.Array) -> 
 
 
 def acceptance_probability(
-    rule: str, log_p_win: jax.Array, log_rho: jax.Array, num_comparisons: int = 1
+    rule: str,
+    log_p_win: jax.Array,
+    log_rho: jax.Array,
+    num_comparisons: int = 1,
+    max_rounds: int | None = None,
 ) -> jax.Array:
     """Returns the expected acceptance of ``rule`` over the judge's random outcomes.
 
     ``E[a(W)]`` with ``W ~ Binomial(K, p)`` for the comparison rules, the closed form for
-    ``"two_coin"`` (untruncated), and ``min(1, rho p / (1 - p))`` for ``"mh"`` (the judge's
-    odds ``p / (1 - p)`` equal ``pi(y) / pi(x)`` under Bradley-Terry). Multiplied by the
-    proposal matrix this gives the exact transition matrix of a chain on a finite space.
+    ``"two_coin"`` (cut after ``max_rounds`` rounds, see :func:`two_coin_acceptance`), and
+    ``min(1, rho p / (1 - p))`` for ``"mh"`` (the judge's odds ``p / (1 - p)`` equal
+    ``pi(y) / pi(x)`` under Bradley-Terry). Multiplied by the proposal matrix this gives the
+    exact transition matrix of a chain on a finite space.
 
     Args:
       rule: one of :data:`RULES` (static).
       log_p_win: ``[...]`` log-probability that the judge prefers ``y`` over ``x``.
       log_rho: ``[...]`` log proposal/base ratio (broadcast with ``log_p_win``).
       num_comparisons: ``K`` (static), for ``"kbudget"`` and ``"majority"``.
+      max_rounds: (static) the two-coin factory's cut; ``None``: no cut.
 
     >>> round(float(acceptance_probability("kbudget", jnp.log(0.5), jnp.array(0.0), 1)), 4)
     0.5
@@ -173,19 +217,23 @@ def acceptance_probability(
     if rule not in RULES:
         raise ValueError(f"rule: expected one of {RULES}, got {rule!r}")
     num_comparisons = check_num_comparisons(num_comparisons)
+    if max_rounds is not None:
+        max_rounds = check_int("max_rounds", max_rounds)
     return _acceptance_probability(
-        rule, jnp.asarray(log_p_win), jnp.asarray(log_rho), num_comparisons
+        rule, jnp.asarray(log_p_win), jnp.asarray(log_rho), num_comparisons, max_rounds
     )
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _acceptance_probability(rule, log_p_win, log_rho, num_comparisons):
+@functools.partial(jax.jit, static_argnums=(0, 3, 4))
+def _acceptance_probability(rule, log_p_win, log_rho, num_comparisons, max_rounds):
     log_p_win, log_rho = jnp.broadcast_arrays(log_p_win, log_rho)
     log_q = jnp.log1p(-jnp.exp(log_p_win))
     log_odds = log_p_win - log_q
     if rule == "mh":
         return mh_acceptance(log_odds + log_rho)
-    if rule in ("barker_oracle", "two_coin"):
+    if rule == "two_coin":
+        return _two_coin(log_p_win, log_rho, max_rounds)
+    if rule == "barker_oracle":
         return barker_acceptance(log_odds + log_rho)
     pmf = jnp.exp(_log_binom_pmf(num_comparisons, log_p_win, log_q))
     k = jnp.broadcast_to(jnp.arange(num_comparisons + 1), pmf.shape)
