@@ -1,6 +1,6 @@
 """The shared experiment runner: CLI, configs, result files, progress and plots.
 
-Every study module looks like this (see DESIGN.md, "Contracts / Experiments")::
+Every study module looks like this (see docs/design.md, "Contracts / Experiments")::
 
     '''One paragraph on what the study measures.
 
@@ -694,13 +694,13 @@ def _check_run(name: str, seed: Any, resume: bool, located: bool, cli: bool = Fa
 
 
 def _configure_matplotlib() -> None:
-    os.environ.setdefault("MPLBACKEND", "Agg")
-    try:
-        import matplotlib
+    # Checked before the run rather than at its first plot, hours in: every study plots, and
+    # a missing package names the extra that installs it.
+    from hexad.data import require
 
-        matplotlib.use("Agg", force=True)
-    except ImportError:
-        pass
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    require("matplotlib", "studies").use("Agg", force=True)
+    require("tqdm", "studies")
 
 
 # --------------------------------------------------------------------------------------------

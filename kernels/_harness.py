@@ -6,7 +6,7 @@ baseline (an ott-jax call, a BlackJAX kernel, a CVXPY solve, ...), timed in the 
 the same problem. ``python -m kernels [name ...]`` discovers the modules, times every case and
 prints one row per case; ``--json FILE`` appends the rows as JSON lines.
 
-Timing protocol (DESIGN.md): for a jitted case, compile seconds come from
+Timing protocol (docs/design.md): for a jitted case, compile seconds come from
 ``jax.jit(f).lower(*args).compile()``; then ``warmup`` calls, then at least ``repeats`` timed
 calls, each ended with ``jax.block_until_ready``; the row reports the median. The peer gets the
 same protocol, interleaved with ours: both are compiled and warmed up, then each timed call of

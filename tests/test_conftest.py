@@ -1,4 +1,4 @@
-"""The shared test set-up does what DESIGN.md says it does."""
+"""The shared test set-up does what docs/design.md says it does."""
 
 import jax
 import jax.numpy as jnp

@@ -1,4 +1,4 @@
-"""The layering DESIGN.md states, checked by reading the source (an AST scan, nothing imported).
+"""The layering docs/design.md states, checked by reading the source (an AST scan, no import).
 
 - Inside ``hexad``: ``_base`` imports no hexad package; ``sharding``, ``geometry`` and ``ot`` build
   only on the foundations below them; ``data`` reads and generates data and imports no method
@@ -7,7 +7,7 @@
 - ``experiments`` and ``kernels`` use public names only: no ``hexad.<pkg>._private`` module,
   no private name taken from a hexad module, no assignment to a hexad module's attribute (a
   monkeypatch), and no study imports another study.
-- A study is thin: at most about 150 lines of its own logic (STYLE.md).
+- A study is thin: at most about 150 lines of its own logic (CONTRIBUTING.md).
 
 Imports inside functions count: a lazy import is still a dependency.
 """
@@ -32,7 +32,7 @@ ALLOWED = {
     "data": set(FOUNDATIONS),
     **{m: {*FOUNDATIONS, "data", "cachex"} for m in METHODS},
 }
-# The most own lines a study module may have (STYLE.md: "more than ~150 ... is hiding library
+# The most own lines a study module may have (CONTRIBUTING.md: "more than ~150 ... is hiding library
 # code"); counted by `own_lines` below.
 MAX_STUDY_LINES = 150
 

@@ -1,6 +1,6 @@
 """hexad: a JAX-native functional research codebase.
 
-Subpackages (one per method; see DESIGN.md): ``geometry`` and ``ot`` (shared foundations),
+Subpackages (one per method; see docs/design.md): ``geometry`` and ``ot`` (shared foundations),
 ``rwefm``, ``prefmh``, ``cvxclust``, ``policy``, ``backdoor``, ``cachex`` and ``data``.
 """
 

@@ -14,6 +14,11 @@
 Generated data sets live under :func:`cache_dir` (``$HEXAD_CACHE``, default ``~/.cache/hexad``),
 one sub-folder per kind (``cache_dir("offline_rl")``, ``cache_dir("protein")``).
 
+Simulators and readers outside the core install come with extras (``hexad[policy]`` for
+gymnasium and MuJoCo, ``hexad[protein]`` for OpenMM, ``hexad[images]`` for scikit-learn's
+digits); :func:`require` imports one when it is first needed and names the extra when it is
+missing.
+
 This package reads and generates data; it trains nothing and imports no method package.
 """
 
@@ -26,6 +31,7 @@ from hexad.data._bundled import (
     load_pbmc68k,
     load_planetoid,
 )
+from hexad.data._optional import require
 
 __all__ = [
     "Planetoid",
@@ -35,4 +41,5 @@ __all__ = [
     "load_npz",
     "load_pbmc68k",
     "load_planetoid",
+    "require",
 ]

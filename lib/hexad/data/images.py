@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from hexad._base import check_int
+from hexad.data._optional import require
 
 __all__ = [
     "ImageSet",
@@ -136,9 +137,7 @@ def load_digits(size: int = 16) -> ImageSet:
     (1797, 8, 8, 1)
     """
     check_int("size", size, 8)
-    from sklearn.datasets import load_digits as _sk_digits
-
-    d = _sk_digits()
+    d = require("sklearn.datasets", "images").load_digits()
     imgs = d.images.astype(np.float64) / 16.0
     if size != 8:
         imgs = np.stack([resize_bilinear(im[:, :, None], (size, size))[:, :, 0] for im in imgs])

@@ -51,6 +51,7 @@ import numpy as np
 from hexad._base import check_int
 from hexad.data import _bundled
 from hexad.data._bundled import cache_dir
+from hexad.data._optional import require
 
 __all__ = [
     "Torsions",
@@ -232,8 +233,8 @@ def simulate(
     (2, 2)
     """
     _check_settings(temperature, n_frames, steps_per_frame, equil_steps, solvent)
-    import openmm
-    from openmm import app, unit
+    openmm = require("openmm", "protein")
+    app, unit = require("openmm.app", "protein"), require("openmm.unit", "protein")
 
     pdb = app.PDBFile(io.StringIO(alanine_dipeptide_pdb()))
     files = ["amber99sbildn.xml"] + (["amber99_obc.xml"] if solvent == "obc" else [])

@@ -6,6 +6,8 @@ import tempfile
 
 import numpy as np
 
+from hexad.data._optional import require
+
 __all__ = ["env_major", "make_vec", "vec_step"]
 
 
@@ -27,12 +29,9 @@ def make_vec(env_id: str, n_envs: int, max_episode_steps: int, **kwargs):
     (2, (3,))
     >>> env.close()
     """
-    import gymnasium as gym
-
+    gym = require("gymnasium", "policy")
     if env_id not in gym.registry:
-        import gymnasium_robotics
-
-        gym.register_envs(gymnasium_robotics)
+        gym.register_envs(require("gymnasium_robotics", "policy"))
     # gymnasium-robotics' mazes write their model to an XML file in the system temporary
     # folder on construction and never delete it (one file per environment); the file is read
     # only while the environment is built, so it goes into a folder removed right after.
