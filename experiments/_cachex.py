@@ -7,6 +7,7 @@
   fault point at which each one strikes.
 - :class:`PFSConfig`: the config fields the studies share, and their
   :class:`hexad.cachex.PFSModel`.
+- :func:`study_token`: the replica servers' shared secret for one run.
 - :class:`PFSDelayHandler` (with :class:`PFSDelaySave` / :class:`PFSDelayRestore`): the
   benchmark baseline, an orbax item that holds a save's commit until a modelled PFS write time
   has passed, so plain orbax writing to the PFS sees the same PFS model as CacheX's drainer.
@@ -25,6 +26,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -70,14 +72,14 @@ def save_steps(m: cachex.CacheXManager, seed: int, steps) -> list[float]:
 @dataclasses.dataclass(frozen=True)
 class PFSConfig:
     """The config fields both CacheX studies share: the PFS model's parameters (per-node
-    bandwidth in bytes/s, latency, lognormal sigma, contention) and the replica token. A
-    study's ``Config`` extends it (and calls its ``__post_init__``)."""
+    bandwidth in bytes/s, latency, lognormal sigma, contention). A study's ``Config`` extends
+    it (and calls its ``__post_init__``). The replica token is not a field: see
+    :func:`study_token`."""
 
     pfs_bandwidth: float = 1e9
     pfs_latency_s: float = 0.01
     pfs_sigma: float = 0.5
     contention: float = 0.5
-    token: str = "cachex-study-token"
 
     def __post_init__(self):
         _runner.at_least(self, 0, "pfs_latency_s", "pfs_sigma", "contention")
@@ -92,6 +94,21 @@ class PFSConfig:
             latency_s=self.pfs_latency_s,
             sigma=self.pfs_sigma,
         )
+
+
+def study_token() -> str:
+    """The replica servers' shared secret for one run: ``$HEXAD_CACHEX_TOKEN`` if set, else
+    a fresh random one.
+
+    Never a config field: a config is recorded with the results and a fixed default would
+    let any local user authenticate to a running study's servers.
+    """
+    token = os.environ.get("HEXAD_CACHEX_TOKEN")
+    if not token:
+        return secrets.token_hex(16)
+    if len(token.encode()) < 16:  # the servers would refuse it later, less clearly
+        raise ValueError(f"HEXAD_CACHEX_TOKEN: expected >= 16 bytes, got {len(token.encode())}")
+    return token
 
 
 def _in_thread(fn) -> concurrent.futures.Future:

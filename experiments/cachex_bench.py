@@ -86,6 +86,7 @@ from experiments._cachex import (
     pctl,
     pfs_commit_times,
     plot_bench,
+    study_token,
 )
 from hexad import cachex
 
@@ -101,7 +102,6 @@ class Config(PFSConfig):
     sigmas: tuple[float, ...] = (0.35, 0.8)
     shared_fraction: float = 0.5
     fast_dir: str = "shm"
-    token: str = "cachex-bench-token"
 
     def __post_init__(self):
         super().__post_init__()
@@ -129,14 +129,13 @@ def _condition(cfg: Config, sigma: float, root: Path, fast: Path, seed: int, ctx
     out: dict = {"model_median_pfs_s": model.median_time(nbytes)}
 
     # -- CacheX: local tiers and replicas on the fast root, the PFS on disk ------------------
-    servers = [
-        cachex.spawn_replica_server(fast / f"node{r}" / "replicas", cfg.token) for r in range(n)
-    ]
+    token = study_token()
+    servers = [cachex.spawn_replica_server(fast / f"node{r}" / "replicas", token) for r in range(n)]
     opts = dict(pfs_dir=root / "pfs_cachex", pfs_model=model, n_ranks=n, seed=seed, max_to_keep=2)
     mgrs = [
         cachex.CacheXManager(
             fast / f"node{r}" / "local",
-            neighbour=cachex.ReplicaClient(servers[(r + 1) % n][1], cfg.token),
+            neighbour=cachex.ReplicaClient(servers[(r + 1) % n][1], token),
             neighbour_rank=(r + 1) % n,
             rank=r,
             pfs_max_to_keep=2,

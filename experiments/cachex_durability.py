@@ -59,7 +59,14 @@ from pathlib import Path
 import numpy as np
 
 from experiments import _runner
-from experiments._cachex import KILL_POINTS, PFSConfig, plot_c_star, save_steps, state
+from experiments._cachex import (
+    KILL_POINTS,
+    PFSConfig,
+    plot_c_star,
+    save_steps,
+    state,
+    study_token,
+)
 from experiments._cachex_faultworker import run_killed
 from hexad import cachex
 
@@ -79,7 +86,6 @@ class Config(PFSConfig):
     model_saves: int = 2000
     model_writers: int = 64
     state_mib_model: float = 16.0
-    token: str = "cachex-durability"
 
     def __post_init__(self):
         super().__post_init__()
@@ -130,14 +136,15 @@ def _strike(fault: str, m, server, pfs: Path, n: int, seed: int) -> None:
 
 def _one_run(fault: str, run_dir: Path, seed: int, cfg: Config, t_stage: list) -> dict:
     local, pfs, rroot = run_dir / "local", run_dir / "pfs", run_dir / "neighbour"
-    server = cachex.ReplicaServer(rroot, cfg.token, max_lifetime_s=300).start()
-    client = cachex.ReplicaClient(server.address, cfg.token, timeout_s=10)
+    token = study_token()
+    server = cachex.ReplicaServer(rroot, token, max_lifetime_s=300).start()
+    client = cachex.ReplicaClient(server.address, token, timeout_s=10)
     n = cfg.n_good
     hooks = {"local_write": cachex.fail_at(n)} if fault == "disk_full" else None
     kw = dict(neighbour=client, pfs_dir=pfs, drainer=False, seed=seed, max_to_keep=2)
     try:
         if fault in KILL_POINTS:  # the worker saves n steps and is SIGKILLed in the next
-            run_killed(fault, local, pfs, server.address, cfg.token, n, seed)
+            run_killed(fault, local, pfs, server.address, token, n, seed)
         with cachex.CacheXManager(local, fault_hooks=hooks, **kw) as m:
             if fault not in KILL_POINTS:
                 t_stage += save_steps(m, seed, range(n))

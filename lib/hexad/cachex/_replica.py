@@ -13,13 +13,29 @@ the two nonces, and every later message carries ``HMAC(key, direction | sequence
 header | payload)``, checked in constant time: a recorded connection cannot be replayed (fresh
 nonces), nor a message replayed, reordered or altered within one. The owner is bound to the
 connection: a client that said hello as rank ``r`` can only put, list, get and retain rank
-``r``'s replicas. The server caps concurrent connections (``max_connections``) and each
-owner's stored bytes (``quota_bytes``).
+``r``'s replicas.
+
+Limits (all settable from :class:`ReplicaServer`, :func:`spawn_replica_server` and the CLI):
+a connection must finish the whole hello/proof exchange within ``handshake_timeout_s``; at most
+``max_preauth_connections`` unauthenticated connections are held (a new one drops the oldest,
+so idle or trickling sockets without the token cannot lock peers out); ``max_connections``
+slots are taken only once a peer has proved it holds the token; every later message must
+arrive whole within ``conn_timeout_s`` of the server starting to wait for it (a deadline, not
+a per-``recv`` timeout); each owner's stored bytes, counted as written, stay within
+``quota_bytes``.
 
 Files arrive in bounded chunks into ``<root>/rank_<owner>/.tmp-<step>/``; each file is
 ``fsync``ed and its CRC-32 checked when its last chunk arrives; ``commit`` checks that the
 manifest and every file it names are present with the right sizes, ``fsync``s the directory,
 renames it to ``<root>/rank_<owner>/<step>``, ``fsync``s the parent and only then acknowledges.
+
+A step pushed again is swapped in by renaming the old copy aside to ``.old-<step>-<ns>`` first
+and removing it only after the new one is in place; a ``.old-`` copy whose step is missing (the
+server died between the renames) is renamed back when the server starts and by the next
+``list`` or ``retain``.
+
+A malformed request gets an error reply; a frame that cannot be parsed (or a failed
+handshake) closes the connection. Neither prints anything: a peer cannot flood the log.
 
 :func:`choose_partner` picks each rank's neighbour on another host (another failure domain).
 """
@@ -32,6 +48,7 @@ import hmac
 import ipaddress
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -61,6 +78,8 @@ __all__ = [
 _LEN = struct.Struct(">I")
 _SEQ = struct.Struct(">Q")
 MIN_TOKEN_BYTES = 16
+# A replaced replica moved aside by commit (restorable while its step is missing).
+_ASIDE_RE = re.compile(r"\.old-(0|[1-9][0-9]*)-([0-9]+)")
 
 
 def check_token(token: Any, name: str = "token") -> bytes:
@@ -168,11 +187,17 @@ class ReplicaError(RuntimeError):
     """The replica server refused a request, or could not be reached in time."""
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytearray:
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
+        if deadline is not None:
+            # A timeout per recv would restart with every byte a trickling peer sends.
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("message deadline passed")
+            sock.settimeout(left)
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
             raise ConnectionError("peer closed the connection")
@@ -193,23 +218,34 @@ def send_msg(
 
 
 def recv_msg(
-    sock: socket.socket, max_header_bytes: int, max_message_bytes: int, chan: _Channel | None = None
+    sock: socket.socket,
+    max_header_bytes: int,
+    max_message_bytes: int,
+    chan: _Channel | None = None,
+    deadline: float | None = None,
 ) -> tuple[dict[str, Any], bytearray]:
     """Receives one framed message; raises ValueError if a size bound is exceeded or (with
-    ``chan``) its MAC does not verify."""
-    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    ``chan``) its MAC does not verify, TimeoutError if it is not whole by ``deadline`` (a
+    ``time.monotonic()`` value; None: the socket's own timeout per ``recv``)."""
+    (n,) = _LEN.unpack(_recv_exact(sock, _LEN.size, deadline))
     if n > max_header_bytes:
         raise ValueError(f"header of {n} bytes exceeds max_header_bytes={max_header_bytes}")
+    raw = _recv_exact(sock, n, deadline)
     try:
-        header = json.loads(_recv_exact(sock, n))
-    except (json.JSONDecodeError, UnicodeDecodeError):
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        # RecursionError: a deeply nested header that still fits max_header_bytes
         raise ValueError("header is not valid JSON") from None
     if not isinstance(header, dict):
         raise ValueError("header is not a JSON object")
     nbytes = header.get("nbytes", 0)
-    if not isinstance(nbytes, int) or nbytes < 0 or nbytes > max_message_bytes:
+    if (
+        isinstance(nbytes, bool)
+        or not isinstance(nbytes, int)
+        or not 0 <= nbytes <= max_message_bytes
+    ):
         raise ValueError(f"payload of {nbytes!r} bytes exceeds max_message_bytes")
-    payload = _recv_exact(sock, nbytes) if nbytes else bytearray()
+    payload = _recv_exact(sock, nbytes, deadline) if nbytes else bytearray()
     if chan is not None:
         chan.check(header, payload)
     return header, payload
@@ -222,6 +258,34 @@ def _owner(header: dict[str, Any]) -> str:
     return f"rank_{owner}"
 
 
+def _check_limits(
+    quota_bytes: int | None,
+    max_connections: int,
+    max_preauth_connections: int,
+    conn_timeout_s: float,
+    handshake_timeout_s: float,
+    max_message_bytes: int,
+    max_header_bytes: int,
+) -> None:
+    """Raises ValueError naming the first server limit out of range."""
+    if quota_bytes is not None:
+        _check_count("quota_bytes", quota_bytes)
+    _check_count("max_connections", max_connections)
+    _check_count("max_preauth_connections", max_preauth_connections)
+    _check_count("max_message_bytes", max_message_bytes)
+    _check_count("max_header_bytes", max_header_bytes, lo=64)
+    for name, v in (
+        ("conn_timeout_s", conn_timeout_s),
+        ("handshake_timeout_s", handshake_timeout_s),
+    ):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
+            raise ValueError(f"{name}: expected a finite number of seconds > 0, got {v!r}")
+
+
+class _Refused(Exception):
+    """Ends a connection after its error reply was sent (an expected refusal, not a fault)."""
+
+
 class ReplicaServer:
     """A neighbour's replica store served over TCP (binds 127.0.0.1 by default).
 
@@ -232,13 +296,18 @@ class ReplicaServer:
         caller deliberately passes another, e.g. the cluster network's address.
       port: TCP port (0 picks a free one; see :attr:`address`).
       max_message_bytes: bound on one message's payload (chunk size of a pushed file).
-      max_header_bytes: bound on one message's JSON header.
+      max_header_bytes: bound on one message's JSON header (>= 64).
       max_lifetime_s: the server stops itself after this many seconds; None (the default)
         serves until :meth:`stop` (a bound is for tests).
       delay_s: injected delay before storing each received chunk (a slow neighbour).
-      conn_timeout_s: socket timeout of one connection.
-      quota_bytes: bytes one owner may store (committed and in flight; >= 1), or None.
-      max_connections: concurrent connections served (>= 1); more are refused.
+      conn_timeout_s: deadline for each message of an authenticated connection, counted from
+        when the server starts waiting for it until its last byte.
+      quota_bytes: bytes one owner may store (committed and in flight, counted as written;
+        >= 1), or None.
+      max_connections: concurrent authenticated connections served (>= 1); more are refused.
+      max_preauth_connections: unauthenticated connections held at once (>= 1); when full, a
+        new one drops the oldest.
+      handshake_timeout_s: deadline for the whole hello/proof exchange of a connection.
 
     >>> import tempfile
     >>> srv = ReplicaServer(tempfile.mkdtemp(), token="a-shared-secret-of-16+-bytes").start()
@@ -258,22 +327,26 @@ class ReplicaServer:
         conn_timeout_s: float = 60.0,
         quota_bytes: int | None = None,
         max_connections: int = 64,
+        max_preauth_connections: int = 16,
+        handshake_timeout_s: float = 5.0,
     ):
         self._token = check_token(token)
         host = check_host(host)
-        if quota_bytes is not None:
-            _check_count("quota_bytes", quota_bytes)
-        self.quota_bytes = quota_bytes
-        self.max_connections = _check_count("max_connections", max_connections)
-        self._slots = threading.BoundedSemaphore(self.max_connections)
-
-        if max_message_bytes < 1 or max_header_bytes < 64:
-            raise ValueError(
-                f"max_message_bytes/max_header_bytes: expected >= 1 / >= 64, got "
-                f"{max_message_bytes}/{max_header_bytes}"
-            )
+        _check_limits(
+            quota_bytes,
+            max_connections,
+            max_preauth_connections,
+            conn_timeout_s,
+            handshake_timeout_s,
+            max_message_bytes,
+            max_header_bytes,
+        )
         if max_lifetime_s is not None and not max_lifetime_s > 0:
             raise ValueError(f"max_lifetime_s: expected None or > 0, got {max_lifetime_s}")
+        self.quota_bytes = quota_bytes
+        self.max_connections = max_connections
+        self.max_preauth_connections = max_preauth_connections
+        self._slots = threading.BoundedSemaphore(self.max_connections)
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_message_bytes = int(max_message_bytes)
@@ -281,8 +354,19 @@ class ReplicaServer:
         self.max_lifetime_s = None if max_lifetime_s is None else float(max_lifetime_s)
         self.delay_s = float(delay_s)
         self.conn_timeout_s = float(conn_timeout_s)
-        self.rejected = 0
-        self.refused = 0
+        self.handshake_timeout_s = float(handshake_timeout_s)
+        self.rejected = 0  # failed proofs
+        self.refused = 0  # authenticated connections over max_connections
+        self.evicted = 0  # unauthenticated connections dropped to admit a newer one
+        self.timed_out = 0  # connections closed by the handshake or a message deadline
+        self.errors = 0  # connections ended by a malformed message or an unexpected error
+        self._preauth: dict[int, socket.socket] = {}  # insertion order: oldest first
+        self._preauth_lock = threading.Lock()
+        self._owner_locks: dict[str, threading.Lock] = {}
+        self._owner_locks_guard = threading.Lock()
+        for base in self.root.glob("rank_*"):
+            if base.is_dir():
+                self._recover(base)
         outer = self
 
         class Handler(socketserver.BaseRequestHandler):
@@ -292,6 +376,12 @@ class ReplicaServer:
         class Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
             allow_reuse_address = True
+            request_queue_size = 128
+
+            def handle_error(self, request, client_address):
+                # Last resort only (_serve_connection catches everything): a peer must not
+                # be able to flood the log with tracebacks.
+                outer.errors += 1
 
         self._server = Server((host, port), Handler)
         self._thread: threading.Thread | None = None
@@ -335,61 +425,113 @@ class ReplicaServer:
 
     # -- one connection ------------------------------------------------------------------------
 
-    def _serve_connection(self, sock: socket.socket) -> None:
-        sock.settimeout(self.conn_timeout_s)
-        if not self._slots.acquire(blocking=False):
-            self.refused += 1
-            try:
-                send_msg(sock, {"ok": False, "error": "too many connections"})
-            except OSError:
-                pass
-            return
-        open_files: dict[tuple[str, str, str], list] = {}
-        owner = None
-        try:
-            header, _ = recv_msg(sock, self.max_header_bytes, 0)
-            owner = header.get("owner")
-            cn = header.get("client_nonce")
-            if header.get("op") != "hello" or not isinstance(cn, str) or len(cn) != 64:
-                raise ValueError("expected hello with owner and a 32-byte client_nonce")
-            _owner({"owner": owner})
-            sn = os.urandom(32).hex()
-            send_msg(sock, {"ok": True, "server_nonce": sn})
-            header, _ = recv_msg(sock, self.max_header_bytes, 0)
-            proof = header.get("proof")
-            want = _proof(self._token, b"client", cn, sn, owner)
-            if (
-                not isinstance(proof, str)
-                or not proof.isascii()
-                or not hmac.compare_digest(proof, want)
-            ):
-                self.rejected += 1
-                send_msg(sock, {"ok": False, "error": "authentication failed"})
-                return
-            mac_key = bytes.fromhex(_proof(self._token, b"channel-key", cn, sn, owner))
-            chan = _Channel(mac_key, b"s2c", b"c2s")
-            send_msg(sock, {"ok": True, "proof": _proof(self._token, b"server", cn, sn, owner)})
-            while True:
+    def _admit(self, sock: socket.socket) -> None:
+        with self._preauth_lock:
+            while len(self._preauth) >= self.max_preauth_connections:
+                # Dropping the oldest (not refusing the newest) keeps a flood of idle sockets
+                # from locking out a peer whose handshake takes one round trip.
+                old = self._preauth.pop(next(iter(self._preauth)))
+                self.evicted += 1
                 try:
-                    header, payload = recv_msg(
-                        sock, self.max_header_bytes, self.max_message_bytes, chan
-                    )
-                except ConnectionError:
-                    return
+                    old.shutdown(socket.SHUT_RDWR)  # wakes its handler's blocked recv
+                except OSError:
+                    pass
+            self._preauth[id(sock)] = sock
+
+    def _leave_preauth(self, sock: socket.socket) -> bool:
+        """Removes ``sock`` from the unauthenticated set; False if it was evicted."""
+        with self._preauth_lock:
+            return self._preauth.pop(id(sock), None) is not None
+
+    def _send(self, sock: socket.socket, deadline: float, header: dict, payload=b"", chan=None):
+        # sendall's timeout bounds the whole call: a peer that stops reading cannot hold
+        # the connection past the deadline.
+        sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+        send_msg(sock, header, payload, chan)
+
+    def _serve_connection(self, sock: socket.socket) -> None:
+        self._admit(sock)
+        slot = False
+        open_files: dict[tuple[str, str, str], list] = {}
+        try:
+            try:
+                owner, chan, server_proof = self._handshake(sock)
+            finally:
+                admitted = self._leave_preauth(sock)
+            if not admitted:
+                return
+            slot = self._slots.acquire(blocking=False)
+            if not slot:
+                self.refused += 1
+                deadline = time.monotonic() + self.handshake_timeout_s
+                self._send(sock, deadline, {"ok": False, "error": "too many connections"})
+                return
+            deadline = time.monotonic() + self.handshake_timeout_s
+            self._send(sock, deadline, {"ok": True, "proof": server_proof})
+            while True:
+                deadline = time.monotonic() + self.conn_timeout_s
+                header, payload = recv_msg(
+                    sock, self.max_header_bytes, self.max_message_bytes, chan, deadline
+                )
                 try:
                     if header.get("owner", owner) != owner:
                         raise ValueError(f"owner: this connection is bound to owner {owner}")
                     header["owner"] = owner
                     reply, data = self._dispatch(header, payload, open_files)
-                except (ValueError, OSError, _format.CorruptCheckpointError) as e:
-                    reply, data = {"ok": False, "error": str(e)}, b""
-                send_msg(sock, reply, data, chan)
-        except (ConnectionError, TimeoutError, ValueError, OSError):
-            return
+                except Exception as e:  # noqa: BLE001 - a peer's bad request gets an error reply
+                    if isinstance(e, (ValueError, OSError, _format.CorruptCheckpointError)):
+                        reply = {"ok": False, "error": str(e)}
+                    else:
+                        reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+                    data = b""
+                self._send(sock, time.monotonic() + self.conn_timeout_s, reply, data, chan)
+        except TimeoutError:
+            self.timed_out += 1
+        except (ConnectionError, _Refused):
+            pass
+        except Exception:  # noqa: BLE001 - malformed input closes the connection, quietly
+            self.errors += 1
         finally:
             for fd, *_ in open_files.values():
                 os.close(fd)
-            self._slots.release()
+            if slot:
+                self._slots.release()
+
+    def _handshake(self, sock: socket.socket) -> tuple[int, _Channel, str]:
+        """The hello/proof exchange, all within ``handshake_timeout_s``; returns the owner,
+        the channel and the server's proof (sent once a connection slot is taken)."""
+        deadline = time.monotonic() + self.handshake_timeout_s
+        header, _ = recv_msg(sock, self.max_header_bytes, 0, deadline=deadline)
+        owner = header.get("owner")
+        cn = header.get("client_nonce")
+        if header.get("op") != "hello" or not isinstance(cn, str) or len(cn) != 64:
+            self._send(sock, deadline, {"ok": False, "error": "expected hello"})
+            raise _Refused
+        try:
+            _owner({"owner": owner})
+        except ValueError as e:
+            self._send(sock, deadline, {"ok": False, "error": str(e)})
+            raise _Refused from None
+        sn = os.urandom(32).hex()
+        self._send(sock, deadline, {"ok": True, "server_nonce": sn})
+        header, _ = recv_msg(sock, self.max_header_bytes, 0, deadline=deadline)
+        proof = header.get("proof")
+        want = _proof(self._token, b"client", cn, sn, owner)
+        if (
+            not isinstance(proof, str)
+            or not proof.isascii()
+            or not hmac.compare_digest(proof, want)
+        ):
+            self.rejected += 1
+            self._send(sock, deadline, {"ok": False, "error": "authentication failed"})
+            raise _Refused
+        mac_key = bytes.fromhex(_proof(self._token, b"channel-key", cn, sn, owner))
+        chan = _Channel(mac_key, b"s2c", b"c2s")
+        return owner, chan, _proof(self._token, b"server", cn, sn, owner)
+
+    def _owner_lock(self, owner: str) -> threading.Lock:
+        with self._owner_locks_guard:
+            return self._owner_locks.setdefault(owner, threading.Lock())
 
     def usage(self, owner: int) -> int:
         """Bytes stored for ``owner`` (committed replicas and files in flight)."""
@@ -404,68 +546,52 @@ class ReplicaServer:
                         continue
         return total
 
+    def _recover(self, base: Path) -> list[int]:
+        """Renames back the newest complete ``.old-<s>-<ns>`` copy of each missing step
+        ``<s>`` under ``base`` (a commit cut short between its two renames); returns them."""
+        aside: dict[str, list[tuple[int, Path]]] = {}
+        try:
+            entries = list(base.iterdir())
+        except FileNotFoundError:
+            return []
+        for p in entries:
+            m = _ASIDE_RE.fullmatch(p.name)
+            if m and p.is_dir():
+                aside.setdefault(m[1], []).append((int(m[2]), p))
+        restored = []
+        for step, copies in aside.items():
+            if (base / step).exists():
+                continue
+            for _, p in sorted(copies, reverse=True):
+                if _complete(p):
+                    os.rename(p, base / step)
+                    restored.append(int(step))
+                    break
+        if restored:
+            _fsio.fsync_dir(base)
+        return sorted(restored)
+
+    def _abort_file(self, open_files: dict, key: tuple, path: Path) -> None:
+        os.close(open_files.pop(key)[0])
+        path.unlink(missing_ok=True)
+
     def _dispatch(self, h: dict[str, Any], payload: bytearray, open_files: dict) -> tuple:
         op = h.get("op")
         if op == "ping":
             return {"ok": True}, b""
         if op == "list":
-            d = self.root / _owner(h)
-            steps = (
-                sorted(int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit())
-                if d.exists()
-                else []
-            )
+            owner = _owner(h)
+            d = self.root / owner
+            with self._owner_lock(owner):
+                self._recover(d)
+                steps = (
+                    sorted(int(p.name) for p in d.iterdir() if p.is_dir() and p.name.isdigit())
+                    if d.exists()
+                    else []
+                )
             return {"ok": True, "steps": steps}, b""
         if op == "put":
-            if self.delay_s:
-                time.sleep(self.delay_s)
-            owner = _owner(h)
-            step = _fsio.validate_step_name(h.get("step"))
-            name = _fsio.validate_file_name(h.get("file"))
-            tmp = self.root / owner / f".tmp-{step}"
-            key = (owner, step, name)
-            if key not in open_files:
-                if h.get("offset") != 0:
-                    raise ValueError(f"put {name}: first chunk must have offset 0")
-                tmp.mkdir(parents=True, exist_ok=True)
-                path = tmp / name
-                if path.exists():
-                    path.unlink()
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                open_files[key] = [fd, 0, 0]
-            entry = open_files[key]
-            if h.get("offset") != entry[2]:
-                raise ValueError(f"put {name}: offset {h.get('offset')} != {entry[2]}")
-            if self.quota_bytes is not None and entry[2] == 0:
-                # The whole file counts against the quota from its first chunk on (old
-                # replicas of this owner are removed by its retain after each commit).
-                size = h.get("size")
-                if not isinstance(size, int) or size < 0:
-                    raise ValueError(f"put {name}: expected the file's size, got {size!r}")
-                used = self.usage(int(owner[5:]))
-                if used + size > self.quota_bytes:
-                    os.close(open_files.pop(key)[0])
-                    (tmp / name).unlink()
-                    raise ValueError(
-                        f"quota: owner {owner} would store {used + size} bytes, over "
-                        f"quota_bytes={self.quota_bytes}"
-                    )
-            view = memoryview(payload)
-            off = 0
-            while off < len(view):
-                off += os.write(entry[0], view[off:])
-            entry[1] = zlib.crc32(view, entry[1])
-            entry[2] += len(view)
-            if h.get("last"):
-                fd, crc, size = open_files.pop(key)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                if (crc & 0xFFFFFFFF) != h.get("crc32") or size != h.get("size"):
-                    (tmp / name).unlink()
-                    raise ValueError(f"put {name}: checksum or size mismatch")
-            return {"ok": True}, b""
+            return self._put(h, payload, open_files)
         if op == "commit":
             owner = _owner(h)
             step = _fsio.validate_step_name(h.get("step"))
@@ -478,13 +604,18 @@ class ReplicaServer:
                     raise ValueError(f"commit {step}: {f['file']} missing or wrong size")
             _fsio.fsync_dir(tmp)
             final = base / step
-            if final.exists():
-                trash = base / f".old-{step}-{time.monotonic_ns()}"
-                os.rename(final, trash)
-                shutil.rmtree(trash, ignore_errors=True)
-            os.rename(tmp, final)
-            _fsio.fsync_dir(base)
-            _fsio.fsync_dir(self.root)  # rank_<owner> itself may be new
+            with self._owner_lock(owner):
+                aside = None
+                if final.exists():
+                    # Aside, in, then remove: a crash at any point leaves a complete copy
+                    # that list/retain find (the .old- one is renamed back by _recover).
+                    aside = base / f".old-{step}-{time.time_ns()}"
+                    os.rename(final, aside)
+                os.rename(tmp, final)
+                _fsio.fsync_dir(base)
+                _fsio.fsync_dir(self.root)  # rank_<owner> itself may be new
+                if aside is not None:
+                    shutil.rmtree(aside, ignore_errors=True)
             return {"ok": True}, b""
         if op == "get":
             owner = _owner(h)
@@ -493,7 +624,7 @@ class ReplicaServer:
             path = _fsio.safe_join(self.root / owner, step, name)
             size = path.stat().st_size
             offset = h.get("offset", 0)
-            if not isinstance(offset, int) or offset < 0:
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                 raise ValueError(f"get {name}: bad offset {offset!r}")
             n = min(self.max_message_bytes, max(0, size - offset))
             with open(path, "rb") as fh:
@@ -502,32 +633,115 @@ class ReplicaServer:
             return {"ok": True, "size": size}, data
         if op == "retain":
             owner = _owner(h)
-            keep = {_fsio.validate_step_name(s) for s in h.get("steps", [])}
+            steps = h.get("steps", [])
+            if not isinstance(steps, list):  # a str would be kept character by character
+                raise ValueError(f"retain: steps: expected a list of steps, got {steps!r:.60}")
+            keep = {_fsio.validate_step_name(s) for s in steps}
             base = self.root / owner
             removed = []
-            if base.exists():
-                for p in base.iterdir():
-                    if p.is_dir() and p.name.isdigit() and p.name not in keep:
-                        # renamed first, as in commit: a removal cut short leaves a .old-
-                        # folder (removed by the next retain), never a half-deleted step
-                        trash = base / f".old-{p.name}-{time.monotonic_ns()}"
-                        os.rename(p, trash)
-                        shutil.rmtree(trash, ignore_errors=True)
-                        removed.append(int(p.name))
-                    elif _leftover(p.name, keep):
-                        shutil.rmtree(p, ignore_errors=True)
-                _fsio.fsync_dir(base)
+            with self._owner_lock(owner):
+                if base.exists():
+                    self._recover(base)
+                    for p in base.iterdir():
+                        if p.is_dir() and p.name.isdigit() and p.name not in keep:
+                            # renamed first: a removal cut short leaves a .del- folder
+                            # (removed by the next retain), never a half-deleted step
+                            trash = base / f".del-{p.name}-{time.time_ns()}"
+                            os.rename(p, trash)
+                            shutil.rmtree(trash, ignore_errors=True)
+                            removed.append(int(p.name))
+                        elif _leftover(p.name, keep):
+                            shutil.rmtree(p, ignore_errors=True)
+                    _fsio.fsync_dir(base)
             return {"ok": True, "removed": sorted(removed)}, b""
-        raise ValueError(f"op: unknown operation {op!r}")
+        raise ValueError(f"op: unknown operation {op!r:.60}")
+
+    def _put(self, h: dict[str, Any], payload: bytearray, open_files: dict) -> tuple:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        owner = _owner(h)
+        step = _fsio.validate_step_name(h.get("step"))
+        name = _fsio.validate_file_name(h.get("file"))
+        size, offset = h.get("size"), h.get("offset")
+        for field, v in (("size", size), ("offset", offset)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"put {name}: {field}: expected an int >= 0, got {v!r:.60}")
+        tmp = self.root / owner / f".tmp-{step}"
+        path = tmp / name
+        key = (owner, step, name)
+        with self._owner_lock(owner):
+            if key not in open_files:
+                if offset != 0:
+                    raise ValueError(f"put {name}: first chunk must have offset 0")
+                if self.quota_bytes is not None:
+                    used = self.usage(int(owner[5:]))
+                    if used + size > self.quota_bytes:
+                        raise ValueError(
+                            f"quota: owner {owner} would store {used + size} bytes, over "
+                            f"quota_bytes={self.quota_bytes}"
+                        )
+                tmp.mkdir(parents=True, exist_ok=True)
+                if path.exists():
+                    path.unlink()
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                open_files[key] = [fd, 0, 0, size]
+            entry = open_files[key]
+            # The declared size is fixed by the first chunk and the bytes written never pass
+            # it; the quota is checked on the bytes on disk at every chunk (the declared size
+            # alone is a peer's claim), so a file that never sends `last` counts too.
+            if size != entry[3]:
+                self._abort_file(open_files, key, path)
+                raise ValueError(f"put {name}: size changed from {entry[3]} to {size}")
+            if offset != entry[2]:
+                raise ValueError(f"put {name}: offset {offset} != {entry[2]}")
+            if entry[2] + len(payload) > size:
+                self._abort_file(open_files, key, path)
+                raise ValueError(f"put {name}: more than the declared {size} bytes")
+            if self.quota_bytes is not None:
+                used = self.usage(int(owner[5:]))
+                if used + len(payload) > self.quota_bytes:
+                    self._abort_file(open_files, key, path)
+                    raise ValueError(
+                        f"quota: owner {owner} would store {used + len(payload)} bytes, over "
+                        f"quota_bytes={self.quota_bytes}"
+                    )
+            view = memoryview(payload)
+            off = 0
+            while off < len(view):
+                off += os.write(entry[0], view[off:])
+            entry[1] = zlib.crc32(view, entry[1])
+            entry[2] += len(view)
+        if h.get("last"):
+            fd, crc, written, _ = open_files.pop(key)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            if (crc & 0xFFFFFFFF) != h.get("crc32") or written != size:
+                path.unlink(missing_ok=True)
+                raise ValueError(f"put {name}: checksum or size mismatch")
+        return {"ok": True}, b""
+
+
+def _complete(directory: Path) -> bool:
+    """Whether ``directory`` holds a checksummed manifest and every file it names, with the
+    named sizes (what commit checked before the step was first renamed into place)."""
+    try:
+        manifest = _format.read_manifest(directory)
+        return all((directory / f["file"]).stat().st_size == f["nbytes"] for f in manifest["files"])
+    except Exception:  # noqa: BLE001 - any unreadable or malformed copy is not restorable
+        return False
 
 
 def _leftover(name: str, keep: set[str]) -> bool:
-    """Whether ``name`` under ``rank_<owner>/`` is a dead push or commit's folder: a
+    """Whether ``name`` under ``rank_<owner>/`` is a dead push, commit or retain's folder: a
     ``.tmp-<step>`` of a step not in ``keep`` (a cancelled or abandoned push; the owner keeps
-    the step it is pushing), or the ``.old-<step>-<ns>`` of a replaced replica."""
+    the step it is pushing), a ``.del-<step>-<ns>`` of a removal cut short, or a
+    ``.old-<step>-<ns>`` that :meth:`ReplicaServer._recover` did not need (its step is
+    present) or could not use (incomplete)."""
     if name.startswith(".tmp-"):
         return name[5:].isdigit() and name[5:] not in keep
-    return name.startswith(".old-")
+    return name.startswith((".old-", ".del-"))
 
 
 class ReplicaClient:
@@ -759,11 +973,22 @@ def spawn_replica_server(
     max_lifetime_s: float | None = None,
     delay_s: float = 0.0,
     timeout_s: float = 60.0,
+    *,
+    quota_bytes: int | None = None,
+    max_connections: int = 64,
+    max_preauth_connections: int = 16,
+    conn_timeout_s: float = 60.0,
+    handshake_timeout_s: float = 5.0,
+    max_message_bytes: int = 16 << 20,
+    max_header_bytes: int = 64 << 10,
+    stderr: Any = None,
 ) -> tuple[subprocess.Popen, tuple[str, int]]:
     """Starts a :class:`ReplicaServer` on ``host`` (loopback by default) in its own process.
 
     The token travels in the child's environment, not its command line. The server runs until
     ``proc.terminate()`` (or for ``max_lifetime_s`` seconds if that is set, for tests).
+    ``timeout_s`` bounds the wait for the child to listen; the keyword-only limits are the
+    server's (see :class:`ReplicaServer`); ``stderr`` is passed to ``subprocess.Popen``.
 
     Returns:
       ``(process, (host, port))``.
@@ -791,6 +1016,15 @@ def spawn_replica_server(
     """
     check_token(token)
     host = check_host(host)
+    _check_limits(
+        quota_bytes,
+        max_connections,
+        max_preauth_connections,
+        conn_timeout_s,
+        handshake_timeout_s,
+        max_message_bytes,
+        max_header_bytes,
+    )
     env = dict(os.environ, HEXAD_CACHEX_TOKEN=token, JAX_PLATFORMS="cpu")
     cmd = [
         sys.executable,
@@ -804,8 +1038,15 @@ def spawn_replica_server(
         *(["--max-lifetime-s", str(max_lifetime_s)] if max_lifetime_s is not None else []),
         "--delay-s",
         str(delay_s),
+        *(["--quota-bytes", str(quota_bytes)] if quota_bytes is not None else []),
+        *("--max-connections", str(max_connections)),
+        *("--max-preauth-connections", str(max_preauth_connections)),
+        *("--conn-timeout-s", repr(float(conn_timeout_s))),
+        *("--handshake-timeout-s", repr(float(handshake_timeout_s))),
+        *("--max-message-bytes", str(max_message_bytes)),
+        *("--max-header-bytes", str(max_header_bytes)),
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env)
     ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
     line = proc.stdout.readline().split() if ready else []
     if len(line) != 2 or line[0] != "PORT":
@@ -821,16 +1062,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--max-lifetime-s", type=float, default=None)
     p.add_argument("--delay-s", type=float, default=0.0)
+    p.add_argument("--quota-bytes", type=int, default=None, help="bytes one owner may store")
+    p.add_argument("--max-connections", type=int, default=64, help="authenticated connections")
+    p.add_argument(
+        "--max-preauth-connections", type=int, default=16, help="unauthenticated connections"
+    )
+    p.add_argument("--conn-timeout-s", type=float, default=60.0, help="deadline per message")
+    p.add_argument("--handshake-timeout-s", type=float, default=5.0, help="deadline of hello")
+    p.add_argument("--max-message-bytes", type=int, default=16 << 20)
+    p.add_argument("--max-header-bytes", type=int, default=64 << 10)
     args = p.parse_args(argv)
     token = os.environ.get("HEXAD_CACHEX_TOKEN", "")
-    srv = ReplicaServer(
-        args.root,
-        token,
-        host=args.host,
-        port=args.port,
-        max_lifetime_s=args.max_lifetime_s,
-        delay_s=args.delay_s,
-    ).start()
+    try:
+        srv = ReplicaServer(
+            args.root,
+            token,
+            host=args.host,
+            port=args.port,
+            max_lifetime_s=args.max_lifetime_s,
+            delay_s=args.delay_s,
+            quota_bytes=args.quota_bytes,
+            max_connections=args.max_connections,
+            max_preauth_connections=args.max_preauth_connections,
+            conn_timeout_s=args.conn_timeout_s,
+            handshake_timeout_s=args.handshake_timeout_s,
+            max_message_bytes=args.max_message_bytes,
+            max_header_bytes=args.max_header_bytes,
+        ).start()
+    except ValueError as e:  # a bad limit or token: one line, not a traceback
+        p.error(str(e))
     print(f"PORT {srv.address[1]}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: srv.stop())
     while srv.running:
