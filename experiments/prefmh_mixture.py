@@ -30,6 +30,9 @@ summary.json keys, for each method ``m`` in ``mh``, ``prefmh_k1``, ``prefmh_k3``
 rejected: a cost in acceptance, not in exactness, since the cut keeps detailed balance, see
 ``hexad.prefmh.two_coin_acceptance``); plus ``tv_iid``, ``sw1_iid``,
 ``num_samples`` (kept draws per method), ``runtime_s``.
+
+Validity check a verdict reads (docs/render_results.py): ``rhat_mh <= 1.05``, the exact MH
+reference mixed; without it a chain's TV against it says nothing about exactness.
 """
 
 from __future__ import annotations
