@@ -187,7 +187,8 @@ def expectile_loss(diff, expectile: float):
 
 
 def _polyak(target, online, tau: float):
-    return jax.tree.map(lambda t, o: (1.0 - tau) * t + tau * o, target, online)
+    # optax's Polyak update: tau * online + (1 - tau) * target, leaf by leaf.
+    return optax.incremental_update(online, target, tau)
 
 
 def _descend(optimizer: optax.GradientTransformation, loss_fn, params, opt_state):
