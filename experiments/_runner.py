@@ -627,8 +627,14 @@ def _checkpoints(root: Path | None, tag: str, init_state: Any, resume: bool):
     if root is None:
         yield 0, init_state, lambda step, state: None
         return
+    import shutil
+
     from hexad import cachex
 
+    if not resume and (root / tag).exists():
+        # A fresh run replaces an earlier run's checkpoints in the same folder, as it replaces
+        # its summary: CacheX refuses to save a step at or below one already there.
+        shutil.rmtree(root / tag)
     with cachex.CacheXManager(root / tag) as mngr:
         start, state = cachex.resume(mngr, init_state, resume)
         yield start, state, lambda step, st: mngr.save(step, st)

@@ -473,6 +473,7 @@ def _():
         "rwefm.emd_distances",
         "rwefm.cloud_distances",
         "rwefm.one_nn_accuracy",
+        "rwefm.one_nn_accuracies",
         "rwefm.mmd",
         "rwefm.median_bandwidth",
         "rwefm.min_matching_distance",
@@ -497,6 +498,7 @@ def _():
             rwefm.emd_distances(s2, xs, w, ys, w, max_iterations=30),
             rwefm.cloud_distances(s2, xs, w, ys, w, max_iterations=30),
             rwefm.one_nn_accuracy(dxx, dyy, dxy),
+            rwefm.one_nn_accuracies(dxx, dyy, dxy),
             rwefm.mmd(dxx, dyy, dxy, bw),
             rwefm.min_matching_distance(dxy),
             rwefm.set_w2(dxy),
@@ -958,6 +960,7 @@ not_lowered(
             "CacheXHandler CacheXManager CacheXRestore CacheXSave CorruptCheckpointError "
             "DATA_FILE DrainerConfig ItemCheckpoint MANIFEST_FILE PFSModel PinnedLimitError "
             "ReplicaClient ReplicaError ReplicaServer RestoreCheck Restored StagingPool "
+            "UnreadableCheckpointError "
             "check_restore choose_partner corrupt_file drain_once exhaust_drain_retries fail_at "
             "fsync_dir kill_at kill_drainer_mid_drain quiet_failed_saves read_rank_dir "
             "refuse_drains resume spawn_drainer spawn_replica_server sweep_pfs validate_file_name "
@@ -970,7 +973,8 @@ not_lowered(
     *[
         f"data.{n}"
         for n in (
-            "Planetoid SingleCell bundled_path cache_dir load_npz load_pbmc68k load_planetoid"
+            "Planetoid SingleCell bundled_path cache_dir load_npz load_pbmc68k load_planetoid "
+            "require"
         ).split()
     ],
 )

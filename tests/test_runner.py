@@ -388,6 +388,20 @@ def test_train_chunks_resumes_to_the_uninterrupted_result(tmp_path):
     assert lines[0]["x"] == float(jax.random.uniform(jax.random.fold_in(key, 0), ()))
 
 
+def test_a_fresh_run_replaces_the_checkpoints_of_an_earlier_run(tmp_path):
+    # Without --resume, a second run into the same checkpoint folder starts over and saves its
+    # own steps (CacheX refuses a step at or below one already saved, so the old ones must go).
+    import jax
+
+    chunk, key = _count_chunk(), jax.random.key(3)
+    for _ in range(2):
+        ctx = _runner.Context("t", tmp_path, checkpoint_dir=tmp_path / "ck", show_progress=False)
+        seen = []
+        ctx.train_chunks(chunk, jax.numpy.zeros(()), 2, key, tag="a", ckpt_every=1,
+                         on_chunk=lambda c, s: seen.append(c))  # fmt: skip
+        assert seen == [0, 1]
+
+
 def test_train_chunks_rejects_bad_counts(tmp_path):
     import jax
 

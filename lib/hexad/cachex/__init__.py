@@ -1,22 +1,28 @@
 """CacheX: checkpoint staging through orbax, with neighbour replication and a durability model.
 
-Tiers (CacheX, NeurIPS 2026): T0 host-DRAM staging, T1 node-local write with file and
-directory ``fsync``, T2 a neighbour's replica server (TCP, shared token, bounded messages,
-``fsync`` + rename + ack), T3 an eventual PFS drain by a separate drainer process.
-:class:`CacheXManager` runs them under ``orbax.checkpoint.CheckpointManager``, which keeps one
-save in flight, so a ``save`` blocks for ``max(T0, T1 + T2 - interval)`` (measured by
-``stall_seconds``). ``CacheXManager.health()`` reports the drainer's and the neighbour's
-liveness and the durability lag (steps and seconds not yet PFS-committed: the rollback
-exposure); a dead drainer is restarted at the next save, and ``max_pinned_steps`` /
-``max_pinned_bytes`` stop saving loudly (:class:`PinnedLimitError`) before undrained steps
-fill a disk. :func:`resume` gives studies ``--resume`` semantics (:class:`ItemCheckpoint` for
-studies that loop over independent items); :func:`verified_steps` audits the tiers and
-:func:`check_restore` judges a restore after a fault; :func:`fail_at`, :func:`kill_at` and
-:func:`quiet_failed_saves` are fault injectors for the manager's ``fault_hooks``,
-:func:`wipe_local`, :func:`corrupt_file`, :func:`refuse_drains` (with
-:func:`exhaust_drain_retries`) and :func:`kill_drainer_mid_drain` faults of the tiers;
-:mod:`hexad.cachex._model` fits the lognormal body / Gumbel tail of writer completion times
-and computes the contention threshold C*_p(n) (a curve over writer counts at once).
+Tiers (CacheX, NeurIPS 2026): T0 host-DRAM staging, T1 node-local write with file and directory
+``fsync``, T2 a neighbour's replica server (TCP, shared token, bounded messages, ``fsync`` +
+rename + ack), T3 an eventual PFS drain by a separate drainer process. :class:`CacheXManager`
+runs them under ``orbax.checkpoint.CheckpointManager``. A ``save`` blocks for the host copy of
+the arrays (T0) plus bookkeeping, measured by ``stall_seconds`` (the copy alone by
+``stage_seconds``); the local write, the replication and the PFS drain happen after it returns.
+orbax keeps one save in flight: a ``save`` called while the previous one is still committing
+first waits for the rest of that commit. ``CacheXManager.health()`` reports the drainer's and
+the neighbour's liveness and the durability lag (steps and seconds not yet PFS-committed: the
+rollback exposure); a dead drainer is restarted at the next save, and ``max_pinned_steps`` /
+``max_pinned_bytes`` stop saving loudly (:class:`PinnedLimitError`) before undrained steps fill
+a disk. :func:`resume` gives studies ``--resume`` semantics (:class:`ItemCheckpoint` for studies
+that loop over independent items); it starts at step 0 only in an empty checkpoint directory,
+and raises :class:`UnreadableCheckpointError` where steps exist that no tier could read. A
+restore lists each tier and entry on its own, so one unreadable entry or tier never hides the
+others. Leaves are arrays of any numeric dtype (bfloat16, int4, ...), 0-d or empty, and typed
+PRNG keys; :func:`verified_steps` audits the tiers and :func:`check_restore` judges a restore
+after a fault; :func:`fail_at`, :func:`kill_at` and :func:`quiet_failed_saves` are fault
+injectors for the manager's ``fault_hooks``, :func:`wipe_local`, :func:`corrupt_file`,
+:func:`refuse_drains` (with :func:`exhaust_drain_retries`) and :func:`kill_drainer_mid_drain`
+faults of the tiers; :mod:`hexad.cachex._model` fits the lognormal body / Gumbel tail of writer
+completion times and computes the contention threshold C*_p(n) (a curve over writer counts at
+once).
 """
 
 import importlib
@@ -50,6 +56,7 @@ _EXPORTS = {
         "PinnedLimitError",
         "RestoreCheck",
         "Restored",
+        "UnreadableCheckpointError",
         "check_restore",
         "resume",
         "verified_steps",

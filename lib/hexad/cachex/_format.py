@@ -49,6 +49,9 @@ __all__ = [
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
 DATA_FILE = "data.bin"
+# A leaf's manifest entry holds this key only for a typed PRNG key array (its key data is
+# stored as the leaf, under the key's shape plus the impl's trailing dimensions).
+KEY_IMPL = "key_impl"
 
 
 class CorruptCheckpointError(ValueError):
@@ -56,11 +59,17 @@ class CorruptCheckpointError(ValueError):
 
 
 class LeafSpec(NamedTuple):
-    """One leaf of the saved tree: key path, global shape and dtype name."""
+    """One leaf of the saved tree: key path, global shape and dtype name of the stored data.
+
+    ``key_impl`` is the PRNG implementation's name (e.g. ``"threefry2x32"``) when the leaf
+    is a typed PRNG key array (``jax.random.key``): its ``jax.random.key_data`` is stored and
+    ``jax.random.wrap_key_data`` rebuilds the key on restore; None for any other leaf.
+    """
 
     path: str
     shape: tuple[int, ...]
     dtype: str
+    key_impl: str | None = None
 
 
 class ShardRecord(NamedTuple):
@@ -97,6 +106,17 @@ def _norm_index(index: tuple, shape: tuple[int, ...]) -> tuple[tuple[int, int], 
             raise ValueError(f"shard index: expected unit-stride slices, got {sl}")
         out.append((int(start), int(stop)))
     return tuple(out)
+
+
+def _is_key(x: Any) -> bool:
+    """Whether ``x`` (an array or a ShapeDtypeStruct) holds typed PRNG keys."""
+    import jax
+
+    dtype = getattr(x, "dtype", None)
+    try:
+        return dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    except TypeError:
+        return False
 
 
 def _leaf_entries(leaf: Any) -> tuple[tuple[int, ...], np.dtype, list[tuple[tuple, Any]]]:
@@ -162,7 +182,13 @@ class StagingPool:
         import jax
 
         flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-        entries = [(jax.tree_util.keystr(p), _leaf_entries(x)) for p, x in flat]
+        entries = []
+        for p, x in flat:
+            impl = None
+            if _is_key(x):  # numpy has no key dtype: the key's raw uint32 words are stored
+                impl = str(jax.random.key_impl(x))
+                x = jax.random.key_data(x)
+            entries.append((jax.tree_util.keystr(p), impl, _leaf_entries(x)))
         try:
             slot = self._free.get(timeout=timeout)
         except queue.Empty:
@@ -170,11 +196,11 @@ class StagingPool:
         bufs = self._buffers[slot]
         leaves, shards = [], []
         try:
-            for li, (path, (shape, dtype, parts)) in enumerate(entries):
+            for li, (path, impl, (shape, dtype, parts)) in enumerate(entries):
                 # The data file holds little-endian bytes: a big-endian leaf is byte-swapped
                 # by the copy below (its dtype name does not record the byte order).
                 dtype = _little_endian(dtype)
-                leaves.append(LeafSpec(path, shape, dtype.name))
+                leaves.append(LeafSpec(path, shape, dtype.name, impl))
                 for k, (idx, src) in enumerate(parts):
                     bshape = tuple(b - a for a, b in idx)
                     buf = bufs.get((li, k))
@@ -211,6 +237,13 @@ def _views(snap: Snapshot) -> list[memoryview]:
     return out
 
 
+def _leaf_json(v: LeafSpec) -> dict[str, Any]:
+    out = {"path": v.path, "shape": list(v.shape), "dtype": v.dtype}
+    if v.key_impl is not None:  # absent otherwise: other leaves' manifests stay as they were
+        out[KEY_IMPL] = v.key_impl
+    return out
+
+
 def _manifest(snap: Snapshot, views: list[memoryview], meta: Mapping[str, Any]) -> bytes:
     """The manifest of ``snap`` whose data file is the concatenation of ``views`` (CRC-32 here)."""
     shards, crc, offset = [], 0, 0
@@ -229,7 +262,7 @@ def _manifest(snap: Snapshot, views: list[memoryview], meta: Mapping[str, Any]) 
     body = {
         "format": FORMAT_VERSION,
         "meta": dict(meta),
-        "leaves": [{"path": v.path, "shape": list(v.shape), "dtype": v.dtype} for v in snap.leaves],
+        "leaves": [_leaf_json(v) for v in snap.leaves],
         "files": [{"file": DATA_FILE, "nbytes": offset, "crc32": crc & 0xFFFFFFFF}],
         "shards": shards,
     }
@@ -338,13 +371,81 @@ def read_manifest(directory: Path) -> dict[str, Any]:
         raise CorruptCheckpointError(
             f"{directory}: format {body.get('format')!r}, expected {FORMAT_VERSION}"
         )
-    for f in body["files"]:
-        _fsio.validate_file_name(f["file"])
-    names = {f["file"] for f in body["files"]}
-    for sh in body["shards"]:
-        if sh["file"] not in names:
-            raise CorruptCheckpointError(f"{directory}: shard names unlisted file {sh['file']!r}")
+    _check_structure(directory, body)
     return body
+
+
+def _is_int(x: Any, lo: int = 0) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= lo
+
+
+def _check_structure(directory: Path, body: Mapping[str, Any]) -> None:
+    """Raises CorruptCheckpointError unless ``body`` has every key and type a restore reads.
+
+    A manifest whose checksum matches can still be structurally wrong (written by another
+    tool or a buggy writer, with its checksum recomputed): every later read indexes it
+    without further checks, so a KeyError or TypeError there must become "this copy is
+    corrupt", which lets a restore try the next copy instead of failing outright.
+    """
+
+    def bad(what: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(f"{directory}: {MANIFEST_FILE}: {what}")
+
+    for key, kind in (("meta", dict), ("leaves", list), ("files", list), ("shards", list)):
+        if not isinstance(body.get(key), kind):
+            raise bad(f"expected {key!r} to be a {kind.__name__}, got {body.get(key)!r:.80}")
+    leaves = body["leaves"]
+    for i, leaf in enumerate(leaves):
+        if not (
+            isinstance(leaf, dict)
+            and isinstance(leaf.get("path"), str)
+            and isinstance(leaf.get("dtype"), str)
+            and isinstance(leaf.get("shape"), list)
+            and all(_is_int(n) for n in leaf["shape"])
+            and isinstance(leaf.get(KEY_IMPL, ""), str)
+        ):
+            raise bad(f"leaves[{i}]: expected path, shape (ints >= 0) and dtype, got {leaf!r:.120}")
+        try:
+            dt = _np_dtype(leaf["dtype"])
+        except (TypeError, AttributeError):
+            dt = None
+        if dt is None or dt.hasobject:  # raw bytes are numbers only, never Python objects
+            raise bad(f"leaves[{i}]: unknown dtype {leaf['dtype']!r:.40}")
+    names = set()
+    for i, f in enumerate(body["files"]):
+        if not (
+            isinstance(f, dict)
+            and isinstance(f.get("file"), str)
+            and _is_int(f.get("nbytes"))
+            and _is_int(f.get("crc32"))
+        ):
+            raise bad(f"files[{i}]: expected file, nbytes and crc32, got {f!r:.120}")
+        try:
+            _fsio.validate_file_name(f["file"])
+        except ValueError as e:
+            raise bad(f"files[{i}]: {e}") from None
+        names.add(f["file"])
+    for i, sh in enumerate(body["shards"]):
+        if not (
+            isinstance(sh, dict)
+            and _is_int(sh.get("leaf"))
+            and _is_int(sh.get("offset"))
+            and _is_int(sh.get("nbytes"))
+            and isinstance(sh.get("index"), list)
+        ):
+            raise bad(f"shards[{i}]: expected leaf, index, offset and nbytes, got {sh!r:.120}")
+        if not isinstance(sh.get("file"), str) or sh["file"] not in names:
+            raise bad(f"shards[{i}]: names unlisted file {sh.get('file')!r:.40}")
+        if sh["leaf"] >= len(leaves):
+            raise bad(f"shards[{i}]: leaf {sh['leaf']} of {len(leaves)}")
+        shape = leaves[sh["leaf"]]["shape"]
+        index = sh["index"]
+        if len(index) != len(shape) or not all(
+            isinstance(ab, list) and len(ab) == 2 and _is_int(ab[0]) and _is_int(ab[1])
+            and ab[0] <= ab[1] <= n
+            for ab, n in zip(index, shape, strict=False)
+        ):  # fmt: skip
+            raise bad(f"shards[{i}]: index {index!r:.80} does not fit shape {shape}")
 
 
 def read_rank_dir(directory: Path) -> tuple[dict[str, Any], list[tuple[int, tuple, np.ndarray]]]:
@@ -412,8 +513,12 @@ def _np_dtype(name: str) -> np.dtype:
 
 
 def _target_spec(x: Any) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of the data stored for a target leaf (a key's key data)."""
     import jax
 
+    if _is_key(x):
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(x.shape, x.dtype))
+        return tuple(int(d) for d in data.shape), np.dtype(data.dtype)
     if isinstance(x, (jax.Array, jax.ShapeDtypeStruct, np.ndarray, np.generic)):
         # compared with the saved (little-endian) dtype by kind, whatever the target's byte order
         return tuple(int(d) for d in x.shape), _little_endian(np.dtype(x.dtype))
@@ -426,13 +531,65 @@ def _target_spec(x: Any) -> tuple[tuple[int, ...], np.dtype]:
     )
 
 
+def _check_key_target(path: str, x: Any, impl: str | None, sshape: tuple, sdtype: np.dtype):
+    """Raises ValueError unless a saved key leaf meets a key target of the same impl and shape
+    (and a saved plain leaf a plain target)."""
+    import jax
+
+    if impl is None:
+        if _is_key(x):
+            raise ValueError(
+                f"target{path}: expected a plain array as saved, got typed PRNG keys {x.dtype}"
+            )
+        return
+    try:
+        want = jax.eval_shape(
+            lambda d: jax.random.wrap_key_data(d, impl=impl), jax.ShapeDtypeStruct(sshape, sdtype)
+        )
+    except (ValueError, TypeError, KeyError) as e:
+        raise CorruptCheckpointError(
+            f"target{path}: the saved PRNG key (impl {impl!r}, data {sshape} {sdtype.name}) "
+            f"cannot be rebuilt here: {e}"
+        ) from None
+    got = (tuple(x.shape), x.dtype) if _is_key(x) else None
+    if got != (tuple(want.shape), want.dtype):
+        raise ValueError(
+            f"target{path}: expected typed PRNG keys of shape {tuple(want.shape)} dtype "
+            f"{want.dtype} as saved, got "
+            + (f"shape {got[0]} dtype {got[1]}" if got else f"{type(x).__name__} {_describe(x)}")
+        )
+
+
+def _describe(x: Any) -> str:
+    return f"dtype {getattr(x, 'dtype', type(x).__name__)} shape {getattr(x, 'shape', ())}"
+
+
+def _key_data_sharding(x: Any) -> Any:
+    """The sharding of a key target's key data, or None to restore it on the default device.
+
+    A named or single-device sharding of the keys applies as is to their data (a partition
+    spec shorter than the data's rank leaves the trailing dimensions unsharded); any other
+    sharding is asked of the compiler.
+    """
+    import jax
+
+    sharding = getattr(x, "sharding", None)
+    if sharding is None:
+        return None
+    if isinstance(sharding, (jax.sharding.NamedSharding, jax.sharding.SingleDeviceSharding)):
+        return sharding
+    sds = jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+    return jax.jit(jax.random.key_data).lower(sds).compile().output_shardings
+
+
 def assemble_tree(target: Any, manifest: Mapping[str, Any], pieces: list) -> Any:
     """Builds a pytree shaped like ``target`` from verified shard ``pieces``.
 
     Args:
       target: the pytree to restore into; leaves are ``jax.Array`` (restored with the same
         sharding), ``jax.ShapeDtypeStruct`` (with its ``sharding`` if set), numpy arrays or
-        Python scalars.
+        Python scalars; a typed PRNG key leaf (array or ShapeDtypeStruct) restores a saved
+        key of the same impl and shape.
       manifest: a manifest from :func:`read_rank_dir` (any rank: they share the tree).
       pieces: ``[(leaf, index, array)]`` from one or more ranks.
 
@@ -465,6 +622,8 @@ def assemble_tree(target: Any, manifest: Mapping[str, Any], pieces: list) -> Any
         shape, dtype = _target_spec(x)
         sshape = tuple(saved[li]["shape"])
         sdtype = _np_dtype(saved[li]["dtype"])
+        impl = saved[li].get(KEY_IMPL)
+        _check_key_target(path, x, impl, sshape, sdtype)
         if shape != sshape or dtype != sdtype:
             raise ValueError(
                 f"target{path}: expected shape {sshape} dtype {sdtype.name} as saved, "
@@ -496,7 +655,14 @@ def assemble_tree(target: Any, manifest: Mapping[str, Any], pieces: list) -> Any
                 )
             return buf
 
-        if isinstance(x, jax.Array) or (
+        if impl is not None:
+            sharding = _key_data_sharding(x)
+            if sharding is None:
+                data = jax.device_put(fetch(None))
+            else:
+                data = jax.make_array_from_callback(shape, sharding, fetch)
+            out.append(jax.random.wrap_key_data(data, impl=impl))
+        elif isinstance(x, jax.Array) or (
             isinstance(x, jax.ShapeDtypeStruct) and getattr(x, "sharding", None) is not None
         ):
             out.append(jax.make_array_from_callback(shape, x.sharding, fetch))

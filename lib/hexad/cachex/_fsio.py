@@ -21,6 +21,7 @@ __all__ = [
     "fsync_dir",
     "read_json",
     "safe_join",
+    "step_entries",
     "validate_file_name",
     "validate_step_name",
     "write_file_durable",
@@ -55,6 +56,53 @@ def validate_step_name(step: Any) -> str:
     if isinstance(step, str) and _STEP_RE.fullmatch(step):
         return str(int(step))
     raise ValueError(f"step: expected a non-negative int or a string of digits, got {step!r}")
+
+
+def step_entries(root: Path) -> tuple[dict[int, Path], list[str]]:
+    """Lists the step folders directly under ``root``.
+
+    An entry counts as a step when its name is a canonical step name (``"12"``, not ``"012"``
+    nor other Unicode digits) and it is a directory (or its type cannot be read: the caller's
+    read of it then fails with the reason); an entry named like a step that is not a directory
+    (a stray file ``7``) is returned among the strays rather than raising, so one bad entry
+    never hides the others.
+
+    Args:
+      root: the folder to list; a missing one holds no steps.
+
+    Returns:
+      ``({step: path}, [stray notes])``, each note naming the entry and why it was skipped.
+
+    Raises:
+      OSError: ``root`` exists but cannot be listed (EIO, ESTALE, not a directory, ...).
+
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> (root / "3").mkdir(); _ = (root / "7").write_bytes(b""); (root / "x").mkdir()
+    >>> steps, strays = step_entries(root)
+    >>> sorted(steps), [s.split(": ", 1)[1] for s in strays]
+    ([3], ['not a directory'])
+    """
+    root = Path(root)
+    try:
+        it = os.scandir(root)
+    except FileNotFoundError:
+        return {}, []
+    steps: dict[int, Path] = {}
+    strays: list[str] = []
+    with it:
+        for e in it:
+            if not (_STEP_RE.fullmatch(e.name) and str(int(e.name)) == e.name):
+                continue
+            try:
+                is_dir = e.is_dir()
+            except OSError:
+                is_dir = True  # its type is unknown: reading it will say what is wrong
+            if is_dir:
+                steps[int(e.name)] = Path(e.path)
+            else:
+                strays.append(f"{e.path}: not a directory")
+    return steps, strays
 
 
 def validate_file_name(name: Any) -> str:

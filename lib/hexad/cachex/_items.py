@@ -35,6 +35,10 @@ class ItemCheckpoint:
       enabled: the study's ``ctx.resume``: restore the newest durable step (else start over).
       capacity: bytes of the JSON buffer (static).
 
+    Raises:
+      UnreadableCheckpointError: ``enabled`` and the directory holds steps that no tier could
+        read (see :func:`~hexad.cachex.resume`): the completed items are not redone silently.
+
     >>> import tempfile
     >>> from hexad import cachex
     >>> m = cachex.CacheXManager(tempfile.mkdtemp())

@@ -26,6 +26,7 @@ replica -> PFS, with all processes agreeing on the newest step every one of them
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -41,11 +42,6 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_args
-from orbax.checkpoint._src import asyncio_utils
-from orbax.checkpoint._src.handlers import async_checkpoint_handler
-from orbax.checkpoint._src.metadata import checkpoint as checkpoint_metadata
-from orbax.checkpoint._src.metadata import step_metadata_serialization
-from orbax.checkpoint._src.path import atomicity
 
 from hexad._base import check_int
 from hexad.cachex import _format, _fsio, _pfs, _replica
@@ -58,6 +54,7 @@ __all__ = [
     "PinnedLimitError",
     "RestoreCheck",
     "Restored",
+    "UnreadableCheckpointError",
     "check_restore",
     "resume",
     "verified_steps",
@@ -73,6 +70,15 @@ FAULT_POINTS = ("staging", "local_write", "local_written", "replica_acked", "com
 
 class PinnedLimitError(RuntimeError):
     """A save would pin more undrained steps or bytes than the manager's cap allows."""
+
+
+class UnreadableCheckpointError(FileNotFoundError):
+    """A restore found no readable step, but some step or tier could not be read or listed.
+
+    Unlike a plain ``FileNotFoundError`` (an empty checkpoint directory) this says that
+    checkpointed state may exist: :func:`resume` raises it rather than start over at step 0.
+    The message names every skipped entry (also in the manager's ``restore_skipped`` event).
+    """
 
 
 def _check_fault_hooks(hooks: Mapping[str, Callable[[int], None]] | None) -> dict:
@@ -215,7 +221,7 @@ class _CommitWorker:
                 self._jobs = None
 
 
-class _TemporaryPath(atomicity.AtomicRenameTemporaryPath):
+class _TemporaryPath(ocp.path.atomicity.AtomicRenameTemporaryPath):
     """orbax's atomic-rename temporary path, its folder made by the CacheX commit.
 
     orbax (with synchronous directory creation) calls ``create`` for the step folder and
@@ -249,6 +255,24 @@ class _TemporaryPath(atomicity.AtomicRenameTemporaryPath):
         return self.get()
 
 
+# The step metadata orbax writes into a new step folder (orbax 0.12's
+# ``step_metadata_serialization.serialize(StepMetadata(init_timestamp_nsecs=...))``; neither is
+# public API). orbax's finalize adds the commit time to it; ``ocp.metadata.get_step_metadata``
+# reads it back (tests/cachex/test_cachex_leaves.py checks that it does).
+_STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
+
+
+def _step_metadata(init_ns: int) -> dict[str, Any]:
+    return {
+        "item_handlers": None,
+        "metrics": {},
+        "performance_metrics": {},
+        "init_timestamp_nsecs": int(init_ns),
+        "commit_timestamp_nsecs": None,
+        "custom_metadata": {},
+    }
+
+
 def _make_dirs(pending) -> None:
     """Makes the folders :meth:`_TemporaryPath.create` recorded, in order (orbax's steps)."""
     for path, mode, store, init_ns in pending:
@@ -256,15 +280,34 @@ def _make_dirs(pending) -> None:
             shutil.rmtree(path)
         os.makedirs(path, **({} if mode is None else {"mode": mode}))
         if store is not None:
-            store.write(
-                file_path=checkpoint_metadata.step_metadata_file_path(path),
-                metadata=step_metadata_serialization.serialize(
-                    checkpoint_metadata.StepMetadata(init_timestamp_nsecs=init_ns)
-                ),
-            )
+            store.write(file_path=path / _STEP_METADATA_FILE, metadata=_step_metadata(init_ns))
 
 
-class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
+def _run_sync(coro) -> Any:
+    """Runs ``coro`` to completion from synchronous code, also when an event loop is running
+    in this thread (then on a fresh loop in a helper thread, as ``asyncio.run`` refuses)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    result: list[Any] = []
+    error: list[BaseException] = []
+
+    def target():
+        try:
+            result.append(asyncio.run(coro))
+        except BaseException as e:  # noqa: BLE001 - re-raised below, on the caller's thread
+            error.append(e)
+
+    t = threading.Thread(target=target, name="cachex-run-sync")
+    t.start()
+    t.join()
+    if error:
+        raise error[0]
+    return result[0]
+
+
+class CacheXHandler(ocp.AsyncCheckpointHandler):
     """orbax async handler: T0 staging in ``async_save``, T1 + T2 in the commit future.
 
     Build it through :class:`CacheXManager`; it is registered with :class:`CacheXSave` and
@@ -358,7 +401,7 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
                 else:
                     _pfs.record_tier(node.records_dir, step, "replica", seconds=t_replica[0])
                     # Replica GC follows local GC (off the training loop's path).
-                    keep = [int(p.name) for p in node.steps_dir.iterdir() if p.name.isdigit()]
+                    keep = sorted(_fsio.step_entries(node.steps_dir)[0])
                     try:
                         node.neighbour.retain(node.rank, [*keep, int(step)])
                     except _replica.ReplicaError:
@@ -369,7 +412,7 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
             if pusher is not None:
                 pusher.join()
                 if t_replica:  # the push had already committed: drop that replica again
-                    keep = [int(p.name) for p in node.steps_dir.iterdir() if p.name.isdigit()]
+                    keep = sorted(_fsio.step_entries(node.steps_dir)[0])
                     try:
                         node.neighbour.retain(node.rank, [s for s in keep if s != int(step)])
                     except _replica.ReplicaError:
@@ -387,7 +430,7 @@ class CacheXHandler(async_checkpoint_handler.AsyncCheckpointHandler):
             for f in futures:
                 f.result()
 
-        asyncio_utils.run_sync(run())
+        _run_sync(run())
 
     def restore(self, directory, args: CacheXRestore | None = None, **kwargs):
         manifest, pieces = _format.read_rank_dir(Path(directory))
@@ -618,6 +661,9 @@ class CacheXManager:
         self._neighbour_down = False
         self._fsynced: set[int] = set()
         self._fsync_lock = threading.Lock()
+        self._strays_reported: set[tuple[str, str]] = set()
+        self._pruned_cache: tuple[int, dict[int, dict]] = (0, {})
+        self.listing_skipped: list[str] = []
         self._node.after_commit = self._fsync_committed
         if self.pfs_dir is not None:
             self.pfs_dir.mkdir(parents=True, exist_ok=True)
@@ -653,27 +699,92 @@ class CacheXManager:
         save in flight): ``stall ~ max(T0, T1 + T2 - interval)``, measured by
         :meth:`stall_seconds`. Checks the drainer first (restarts it if it has exited) and
         the pinned-steps cap (raises :class:`PinnedLimitError`).
+
+        Durability records left under ``step``'s number by a step no longer on the local disk
+        (a failed save, an abandoned timeline) are removed first, so they never vouch for
+        the new step.
+
+        Raises:
+          ValueError: ``step`` is not newer than the latest local step (orbax would skip
+            the save and return False, while records of that number may still claim it
+            durable); unless ``force``.
+          PinnedLimitError: the pinned-steps cap is reached.
         """
         _fsio.validate_step_name(step)
         t0 = time.perf_counter()
         self._check_services()
         self._check_pinned()
-        saved = self._orbax_save(int(step), state, force)
+        saved = self._orbax_save(int(step), state, force, fresh=not force)
         self._node.stalls[int(step)] = time.perf_counter() - t0
         return saved
 
-    def _orbax_save(self, step: int, state: Any, force: bool) -> bool:
+    def _orbax_save(self, step: int, state: Any, force: bool, fresh: bool = False) -> bool:
         # The commit starts writing once orbax's save has returned (CacheXHandler._commit);
         # it also fsyncs the previous step's orbax renames, off the training loop's path.
         # Waits for this manager's previous commit first (orbax would, inside its save).
-        self._mngr.wait_until_finished()
+        self._wait_orbax()
+        if fresh:
+            latest = self._mngr.latest_step()
+            if latest is not None and step <= latest:
+                raise ValueError(
+                    f"step: expected a step newer than the latest saved step {latest}, got "
+                    f"{step} (orbax would not save it); after a rollback or a fallback restore, "
+                    f"save under a step number above {latest}"
+                )
+            self._drop_stale_records(step)
         try:
             return self._mngr.save(
                 step, args=ocp.args.Composite(**{ITEM: CacheXSave(state, step)}), force=force
             )
+        except BaseException:
+            self._relist()
+            raise
         finally:
             self._node.pending_dirs.clear()  # folders no handler claimed (a failed save)
             self._node.gate.set()
+
+    def _drop_stale_records(self, step: int) -> None:
+        """Removes ``step``'s records, if any, before ``step`` is saved anew (none of them is
+        about the new step); an event names what was removed."""
+        d = self.records_dir / str(step)
+        logged = self._pruned(step)
+        if logged:
+            self._append_pruned([{"step": step, "records": None}])  # the log forgets them too
+        if not os.path.lexists(d):
+            if logged:
+                self._node.event("stale_records_removed", step, tiers=sorted(logged))
+            return
+        stale = sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
+        aside = self.records_dir / f".stale-{step}-{time.monotonic_ns()}"
+        os.rename(d, aside)  # the claims vanish at once, not file by file
+        _fsio.fsync_dir(self.records_dir)
+        if aside.is_dir():
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            aside.unlink(missing_ok=True)
+        self._node.event("stale_records_removed", step, tiers=stale)
+
+    def _wait_orbax(self) -> None:
+        """orbax's ``wait_until_finished``; after a failed save, orbax relists the disk."""
+        try:
+            self._mngr.wait_until_finished()
+        except BaseException:
+            self._relist()
+            raise
+
+    def _relist(self) -> None:
+        """Makes orbax's list of steps the disk's again after a failed save.
+
+        orbax drops the steps its GC will remove from its list when a save starts, but
+        deletes them only once that save has committed: after a failure they stay on disk
+        (and on the neighbour, whose GC follows the local listing) yet orbax would never
+        consider them again. Relisting lets the next successful save's GC remove them, and
+        drops the failed step orbax had listed as in flight.
+        """
+        try:
+            self._mngr.reload()
+        except Exception as e:  # noqa: BLE001 - the save's own error is the one to raise
+            self._node.event("relist_failed", error=f"{type(e).__name__}: {e}")
 
     def _check_services(self) -> None:
         """Restarts an exited drainer (recording a ``drainer_restart`` event); after a save
@@ -746,14 +857,88 @@ class CacheXManager:
                         finally:
                             os.close(fd)
                 _fsio.fsync_dir(d)
-            except FileNotFoundError:  # removed by orbax's GC meanwhile
+            except (FileNotFoundError, NotADirectoryError):  # removed or replaced meanwhile
                 continue
         _fsio.fsync_dir(self.steps_dir)
-        self._fsynced = set(steps) | (self._fsynced & set(self.all_steps()))
+        local = self.all_steps()
+        self._fsynced = set(steps) | (self._fsynced & set(local))
+        self._prune_records(local)
+
+    def _prune_records(self, local: Sequence[int]) -> None:
+        """Moves the records of steps that orbax's GC has removed into ``pruned.jsonl``.
+
+        Pruned: the records of every step older than the oldest local step, except the
+        newest PFS-committed one (the durability lag is measured from it). The folders a save
+        scans (:meth:`newest_pfs_step`, the drainer's candidates) then stay as few as the
+        steps kept; :meth:`durability` still answers for a pruned step from the log.
+        """
+        if not local:  # a wiped node: nothing tells which records are stale
+            return
+        oldest = min(local)
+        keep = self.newest_pfs_step()
+        try:
+            recs, _ = _fsio.step_entries(self.records_dir)
+        except OSError:
+            return
+        old = sorted(s for s in recs if s < oldest and s != keep)
+        if not old:
+            return
+        lines = [{"step": s, "records": self._records_in(recs[s])} for s in old]
+        self._append_pruned(lines)  # before the folders go: a crash loses no record
+        for s in old:
+            aside = self.records_dir / f".pruned-{s}-{time.monotonic_ns()}"
+            try:
+                os.rename(recs[s], aside)
+            except OSError:
+                continue
+            shutil.rmtree(aside, ignore_errors=True)
+
+    @property
+    def _pruned_log(self) -> Path:
+        return self.records_dir / "pruned.jsonl"
+
+    def _append_pruned(self, lines: Sequence[dict]) -> None:
+        with open(self._pruned_log, "a", encoding="utf-8") as fh:
+            fh.write("".join(json.dumps(x, sort_keys=True) + "\n" for x in lines))
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def _pruned(self, step: int) -> dict[str, dict]:
+        """The records :meth:`_prune_records` logged for ``step`` ({} if none or reused)."""
+        try:
+            size = self._pruned_log.stat().st_size
+        except OSError:
+            return {}
+        offset, table = self._pruned_cache
+        if size < offset:  # a new log: read it from the start
+            offset, table = 0, {}
+        if size > offset:  # only what was appended since the last read is parsed
+            with open(self._pruned_log, "rb") as fh:
+                fh.seek(offset)
+                chunk = fh.read(size - offset)
+            complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits
+            for line in complete.splitlines():
+                try:
+                    x = json.loads(line)
+                    table[int(x["step"])] = x["records"] or {}
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut short by a crash
+            self._pruned_cache = (offset + len(complete), table)
+        return dict(table.get(int(step), {}))
+
+    @staticmethod
+    def _records_in(d: Path) -> dict[str, dict]:
+        out = {}
+        for p in d.glob("*.json"):
+            try:
+                out[p.stem] = _fsio.read_json(p)
+            except (ValueError, OSError):
+                continue
+        return out
 
     def wait_until_finished(self) -> None:
         """Blocks until the in-flight save is committed (replica-durable, local copy fsynced)."""
-        self._mngr.wait_until_finished()
+        self._wait_orbax()
         self._fsync_committed()
 
     def stall_seconds(self, step: int) -> float | None:
@@ -826,22 +1011,21 @@ class CacheXManager:
         return out
 
     def durability(self, step: int) -> dict[str, dict]:
-        """Returns the durability records of ``step``: ``{tier: {"time": ..., ...}}``."""
+        """Returns the durability records of ``step``: ``{tier: {"time": ..., ...}}``.
+
+        The records of a step removed by the local GC are kept in ``pruned.jsonl`` (see
+        :meth:`_prune_records`) and returned from there."""
         d = self.records_dir / _fsio.validate_step_name(step)
-        out = {}
         if d.exists():
-            for p in d.glob("*.json"):
-                try:
-                    out[p.stem] = _fsio.read_json(p)
-                except (ValueError, OSError):
-                    continue
-        return out
+            return self._records_in(d)
+        return self._pruned(step)
 
     def tier_done(self, step: int, tier: str) -> bool:
         """Whether ``step`` has reached ``tier`` (``staged``/``local``/``replica``/
         ``pfs_part``/``pfs``). ``pfs`` means committed on the PFS (every rank's part there),
         ``pfs_part`` only this rank's part written."""
-        if (self.records_dir / str(int(step)) / f"{tier}.json").exists():
+        d = self.records_dir / _fsio.validate_step_name(step)
+        if (d / f"{tier}.json").exists() or (not d.exists() and tier in self._pruned(step)):
             return True
         return tier == "pfs" and self.pfs_dir is not None and (self.pfs_dir / str(step)).is_dir()
 
@@ -852,6 +1036,8 @@ class CacheXManager:
         while time.monotonic() < t_end:
             if rec.exists():  # written by the drainer once it sees the step committed
                 return True
+            if not rec.parent.exists() and "pfs" in self._pruned(step):
+                return True
             if self.tier_done(step, "pfs_error"):
                 return False
             time.sleep(0.01)
@@ -861,38 +1047,61 @@ class CacheXManager:
         """Committed (orbax-finalized, hence replica-durable) local steps, oldest first.
 
         orbax's own ``all_steps`` also lists a step whose save is still in flight; this does not.
+        An entry of ``steps/`` named like a step that is not a folder (a stray file ``3``) is
+        no step: it is skipped and reported once as a ``stray_entry`` event.
         """
-        if not self.steps_dir.exists():
-            return []
-        return sorted(int(p.name) for p in self.steps_dir.iterdir() if p.name.isdigit())
+        steps, strays = _fsio.step_entries(self.steps_dir)
+        self._report_strays("local", strays)
+        return sorted(steps)
+
+    def _report_strays(self, tier: str, strays: Sequence[str]) -> None:
+        for note in strays:
+            if (tier, note) not in self._strays_reported:
+                self._strays_reported.add((tier, note))
+                self._node.event("stray_entry", tier=tier, entry=note)
 
     # -- restoring -------------------------------------------------------------------------------
 
     def readable_steps(self) -> dict[str, list[int]]:
-        """Steps this rank can read per tier (manifests checked, data not yet verified)."""
-        out = {"local": [], "replica": [], "pfs": []}
-        if self.steps_dir.exists():
-            for p in self.steps_dir.iterdir():
-                if p.name.isdigit():
-                    try:
-                        _format.read_manifest(p / ITEM)
-                        out["local"].append(int(p.name))
-                    except _format.CorruptCheckpointError:
-                        continue
+        """Steps this rank can read per tier (manifests checked, data not yet verified).
+
+        Listing is per tier and per entry: an entry that cannot be read (an I/O error, a
+        corrupt or structurally invalid manifest) is skipped, and a tier whose root cannot be
+        listed (the PFS mount gone stale, the neighbour down) contributes no step; neither
+        hides the other entries or tiers. What was skipped is in :attr:`listing_skipped`
+        until the next listing. A stray file named like a step is no step: it is ignored and
+        reported once as a ``stray_entry`` event.
+        """
+        out, skipped = self._list_tiers()
+        self.listing_skipped = skipped
+        return out
+
+    def _list_tiers(self) -> tuple[dict[str, list[int]], list[str]]:
+        out: dict[str, list[int]] = {t: [] for t in TIERS}
+        skipped: list[str] = []
+        roots = {"local": (self.steps_dir, ITEM)}
+        if self.pfs_dir is not None:
+            roots["pfs"] = (self.pfs_dir, f"rank_{self.rank}")
+        for tier, (root, sub) in roots.items():
+            try:
+                steps, strays = _fsio.step_entries(root)
+            except OSError as e:
+                skipped.append(f"{tier}: cannot list {root}: {type(e).__name__}: {e}")
+                continue
+            self._report_strays(tier, strays)  # not a step: reported, not counted as skipped
+            for step, path in steps.items():
+                try:
+                    _format.read_manifest(path / sub)
+                except (OSError, ValueError) as e:  # CorruptCheckpointError is a ValueError
+                    skipped.append(f"{tier}: step {step}: {type(e).__name__}: {e}")
+                    continue
+                out[tier].append(step)
         if self.neighbour is not None:
             try:
-                out["replica"] = self.neighbour.list_steps(self.rank)
-            except _replica.ReplicaError:
-                pass
-        if self.pfs_dir is not None and self.pfs_dir.exists():
-            for p in self.pfs_dir.iterdir():
-                if p.name.isdigit():
-                    try:
-                        _format.read_manifest(p / f"rank_{self.rank}")
-                        out["pfs"].append(int(p.name))
-                    except _format.CorruptCheckpointError:
-                        continue
-        return {k: sorted(v) for k, v in out.items()}
+                out["replica"] = [int(s) for s in self.neighbour.list_steps(self.rank)]
+            except (_replica.ReplicaError, OSError, ValueError, KeyError, TypeError) as e:
+                skipped.append(f"replica: cannot list: {type(e).__name__}: {e}")
+        return {k: sorted(v) for k, v in out.items()}, skipped
 
     def _load(self, tier: str, step: int, target: Any) -> Any:
         if tier == "local":
@@ -925,28 +1134,45 @@ class CacheXManager:
           step: restore exactly this step instead of the newest.
 
         Raises:
-          FileNotFoundError: no step is readable by every rank.
+          UnreadableCheckpointError: no step is readable by every rank, and some step or tier
+            could not be read or listed (on any rank): state may exist; the message names
+            what was skipped.
+          FileNotFoundError: no step is readable by every rank, and nothing was skipped.
           ValueError: ``target``'s structure, a shape or a dtype differs from the checkpoint.
         """
-        self.wait_until_finished()
+        self._wait_orbax()
+        try:
+            self._fsync_committed()
+        except OSError as e:  # a local tier that cannot be listed: the others may still serve
+            self._node.event("fsync_failed", error=f"{type(e).__name__}: {e}")
         try:
             tiers = self.readable_steps()
+            skipped = list(self.listing_skipped)
         except Exception as e:  # noqa: BLE001 - every rank must reach the agreement below
             tiers = {t: [] for t in TIERS}
-            skipped_listing = f"listing: {type(e).__name__}: {e}"
-        else:
-            skipped_listing = None
+            skipped = [f"listing: {type(e).__name__}: {e}"]
+        if skipped:
+            self._node.event("restore_skipped", skipped=skipped[:64], n_skipped=len(skipped))
+        n_listing = len(skipped)
         mine = sorted(set().union(*tiers.values()))
         if step is not None:
             mine = [s for s in mine if s == int(step)]
-        skipped: list[str] = [skipped_listing] if skipped_listing else []
         while True:
             common = _agree_newest(mine)
             if common is None:
-                why = f"; skipped unreadable: {'; '.join(skipped[-4:])}" if skipped else ""
-                raise FileNotFoundError(
-                    f"restore: no checkpoint step readable by all ranks under {self.directory}"
-                    + why
+                if skipped[n_listing:]:
+                    self._node.event("restore_skipped", skipped=skipped[n_listing:][:64])
+                # Every rank reaches this point together; they agree whether anything was
+                # skipped anywhere, so all raise the same error type.
+                clean = _all_ok(not skipped)
+                msg = f"restore: no checkpoint step readable by all ranks under {self.directory}"
+                if clean:
+                    raise FileNotFoundError(msg)
+                shown = skipped[:4] + (["..."] if len(skipped) > 8 else []) + skipped[4:][-4:]
+                raise UnreadableCheckpointError(
+                    msg
+                    + f"; skipped unreadable ({len(skipped)}): {'; '.join(shown)}"
+                    + ("" if skipped else " (on another rank)")
                 )
             result, errors, fatal = None, [], None
             for tier in TIERS:
@@ -1000,7 +1226,7 @@ class CacheXManager:
 
         ``with CacheXManager(...) as mngr:`` calls this on leaving the block, also on an error.
         """
-        self._mngr.wait_until_finished()
+        self._wait_orbax()
         self._mngr.close()
         self._fsync_committed()
         self._node.worker.stop()
@@ -1052,6 +1278,8 @@ def verified_steps(
 
     Unlike :meth:`CacheXManager.readable_steps` (manifests only, the replica asked over the
     network) this reads every byte straight from disk, so it can check a manager's restore.
+    An entry that cannot be read, and every step of a tier whose root cannot be listed, is
+    left out, as a restore would leave it.
 
     Args:
       directory: a :class:`CacheXManager`'s local root (its ``steps/<s>/state`` folders).
@@ -1077,16 +1305,18 @@ def verified_steps(
     out: dict[str, list[int]] = {}
     for tier, (root, sub) in roots.items():
         out[tier] = []
-        if root is None or not root.exists():
+        if root is None:
             continue
-        for p in root.iterdir():
-            if not p.name.isdigit():
-                continue
+        try:
+            steps, _ = _fsio.step_entries(root)
+        except OSError:  # a tier that cannot be listed verifies nothing (as for a restore)
+            continue
+        for step, p in steps.items():
             try:
                 _format.read_rank_dir(p / sub)
-            except (_format.CorruptCheckpointError, OSError):
+            except (OSError, ValueError):  # CorruptCheckpointError is a ValueError
                 continue
-            out[tier].append(int(p.name))
+            out[tier].append(step)
         out[tier].sort()
     return out
 
@@ -1099,6 +1329,13 @@ def resume(manager: CacheXManager, init_state: Any, enabled: bool = True) -> tup
       init_state: the freshly initialised state (also the restore target's structure).
       enabled: the study's ``ctx.resume``; when False, returns ``(0, init_state)``.
 
+    Returns ``(0, init_state)`` only when no step exists (nothing readable and nothing
+    skipped).
+
+    Raises:
+      UnreadableCheckpointError: steps or tiers exist that could not be read or listed, and
+        no step could be restored: restarting at 0 would lose the run's progress.
+
     >>> import tempfile, numpy as np
     >>> m = CacheXManager(tempfile.mkdtemp())
     >>> resume(m, {"w": np.zeros(2)})[0]
@@ -1109,6 +1346,12 @@ def resume(manager: CacheXManager, init_state: Any, enabled: bool = True) -> tup
         return 0, init_state
     try:
         r = manager.restore(init_state)
+    except UnreadableCheckpointError as e:
+        # Starting over would silently overwrite the run's progress with step 0's.
+        raise UnreadableCheckpointError(
+            f"resume: refusing to restart at step 0: {e}; repair or move the unreadable "
+            f"entries, or resume without --resume / with a new checkpoint directory"
+        ) from e
     except FileNotFoundError:
         return 0, init_state
     return r.step + 1, r.state
