@@ -109,12 +109,8 @@ RWEFM_SETTINGS = (
     ("rwefm_singlecell", "", "S^7 (PBMC cells)"),
 )
 
-#: RWEFM's equivalence margin on the paired difference of the EMD 1-NNA's distance from 0.5
-#: (RWEFM - baseline), stated with issue 49 before the runs at its new protocol. 0.02 is four
-#: quanta of the 1-NNA at 96 + 96 clouds (1/192 each) and below the metric's own sampling sd at
-#: a matched distribution (about 0.024, the data floors), so a difference within it is one a
-#: single test set cannot resolve, while the S^2 effect (about 0.15) is far beyond it.
-RWEFM_MARGIN = 0.02
+#: Stated in the statistics module, where the studies read it too.
+RWEFM_MARGIN = _verdicts.MARGINS["rwefm"]
 
 RWEFM_RULE = Rule(
     "per seed, the EMD 1-NNA's distance from 0.5 (|1-NNA - 0.5|, so that memorising below 0.5 "
@@ -318,10 +314,7 @@ def _ceiling(summaries: Summaries) -> tuple[str, str]:
     return ("partly" if capped or responsive else "not reproduced"), reason
 
 
-#: DTB's equivalence margin on hidden ASR after the suppressing defenses (DTB - naive), stated
-#: with issue 49 before the next run: a hidden backdoor waking less than 5 points of attack
-#: success above the naive model's is not one the claim describes.
-DTB_MARGIN = 0.05
+DTB_MARGIN = _verdicts.MARGINS["dtb"]
 
 DTB_RULE = Rule(
     "the hidden ASR after the defenses that suppressed the decoy (keeping the clean accuracy), "

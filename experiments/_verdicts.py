@@ -62,7 +62,16 @@ from typing import Any, Literal
 import numpy as np
 from scipy import stats
 
-__all__ = ["MAX_SEEDS", "OUTCOMES", "Verdict", "decide", "decide_stats", "paired", "seeds_needed"]
+__all__ = [
+    "MARGINS",
+    "MAX_SEEDS",
+    "OUTCOMES",
+    "Verdict",
+    "decide",
+    "decide_stats",
+    "paired",
+    "seeds_needed",
+]
 
 OUTCOMES = ("reproduced", "not reproduced", "no advantage", "undecided", "not tested")
 #: The largest ``seeds_needed`` reported: an effect that needs more is not one seeds can show.
@@ -70,6 +79,19 @@ MAX_SEEDS = 10**6
 #: The bootstrap's seed and resamples are fixed so that a verdict renders the same every time.
 BOOTSTRAP_SEED = 0
 BOOTSTRAP_RESAMPLES = 9999
+
+#: Each claim's equivalence margin, in the units of its paired difference, stated before the
+#: runs that decide it (the studies write their verdicts with it; the report decides with it).
+#:
+#: - ``rwefm``: the EMD 1-NNA's distance from 0.5, RWEFM - baseline, stated with issue 49
+#:   before the runs at its new protocol. 0.02 is four quanta of the 1-NNA at 96 + 96 clouds
+#:   (1/192 each) and below the metric's own sampling sd at a matched distribution (about 0.024,
+#:   the data floors), so a difference within it is one a single test set cannot resolve, while
+#:   the S^2 effect (about 0.15) is far beyond it.
+#: - ``dtb``: hidden attack success rate after the suppressing defenses, DTB - naive, stated
+#:   with issue 49 before the next run: a hidden backdoor waking less than 5 points of attack
+#:   success above the naive model's is not one the claim describes.
+MARGINS = {"rwefm": 0.02, "dtb": 0.05}
 
 Direction = Literal["less", "greater"]
 Interval = Literal["t", "bca", "percentile"]

@@ -7,7 +7,9 @@ it from the cache, ``$HEXAD_CACHE/protein``); ``data="sample"`` uses the bundled
 (300 K and 500 K, seeds 1-4, 320 frames 0.5 ps apart), which ``--quick`` does.
 
 How samples are formed: a cloud is a window of ``n_points`` consecutive frames of one
-trajectory, windows starting every ``stride`` frames (:func:`hexad.data.protein.torsion_clouds`).
+trajectory, windows starting every ``stride`` frames (:func:`hexad.data.protein.torsion_clouds`;
+the default, 32 = ``n_points``, gives disjoint windows: with overlapping ones most held-out
+clouds had a near-duplicate among the held-out clouds, which saturated the 1-NNA).
 Trajectories, not windows, are held out: for every temperature the last seed's trajectory
 gives the second held-out set (the data floor), the one before it the held-out set, and the
 remaining seeds the training clouds (so at least 3 seeds are needed). At most ``n_train``
@@ -17,24 +19,38 @@ one trajectory visits; the generator must produce new, plausible stretches at th
 temperatures.
 
 Models: RWEFM on ``T^2`` and the Euclidean baseline on the angles in ``R^2`` (samples wrapped
-into ``[-pi, pi)`` at the end), from the same noise, ``n_seeds`` seeds each (the shared
+into ``[-pi, pi)`` at the end), and the same Euclidean flow fed the torus's ``(cos, sin)``
+features (``euclid_periodic``), from the same noise, ``n_seeds`` seeds each (the shared
 :func:`experiments._rwefm.compare`, which gives the settings they share). Floors come from
 ``n_floor`` held-out draws: the second held-out trajectory's windows, drawn ``n_floor`` times
 at random. Training checkpoints through ``hexad.cachex`` (``--resume`` continues from the
 newest durable chunk).
 
+Metrics that see the basins, besides the shared ones (per seed, averaged over generations,
+paired like them): ``basin_tv`` (total variation between the generated and held-out clouds'
+pooled occupancies of the beta, alpha_R and alpha_L basins, :func:`hexad.data.protein.basins`)
+and ``rama_js`` (Jensen-Shannon divergence, in nats, between their pooled Ramachandran
+histograms on ``rama_bins`` x ``rama_bins`` cells).
+
+Chart control: ``chart_shift_deg = (a, b)`` rotates every torsion by ``(a, b)`` degrees (and
+wraps) before anything else: an isometry of the torus, so RWEFM's problem is unchanged, while
+the Euclidean arms' seam moves. ``--set chart_shift_deg=-60,30`` puts the seam through the beta
+basin (phi near -120 deg, psi near 150 deg), where the torus should matter most; the basins
+are assigned in the original chart.
+
 Command:  python -m experiments.rwefm_protein [--quick] [--out DIR] [--seed N] [--set k=v ...]
           [--resume] [--ckpt DIR]
-Runtime:  --quick (bundled sample, no simulation) about 2 minutes on 2 idle cores, mostly
+Runtime:  --quick (bundled sample, no simulation) about 2-3 minutes on 2 idle cores, mostly
           compilation; the full study first simulates 12 trajectories of 105k steps (about
-          9 min, cached afterwards) and then trains 2 arms x 3 seeds x 5000 steps (about 44
-          min: 26-31 s per 100-step chunk for RWEFM, 22-23 s for the baseline) and scores
-          them: 55 min in all from an empty cache, measured on 2 CPU cores with a low-priority
-          job beside it (results/rwefm_protein).
+          9 min, cached afterwards), then trains 3 arms x 3 seeds x 5000 steps and scores 5
+          generations per seed. The last full run (2 arms, 1 generation) took 55 min on 2
+          CPU cores (26-31 s per 100-step chunk for RWEFM, 22-23 s for the baseline); the
+          third arm costs about as much as the baseline, so expect about 75-80 min.
 
-summary.json keys: every key of :func:`experiments._rwefm.compare` (``noise``,
-``map_converged_frac_rwefm``, ``map_converged_frac_euclid``, ``eval_converged_frac``, the
-metric means, sds, seeds, paired differences and floors, ...), plus ``n_train_clouds``,
+summary.json keys: every key of :func:`experiments._rwefm.compare` (``noise``, ``arms``,
+``map_converged_frac_<arm>``, ``eval_converged_frac``, the metric means, sds, seeds, paired
+differences and floors, for the shared metrics and ``basin_tv`` and ``rama_js``, the verdict
+keys, ...), plus ``n_train_clouds``,
 ``n_test_clouds`` and ``frame_ps`` (picoseconds between frames).
 """
 
@@ -44,6 +60,7 @@ import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
+from scipy.spatial.distance import jensenshannon
 
 from experiments import _runner
 from experiments._rwefm import QUICK, TrainConfig, compare
@@ -60,7 +77,9 @@ class Config(TrainConfig):
     steps_per_frame: int = 100
     equil_steps: int = 5000
     solvent: str = "obc"
-    stride: int = 16
+    stride: int = 32
+    chart_shift_deg: tuple[float, float] = (0.0, 0.0)
+    rama_bins: int = 18
 
     def __post_init__(self):
         super().__post_init__()
@@ -68,6 +87,10 @@ class Config(TrainConfig):
         _runner.one_of(self, ("obc", "vacuum"), "solvent")
         _runner.positive(self, "temperatures")
         _runner.at_least(self, 1, "n_frames", "steps_per_frame", "stride")
+        _runner.at_least(self, 2, "rama_bins")
+        _runner.require(
+            len(self.chart_shift_deg) == 2, "chart_shift_deg", "expected (phi, psi) degrees"
+        )
         _runner.at_least(self, 0, "equil_steps")
 
 
@@ -114,8 +137,27 @@ def _subset(rng, clouds, k):
     return clouds[np.sort(rng.choice(clouds.shape[0], k, replace=False))]
 
 
+def basin_scores(shift_rad, bins):
+    """``(generated, test) -> {basin_tv, rama_js}`` on pooled points, in the original chart."""
+    edges = np.linspace(-np.pi, np.pi, bins + 1)
+
+    def scores(gen, test):
+        g, r = (protein.wrap_angle(np.asarray(c).reshape(-1, 2) - shift_rad) for c in (gen, test))
+        occ = [np.bincount(protein.basins(c), minlength=3) / c.shape[0] for c in (g, r)]
+        hist = [np.histogram2d(*c.T, bins=[edges, edges])[0].ravel() for c in (g, r)]
+        return {
+            "basin_tv": float(0.5 * np.abs(occ[0] - occ[1]).sum()),
+            # scipy's Jensen-Shannon distance is the square root of the divergence (nats)
+            "rama_js": float(jensenshannon(*hist) ** 2),
+        }
+
+    return scores
+
+
 def run(cfg: Config, ctx: _runner.Context) -> dict:
     data = _load(cfg, ctx)
+    shift = np.radians(np.asarray(cfg.chart_shift_deg, np.float64))
+    data = dataclasses.replace(data, torsions=protein.wrap_angle(data.torsions + shift))
     tr, te, te2 = split_trajectories(data)
     rng = np.random.default_rng(ctx.seed)
 
@@ -129,7 +171,10 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     test, floors = test[:n], [f[:n] for f in floors]
     if cfg.n_test != n:
         cfg = dataclasses.replace(cfg, n_test=n)
-    figures, gen_r, gen_e = compare(ctx.key(), Torus(2), train, test, floors, cfg, ctx)
+    extra = basin_scores(shift, cfg.rama_bins)
+    figures, gen_r, gen_e = compare(
+        ctx.key(), Torus(2), train, test, floors, cfg, ctx, extra_scores=extra
+    )
     _plot(ctx, test, gen_r, gen_e)
     return {
         **figures,

@@ -16,20 +16,35 @@ latent space as in the paper's single-cell setting.
 
 Models: RWEFM on the sphere and the Euclidean baseline on the ambient ``R^{n_pcs}`` (samples
 normalised onto the sphere at the end), from the same noise, ``n_seeds`` seeds each (the
-shared :func:`experiments._rwefm.compare`, which gives the settings they share); floors from
-``n_floor`` further held-out draws. Training checkpoints through ``hexad.cachex``
+shared :func:`experiments._rwefm.compare`, which gives the settings they share).
+
+Reference ("floor"): ``n_floor`` sets of clouds drawn the same way from the *training* pool:
+what a generator that had learned the training distribution perfectly would score against the
+held-out clouds. (Clouds drawn again from the held-out pool share cells with the held-out
+clouds, a floor no generator trained on other cells can reach.)
+
+Metrics that see the cell types, besides the shared ones (per seed, paired like them): each
+generated or held-out point takes the type of its nearest training cell (geodesic);
+``composition_tv`` is the total variation between the generated and the held-out clouds' pooled
+type proportions, and ``type_nn_dist`` the mean over cell types of the held-out cells' mean
+geodesic distance to their nearest generated point (a type the generator misses scores high).
+The equivalence margin of the verdict is stated in ``experiments._verdicts.MARGINS``.
+
+Training checkpoints through ``hexad.cachex``
 (``checkpoints/<study>/<run>/settings-<hash>/<arm>/`` or ``--ckpt DIR``); ``--resume``
 continues from each arm's newest durable chunk trained with the same settings.
 
 Command:  python -m experiments.rwefm_singlecell [--quick] [--out DIR] [--seed N] [--set k=v ...]
           [--resume] [--ckpt DIR]
 Runtime:  --quick about 2 minutes on 2 idle cores, mostly compilation; the full study
-          (2 arms x 3 seeds x 5000 steps) 80 min measured on 2 cores beside other work
-          (35-70 s per 100-step chunk, about 35 s when the cores are free; results/).
+          (2 arms x 3 seeds x 5000 steps, 5 generations per seed scored) about 80 min on 2
+          cores (the last run: 80 min beside other work, 35-70 s per 100-step chunk, about
+          35 s when the cores are free).
 
-summary.json keys: every key of :func:`experiments._rwefm.compare` (``noise``,
-``map_converged_frac_rwefm``, ``map_converged_frac_euclid``, ``eval_converged_frac``, the
-metric means, sds, seeds, paired differences and floors, ...).
+summary.json keys: every key of :func:`experiments._rwefm.compare` (``noise``, ``arms``,
+``map_converged_frac_<arm>``, ``eval_converged_frac``, the metric means, sds, seeds, paired
+differences and floors, for the shared metrics and ``composition_tv`` and ``type_nn_dist``,
+the verdict keys, ...).
 """
 
 from __future__ import annotations
@@ -74,6 +89,29 @@ def _clouds(rng, x, types, n_clouds, n_points, concentration):
     return out
 
 
+def type_scores(cells, types):
+    """``(generated, test) -> {composition_tv, type_nn_dist}``, types by the nearest of
+    ``cells [m, d]`` (unit vectors, types ``[m]``)."""
+    kinds = np.unique(types)
+
+    def label(points):
+        return types[np.argmax(points @ cells.T, axis=1)]  # nearest = largest cosine
+
+    def scores(gen, test):
+        g, r = (np.asarray(c, np.float64).reshape(-1, cells.shape[1]) for c in (gen, test))
+        lg, lr = label(g), label(r)
+        share = [np.array([np.mean(lab == k) for k in kinds]) for lab in (lg, lr)]
+        # geodesic distance of each held-out point to its nearest generated point
+        nearest = np.arccos(np.clip(np.max(r @ g.T, axis=1), -1.0, 1.0))
+        per_type = [nearest[lr == k].mean() for k in kinds if np.any(lr == k)]
+        return {
+            "composition_tv": float(0.5 * np.abs(share[0] - share[1]).sum()),
+            "type_nn_dist": float(np.mean(per_type)),
+        }
+
+    return scores
+
+
 def run(cfg: Config, ctx: _runner.Context) -> dict:
     if not 2 <= cfg.n_pcs <= 50:
         raise ValueError(f"n_pcs: expected an int in [2, 50], got {cfg.n_pcs}")
@@ -88,16 +126,20 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     train = jnp.asarray(
         _clouds(rng, x[tr], data.cell_type[tr], cfg.n_train, cfg.n_points, cfg.concentration)
     )
+    test = jnp.asarray(
+        _clouds(rng, x[te], data.cell_type[te], cfg.n_test, cfg.n_points, cfg.concentration)
+    )
     floors = [
         jnp.asarray(
-            _clouds(rng, x[te], data.cell_type[te], cfg.n_test, cfg.n_points, cfg.concentration)
+            _clouds(rng, x[tr], data.cell_type[tr], cfg.n_test, cfg.n_points, cfg.concentration)
         )
-        for _ in range(cfg.n_floor + 1)
+        for _ in range(cfg.n_floor)
     ]
+    extra = type_scores(x[tr].astype(np.float64), data.cell_type[tr])
     figures, gen_r, gen_e = compare(
-        ctx.key(), Sphere(cfg.n_pcs), train, floors[0], floors[1:], cfg, ctx
+        ctx.key(), Sphere(cfg.n_pcs), train, test, floors, cfg, ctx, extra_scores=extra
     )
-    _plot(ctx, floors[0], gen_r, gen_e)
+    _plot(ctx, test, gen_r, gen_e)
     return figures
 
 

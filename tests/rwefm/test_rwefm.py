@@ -13,6 +13,7 @@ import pytest
 
 from hexad._base import Algorithm, TrainState
 from hexad.geometry import Euclidean, Sphere, Torus
+from hexad import rwefm
 from hexad.rwefm import (
     CloudBatch,
     NoiseModel,
@@ -313,6 +314,35 @@ def test_metrics_closed_forms():
     expect = 2 * (0.5 + 0.5 * math.exp(-0.5)) - 2 * math.exp(-12.5)
     np.testing.assert_allclose(mmd(d, d, far, h), expect, rtol=1e-5)
     assert float(set_w2(jnp.array([[0.2, 3.0], [2.0, 0.4]]))) == pytest.approx(0.3)
+
+
+def test_one_nn_halves_see_a_collapse_the_pooled_accuracy_hides():
+    # Three identical generated clouds (distance 0 to each other), three real clouds far from
+    # each other (10) and at 1 from every generated one: each generated cloud's neighbour is
+    # generated, each real cloud's too. Pooled 1-NNA is the ideal 0.5; the halves are 1 and 0.
+    gen, real, cross = jnp.zeros((3, 3)), 10.0 * (1.0 - jnp.eye(3)), jnp.ones((3, 3))
+    assert float(rwefm.one_nn_accuracy(gen, real, cross)) == 0.5
+    assert rwefm.one_nn_accuracies(gen, real, cross).tolist() == [1.0, 0.0]
+
+
+def test_vector_field_features_of_embeds_by_another_manifold():
+    # A Euclidean field on angles with the torus's (cos, sin) features is 2 pi periodic in its
+    # input; with its own (identity) features it is not.
+    x = T2.random_uniform(jax.random.key(0), (1, 6))
+    m, t = jnp.ones((1, 6), bool), jnp.full((1,), 0.3)
+    shifted = x.at[..., 0].add(2 * jnp.pi)
+    for feats, periodic in ((T2, True), (None, False)):
+        f = VectorField(Euclidean(2), width=8, depth=1, heads=1, features_of=feats)
+        p = f.init(jax.random.key(1), x, m, t)
+        # the zero-initialised head hides the input: give every weight a random nudge
+        leaves, tree = jax.tree.flatten(p)
+        keys = jax.random.split(jax.random.key(2), len(leaves))
+        nudged = [a + 0.3 * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)]
+        p = jax.tree.unflatten(tree, nudged)
+        gap = float(jnp.max(jnp.abs(f.apply(p, x, m, t) - f.apply(p, shifted, m, t))))
+        assert (gap < 1e-4) == periodic, (feats, gap)
+    with pytest.raises(ValueError, match="features_of"):
+        VectorField(Euclidean(3), features_of=T2)
 
 
 def test_bad_input_is_named():

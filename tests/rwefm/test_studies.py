@@ -21,6 +21,7 @@ TINY = {
     "n_seeds": 2,
     "n_floor": 2,
     "map_max_iterations": 200,
+    "n_generations": 2,
 }
 KEYS = (
     "noise",
@@ -32,7 +33,12 @@ KEYS = (
     "floor_chamfer_mm_mean",
     "rwefm_emd_kmmd_sd",
     "on_manifold_max_err",
+    "emd_1nna_half_diff_mean",
 )
+# On a torus: the Euclidean flow fed the torus's (cos, sin) features, paired with RWEFM.
+PERIODIC_KEYS = ("euclid_periodic_emd_1nna_half_seeds", "emd_1nna_diff_periodic_mean")
+VERDICT_KEYS = ("verdict", "effect_mean", "effect_ci_low", "effect_ci_high", "seeds_needed",
+                "equivalence_margin", "verdict_reference")  # fmt: skip
 
 
 @pytest.mark.slow  # ~30 s of CPU: four trainer and sampler compilations
@@ -56,6 +62,9 @@ def test_singlecell_study_smoke(tmp_path):
         cfg, out_dir=tmp_path, checkpoint_dir=tmp_path / "ckpt", show_progress=False
     )
     for k in KEYS:
+        assert k in summary
+    assert not any(k.startswith("euclid_periodic") for k in summary)  # S^n: features = coords
+    for k in ("rwefm_composition_tv_seeds", "type_nn_dist_diff_mean", "floor_composition_tv_mean"):
         assert k in summary
     assert summary["on_manifold_max_err"] < 1e-5
 
@@ -90,8 +99,11 @@ def test_protein_study_smoke_and_resume_of_a_finished_run(tmp_path):
     full = rwefm_protein.STUDY.execute(
         cfg, out_dir=tmp_path / "a", checkpoint_dir=tmp_path / "ckpt", show_progress=False
     )
-    for k in (*KEYS, "n_train_clouds", "n_test_clouds", "frame_ps"):
+    for k in (*KEYS, *PERIODIC_KEYS, *VERDICT_KEYS, "n_train_clouds", "n_test_clouds"):
         assert k in full
+    assert full["arms"] == ["rwefm", "euclid", "euclid_periodic"]
+    assert full["verdict_reference"] == "euclid_periodic" and full["n_seeds"] == 2
+    assert 0.0 <= full["rwefm_basin_tv_mean"] <= 1.0 and full["floor_rama_js_mean"] >= 0.0
     assert full["on_manifold_max_err"] == 0.0  # the torus exp wraps exactly
     assert full["n_test_clouds"] == 4 and full["frame_ps"] == 0.5
     assert (tmp_path / "a" / "ramachandran.png").is_file()
@@ -100,8 +112,10 @@ def test_protein_study_smoke_and_resume_of_a_finished_run(tmp_path):
         ("rwefm", 4),
         ("euclid", 2),
         ("euclid", 4),
+        ("euclid_periodic", 2),
+        ("euclid_periodic", 4),
     ]
-    # --resume of a finished run restores both models and trains nothing
+    # --resume of a finished run restores every model and trains nothing
     again = rwefm_protein.STUDY.execute(
         cfg,
         out_dir=tmp_path / "b",
@@ -141,7 +155,13 @@ def test_protein_study_interrupted_and_resumed_equals_uninterrupted(tmp_path, mo
         resume=True,
         show_progress=False,
     )
-    assert _trained_models(tmp_path / "b") == [("rwefm", 4), ("euclid", 2), ("euclid", 4)]
+    assert _trained_models(tmp_path / "b") == [
+        ("rwefm", 4),
+        ("euclid", 2),
+        ("euclid", 4),
+        ("euclid_periodic", 2),
+        ("euclid_periodic", 4),
+    ]
     _figures_equal(resumed, full)
 
 
@@ -170,7 +190,8 @@ def test_map_converged_frac_is_the_same_after_resume(tmp_path, monkeypatch):
             "t", out, checkpoint_dir=ckpt, resume=resume, show_progress=False, settings="s"
         )
         try:
-            return _rwefm._train(jax.random.key(0), torus, noise, clouds, cfg, 3, ctx, "arm")[2]
+            key = jax.random.key(0)
+            return _rwefm._train(key, torus, None, noise, clouds, cfg, 3, ctx, "arm")[2]
         finally:
             ctx.close()
 

@@ -54,9 +54,11 @@ from hexad.data._bundled import cache_dir
 from hexad.data._optional import require
 
 __all__ = [
+    "BASINS",
     "Torsions",
     "alanine_dipeptide",
     "alanine_dipeptide_pdb",
+    "basins",
     "dihedral",
     "generate",
     "load_torsions",
@@ -106,6 +108,31 @@ def wrap_angle(x: np.ndarray) -> np.ndarray:
     y = np.mod(np.asarray(x, np.float64) + math.pi, 2 * math.pi) - math.pi
     y32 = y.astype(np.float32)
     return np.where(y32 >= np.float32(math.pi), np.float32(-math.pi), y32)
+
+
+#: The coarse conformational basins :func:`basins` assigns, in its index order.
+BASINS = ("beta", "alpha_R", "alpha_L")
+
+
+def basins(torsions: np.ndarray) -> np.ndarray:
+    """Returns ``[...]`` int: the coarse basin of each ``(phi, psi)`` ``[..., 2]`` (radians).
+
+    Rectangular regions of the Ramachandran plane, as coarse-grained analyses of alanine
+    dipeptide draw them: ``alpha_L`` (index 2, with C7ax) where ``phi >= 0``; for ``phi < 0``,
+    ``alpha_R`` (1) where ``-120 deg <= psi < 50 deg`` and ``beta`` (0, with C7eq and PII)
+    elsewhere. The beta basin straddles psi's seam at +-180 deg.
+
+    >>> basins(np.radians([[-80.0, 150.0], [-70.0, -40.0], [60.0, 40.0], [-150.0, -170.0]]))
+    array([0, 1, 2, 0])
+    """
+    x = np.asarray(torsions, np.float64)
+    if x.ndim < 1 or x.shape[-1] != 2:
+        raise ValueError(f"torsions: expected [..., 2] (phi, psi), got shape {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("torsions: expected finite angles, got NaN/inf")
+    phi, psi = wrap_angle(x[..., 0]), wrap_angle(x[..., 1])
+    alpha_r = (psi >= math.radians(-120.0)) & (psi < math.radians(50.0))
+    return np.where(phi >= 0, 2, np.where(alpha_r, 1, 0)).astype(np.int64)
 
 
 def dihedral(p0: np.ndarray, p1: np.ndarray, p2: np.ndarray, p3: np.ndarray) -> np.ndarray:

@@ -21,6 +21,7 @@ from hexad.rwefm._metrics import (
     median_bandwidth,
     min_matching_distance,
     mmd,
+    one_nn_accuracies,
     one_nn_accuracy,
     set_w2,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "median_bandwidth",
     "min_matching_distance",
     "mmd",
+    "one_nn_accuracies",
     "one_nn_accuracy",
     "pair_clouds",
     "set_w2",

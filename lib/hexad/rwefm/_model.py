@@ -34,7 +34,10 @@ class VectorField(nn.Module):
     """A vector field on clouds: ``(x [B, n, d], mask [B, n], t [B], labels [B]) -> [B, n, d]``.
 
     Points are embedded through ``manifold.features`` (ambient coordinates; ``(cos, sin)``
-    of angles on a torus; the coordinates themselves for a manifold without it), the time
+    of angles on a torus; the coordinates themselves for a manifold without it), or through
+    ``features_of.features`` when it is given (a flow in one geometry with another's input
+    features: the Euclidean flow on angles with the torus's periodic features separates what
+    the features do from what the transport does), the time
     embedding (and an optional label embedding) is added to every point, ``depth`` pre-norm
     transformer blocks with masked self-attention mix the points (no positional encoding, so
     the field is permutation-equivariant), and the output is projected onto ``T_x M`` and
@@ -47,6 +50,8 @@ class VectorField(nn.Module):
       depth: number of transformer blocks (static).
       heads: attention heads (static).
       num_classes: number of labels, 0 for an unconditional field (static).
+      features_of: the manifold whose ``features`` embed the points (static); ``None``: the
+        field's own ``manifold``. Its ``dim`` must equal ``manifold.dim``.
       dtype: compute dtype of the embeddings and transformer blocks (static). ``None``
         computes in the parameters' float32; ``jnp.bfloat16`` is mixed precision for
         accelerators: parameters stay float32, layer norms take their statistics in float32,
@@ -59,6 +64,11 @@ class VectorField(nn.Module):
     >>> params = f.init(jax.random.key(1), x, m, t)
     >>> f.apply(params, x, m, t).shape
     (2, 5, 3)
+    >>> from hexad.geometry import Euclidean, Torus
+    >>> g = VectorField(Euclidean(2), width=16, depth=1, heads=2, features_of=Torus(2))
+    >>> a = Torus(2).random_uniform(jax.random.key(0), (2, 5))
+    >>> g.init(jax.random.key(1), a, m, t)["params"]["embed"]["kernel"].shape  # (cos, sin)
+    (4, 16)
     """
 
     manifold: Manifold
@@ -67,13 +77,23 @@ class VectorField(nn.Module):
     heads: int = 4
     num_classes: int = 0
     dtype: Any = None
+    features_of: Manifold | None = None
+
+    def __post_init__(self):
+        if self.features_of is not None and self.features_of.dim != self.manifold.dim:
+            raise ValueError(
+                f"features_of: expected a manifold of dim {self.manifold.dim} (the field's "
+                f"manifold's), got {self.features_of} of dim {self.features_of.dim}"
+            )
+        super().__post_init__()
 
     @nn.compact
     def __call__(
         self, x: jax.Array, mask: jax.Array, t: jax.Array, labels: jax.Array | None = None
     ) -> jax.Array:
         dt = self.dtype
-        feats = self.manifold.features(x)
+        embed_by = self.manifold if self.features_of is None else self.features_of
+        feats = embed_by.features(x)
         h = nn.Dense(self.width, dtype=dt, name="embed")(feats)
         temb = time_embedding(t, self.width)
         temb = nn.Dense(self.width, dtype=dt)(nn.gelu(nn.Dense(self.width, dtype=dt)(temb)))
