@@ -61,7 +61,23 @@ summary.json keys (headline: the ``pfs_sigma`` condition):
   ``health_drainer_down_samples``, ``health_drainer_restarts``: from ``health()``;
   the curve: ``curve_sigma`` and, per sigma, ``curve_variability_ratio_vs_orbax``,
   ``curve_variability_orbax``, ``curve_variability_cachex``, ``curve_spread_iqr_s_orbax``,
-  ``curve_spread_iqr_s_cachex``, ``curve_replica_vs_pfs_durable_ratio``.
+  ``curve_spread_iqr_s_cachex``, ``curve_replica_vs_pfs_durable_ratio``;
+  orbax's own multi-tier checkpointing, the emergency ``CheckpointManager``
+  (``orbax.checkpoint.experimental.emergency``), once per run on the same ``state_mib`` state:
+  two processes of one ``jax.distributed`` job on this host (process 1 writes the local tier,
+  process 0 the persistent one, every step; see
+  :class:`~experiments._cachex_faultworker.EmergencyPeer` for what it needs and why one process
+  cannot run it), ``n_saves`` saves, each started once every earlier commit finished (so its
+  stall holds no queueing), both tiers on the output disk and without the PFS model (orbax's
+  emergency manager takes no handler that could delay its persistent tier), so its durable times
+  compare with ``replica_durable_s``, not with the modelled PFS times:
+  ``orbax_emergency_stall_ms``, ``orbax_emergency_stall_ms_median``: mean and median blocking
+  ``save`` (the slower of its two processes, ms); ``orbax_emergency_local_durable_s``,
+  ``orbax_emergency_persistent_durable_s``: median time from a save's start to its local /
+  persistent commit; ``orbax_emergency_restore_local_s``: a restore from the local tier;
+  ``orbax_emergency_restore_local_lost_s``: a restore after the local tier was deleted (from the
+  persistent tier; GKE's replicator, which would copy the local tier to other nodes, does not
+  run here); ``orbax_emergency_error``: None, or why the peer failed (the others None).
 """
 
 from __future__ import annotations
@@ -88,6 +104,7 @@ from experiments._cachex import (
     plot_bench,
     study_token,
 )
+from experiments._cachex_faultworker import emergency_summary
 from hexad import cachex
 
 
@@ -227,6 +244,7 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
             summary.update(res)
         ctx.log(condition=f"sigma={sigma}", **res)
     plot_bench(curves, sigmas, summary["curve_variability_ratio_vs_orbax"], ctx)
+    summary.update(emergency_summary(root / "orbax_emergency", cfg.state_mib, cfg.n_saves))
     return summary
 
 
