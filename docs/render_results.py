@@ -354,13 +354,23 @@ def _dtb(summaries: Summaries) -> tuple[str, str]:
     return v.outcome, reason
 
 
+#: The stall goal (issue 47): the blocked time's overhead over the host copy of the state, in ms.
+#: orbax's own blocking bookkeeping was measured at about 2 ms; on CPU orbax's async save does
+#: not copy the arrays in its blocking part, so a ratio to it (the old 0.2x bar) cannot be met
+#: by any save that copies.
+CACHEX_STALL_OVERHEAD_MS = 2.5
+
+
 def _cachex(summaries: Summaries) -> tuple[str, str]:
     s = summaries["cachex_bench"]
-    ratio = float(s["stall_ratio_vs_orbax"])
-    reason = f"cachex_bench: training stall {ratio:.3f}x orbax's async save (blocked time)"
-    if ratio <= 0.2:
-        return "reproduced", reason
-    return ("partly" if ratio < 1.0 else "not reproduced"), reason
+    stall, copy = float(s["stall_ms_cachex"]), float(s["stage_ms_cachex"])
+    over = stall - copy
+    reason = (
+        f"cachex_bench: mean blocked time {stall:.2f} ms, of which the copy into host memory "
+        f"{copy:.2f} ms: overhead {over:.2f} ms (goal <= {CACHEX_STALL_OVERHEAD_MS:g} ms); "
+        f"{float(s['stall_ratio_vs_orbax']):.3f}x orbax's async save"
+    )
+    return ("reproduced" if over <= CACHEX_STALL_OVERHEAD_MS else "not reproduced"), reason
 
 
 def _cachex_faults(summaries: Summaries) -> tuple[str, str]:
@@ -581,8 +591,11 @@ PAPERS = (
             Claim(
                 "Training stalls only for the copy into host memory.",
                 Rule(
-                    "reproduced if the measured blocked time is at most 0.2x orbax's own async "
-                    "save; partly if below 1x (one benchmark run, so no interval)"
+                    "reproduced if the mean blocked time of a save exceeds the copy of the "
+                    "state into host memory by at most the margin, else not reproduced (one "
+                    "benchmark run, so no interval; the blocked time is also reported as a "
+                    "ratio to orbax's async save, which on CPU copies nothing while it blocks)",
+                    f"{CACHEX_STALL_OVERHEAD_MS:g} ms over the copy",
                 ),
                 _cachex,
                 ("cachex_bench",),
