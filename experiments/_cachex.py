@@ -23,10 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
+import errno
+import functools
 import json
 import os
 import secrets
+import shutil
+import socket
 import threading
 import time
 from pathlib import Path
@@ -405,3 +410,227 @@ def plot_c_star(fit, contention: float, t_stage_p99: float, ctx) -> None:
     ax.set_title(f"stage beats PFS above the curve (t_stage = {t_stage_p99:.3f} s)")
     ax.legend()
     ctx.save_plot(fig, "c_star")
+
+
+def strike(fault: str, m, server, pfs: Path, n: int, seed: int) -> None:
+    """Applies an in-process ``fault`` of ``cachex_durability`` after the ``n`` good saves
+    (disk_full: by its hook)."""
+    if fault in ("kill_drainer", "kill_before_rename"):  # a drain of step n - 1 cut short
+        if fault == "kill_drainer":
+            cachex.kill_drainer_mid_drain(m.drainer_config, n - 1)
+        else:  # rank 0 done; rank 1 died before its marker + rename
+            cachex.drain_once(dataclasses.replace(m.drainer_config, n_ranks=2))
+        # PFS alone (local and neighbour gone below) must not offer the half-drained step.
+        if (pfs / str(n - 1)).exists():
+            raise RuntimeError(f"{fault}: a half-drained step was committed")
+        if fault == "kill_drainer":
+            cachex.drain_once(m.drainer_config)  # a restarted drainer finishes the job
+        cachex.wipe_local(m.directory)  # the node and its neighbour are gone: only the PFS
+        server.stop()
+    elif fault == "node_wiped":
+        cachex.wipe_local(m.directory)
+    elif fault in ("neighbour_dead", "disk_full"):  # the save of step n fails
+        if fault == "neighbour_dead":
+            server.stop()
+        with cachex.quiet_failed_saves():
+            m.save(n, state(seed, n))
+            with contextlib.suppress(Exception):  # the failed save is the fault under test
+                m.wait_until_finished()
+    elif fault == "neighbour_slow":
+        server.delay_s = 0.5
+        save_steps(m, seed, [n])
+    elif fault in ("truncated_file", "bit_flip"):
+        cachex.corrupt_file(m.steps_dir / str(n - 1) / "state" / cachex.DATA_FILE, fault)
+    elif fault == "pfs_down":
+        cachex.refuse_drains(pfs, range(n + 1))
+        save_steps(m, seed, [n])
+        cachex.exhaust_drain_retries(m.drainer_config, n + 1)
+        attempts = m.durability(n).get("pfs_error", {}).get("attempts")
+        if attempts != m.drainer_config.retry_max_attempts or m.all_steps() != list(range(n + 1)):
+            raise RuntimeError("pfs_down: a drain failure was not final or not pinned")
+
+
+# ------------------------------------------------------------------------------------------
+# The fault campaign's faults of review cachex-2 (cachex_durability)
+# ------------------------------------------------------------------------------------------
+
+# Faults of review cachex-2, each a run of its own (see new_fault_run).
+NEW_FAULTS = tuple(
+    "listing_eio pfs_estale stray_entries two_drainers rollback_reuse recommit_killed "
+    "preauth_flood".split()
+)
+# Faults that lose the node and its neighbour: only PFS-durable steps must survive them.
+PFS_ONLY = ("kill_drainer", "kill_before_rename", "two_drainers", "rollback_reuse")
+# Faults after which step n (the save after the good ones) committed; else step n - 1 is
+# the newest committed step.
+STEP_N_COMMITS = ("neighbour_slow", "pfs_down", "stray_entries", "preauth_flood")
+
+
+def pfs_holds(pfs: Path, step: int, want: dict) -> bool:
+    """Whether the PFS step ``step`` reads back (every CRC-32) as exactly ``want``."""
+    try:
+        manifest, pieces = cachex.read_rank_dir(pfs / str(step) / "rank_0")
+        got = cachex.assemble_tree(want, manifest, pieces)
+    except (OSError, ValueError):  # CorruptCheckpointError is a ValueError
+        return False
+    return all(
+        np.asarray(got[k]).tobytes() == np.asarray(v).tobytes() and got[k].dtype == v.dtype
+        for k, v in want.items()
+    )
+
+
+def false_claims(m, pfs: Path, ref, steps, records_dirs=()) -> set[int]:
+    """The steps that ``m`` (or another node's records folder) says are PFS-durable while
+    the PFS does not hold exactly that step's saved state."""
+    out = set()
+    for s in steps:
+        claimed = m.tier_done(s, "pfs") or any(
+            (Path(r) / str(s) / "pfs.json").exists() for r in records_dirs
+        )
+        if claimed and not pfs_holds(pfs, s, ref(s)):
+            out.add(s)
+    return out
+
+
+def newest_pfs_claimed(m, steps, records_dirs=()) -> int:
+    claimed = [
+        s
+        for s in steps
+        if m.tier_done(s, "pfs")
+        or any((Path(r) / str(s) / "pfs.json").exists() for r in records_dirs)
+    ]
+    return max(claimed, default=-1)
+
+
+def _two_drainers(cfg_a, cfg_b) -> None:
+    """One rank's drainer on this node and an orphan on another node (its own records
+    folder, the same PFS) drain the same step at once, then each retries once."""
+    go = threading.Barrier(2)
+
+    def drain(cfg):
+        go.wait()
+        cachex.drain_once(cfg)
+
+    threads = [threading.Thread(target=drain, args=(c,)) for c in (cfg_a, cfg_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for c in (cfg_a, cfg_b):  # a drain that lost the race is retried (its backoff passed)
+        cachex.drain_once(c, now=time.time() + 3600)
+
+
+def _recommit_killed(rroot: Path, step: int) -> None:
+    """The neighbour's server died re-committing ``step``: its copy renamed aside to
+    ``.old-<s>-<ns>``, the new copy complete in ``.tmp-<s>`` but not renamed in."""
+    base = rroot / "rank_0"
+    aside = base / f".old-{step}-{time.time_ns()}"
+    shutil.copytree(base / str(step), base / f".tmp-{step}")
+    (base / str(step)).rename(aside)
+
+
+def new_fault_run(fault: str, run_dir: Path, seed: int, cfg: Any, t_stage: list) -> dict:
+    """One run of a fault of :data:`NEW_FAULTS`; returns what :func:`_one_run` does."""
+    local, pfs, rroot = run_dir / "local", run_dir / "pfs", run_dir / "neighbour"
+    token = study_token()
+    servers = [cachex.ReplicaServer(rroot, token, max_lifetime_s=300).start()]
+    n = cfg.n_good
+    ref = functools.partial(state, seed)
+    steps = list(range(n + 1))
+    kw = dict(pfs_dir=pfs, drainer=False, seed=seed, max_to_keep=2)
+
+    def manager(root: Path) -> cachex.CacheXManager:
+        client = cachex.ReplicaClient(servers[-1].address, token, timeout_s=10)
+        return cachex.CacheXManager(root, neighbour=client, **kw)
+
+    records: list[str] = []
+    during = contextlib.nullcontext()
+    m = manager(local)
+    restorer = m
+    guaranteed = n if fault in STEP_N_COMMITS else n - 1
+    try:
+        for s in range(n):
+            t_stage += save_steps(m, seed, [s])
+            if fault in ("pfs_estale", "rollback_reuse"):  # every good step on the PFS
+                cachex.drain_once(m.drainer_config)
+        if fault == "listing_eio":  # one local manifest unreadable while listing and reading
+            during = cachex.io_error(m.steps_dir / str(n - 1) / "state" / cachex.MANIFEST_FILE)
+        elif fault == "pfs_estale":  # the PFS mount's handle went stale
+            during = cachex.io_error(pfs, errno.ESTALE)
+        elif fault == "stray_entries":  # plain files named like steps on the PFS and locally
+            (pfs / str(n + 5)).write_bytes(b"stray")
+            (m.steps_dir / str(n + 5)).write_bytes(b"stray")
+            save_steps(m, seed, [n])
+            cachex.drain_once(m.drainer_config)
+        elif fault == "two_drainers":  # step n - 1 drained by two nodes' drainers at once
+            other = run_dir / "node2" / "durability"
+            other.mkdir(parents=True)
+            records = [str(other)]
+            _two_drainers(
+                m.drainer_config, dataclasses.replace(m.drainer_config, records_dir=str(other))
+            )
+        elif fault == "preauth_flood":  # idle sockets without the token, then a save
+            flood = [socket.create_connection(servers[-1].address) for _ in range(80)]
+            try:
+                save_steps(m, seed, [n])
+            finally:
+                for sock in flood:
+                    sock.close()
+        elif fault == "recommit_killed":
+            servers[-1].stop()
+            _recommit_killed(rroot, n - 1)
+            servers.append(cachex.ReplicaServer(rroot, token, max_lifetime_s=300).start())
+            m.close()
+            cachex.wipe_local(local)
+            m = restorer = manager(local)
+        elif fault == "rollback_reuse":
+            m.close()
+            k = max(n - 2, 0)  # node b rolls back to step k and saves k + 1 .. n anew
+            m = manager(run_dir / "b")
+            r = m.restore(ref(0), step=k)
+            if r.step != k:
+                raise RuntimeError(f"rollback_reuse: restored {r.step}, not {k}")
+            ref = functools.partial(_rolled_back, seed, k)
+            for s in range(k + 1, n + 1):
+                m.save(s, ref(s))
+                m.wait_until_finished()
+            claims_before = false_claims(m, pfs, ref, steps)
+            while cachex.drain_once(m.drainer_config):
+                pass
+        audit_tiers = dict(pfs_dir=pfs, replica_dir=rroot)
+        if fault in PFS_ONLY:  # the node and its neighbour are lost: only the PFS is left
+            servers[-1].stop()
+            guaranteed = newest_pfs_claimed(m, steps, records)
+            restorer = cachex.CacheXManager(run_dir / "fresh", **kw)
+            audit_tiers["replica_dir"] = None
+        false = false_claims(m, pfs, ref, steps, records)
+        if fault == "rollback_reuse":
+            false |= claims_before
+        with during:
+            audit = cachex.verified_steps(restorer.directory, **audit_tiers)
+            expected = max(audit["local"] + audit["replica"] + audit["pfs"], default=-1)
+            if fault == "rollback_reuse":
+                expected = guaranteed  # the audit cannot tell the two timelines apart
+            health = m.health(ping_neighbour=servers[-1].running)
+            check = cachex.check_restore(restorer, ref(0), expected, ref, steps)
+    finally:
+        for x in {id(m): m, id(restorer): restorer}.values():
+            with contextlib.suppress(Exception):
+                x.close()
+        for srv in servers:
+            srv.stop()
+    orbax_newest = -1 if fault in PFS_ONLY else max(audit["local"], default=-1)
+    lag = health["durability_lag_steps"]
+    return {
+        **check._asdict(),
+        "orbax_newest": orbax_newest,
+        "lag_steps": lag,
+        "health": health,
+        "guaranteed": guaranteed,
+        "false_claims": len(false),
+    }
+
+
+def _rolled_back(seed: int, k: int, step: int) -> dict:
+    """The state of ``step`` after a rollback to step ``k``: saved anew above ``k``."""
+    return state(seed, step) if step <= k else state(seed + 7919, step)

@@ -12,12 +12,27 @@ done markers); the node's whole local storage wiped; the neighbour dead; the nei
 disk full at the local write (a fault hook raising ``ENOSPC``); a truncated and a bit-flipped
 local data file; the PFS down for good while the trainer keeps saving (every drain fails, is
 retried with backoff until its failure is final, and the undrained steps stay pinned in the
-local tier beyond ``max_to_keep``). For each run the study verifies every tier by brute
+local tier beyond ``max_to_keep``). The faults of review cachex-2: an I/O error (EIO) on the
+newest local manifest while listing and reading (``listing_eio``); the PFS mount's handle
+gone stale (``pfs_estale``, ESTALE on the PFS root); plain files named like steps on the PFS
+and in ``steps/`` (``stray_entries``); one rank's step drained at once by its drainer and an
+orphan drainer of another node (``two_drainers``: two records folders, one PFS; then the node
+and its neighbour are lost); a rollback on a fresh node (restore of step ``n_good - 2``) and
+the step numbers above it saved again with other bytes and drained (``rollback_reuse``; then
+the node and its neighbour are lost); the neighbour's server killed mid re-commit (its copy
+renamed aside, the new one complete but not renamed in) and restarted, with the node's local
+storage lost (``recommit_killed``); 80 idle unauthenticated sockets on the neighbour's server
+while a save needs it (``preauth_flood``). For each run the study verifies every tier by brute
 force to find the newest complete step anywhere, and counts a restore *exact* when it returns
 that step bit-exact, *corrupt* when it returns bytes that are not exactly some saved step's
 state (the goal is zero), and the steps lost against plain orbax (a local-only orbax manager,
 which commits the same local steps but has no replica or PFS copy; negative = CacheX kept steps
-orbax lost).
+orbax lost). It also counts the steps lost outright (*steps_lost*: the newest step CacheX
+guarantees after the fault, minus the step restored, floored at 0; the guarantee is the newest
+committed step when the fault takes at most one of the node and its neighbour, and the newest
+step recorded PFS-durable when it takes both) and the *false durability claims*: steps that
+``tier_done(s, "pfs")`` (or another node's ``pfs`` record) calls PFS-durable while the PFS does
+not read back as exactly that step's state (after a rollback: the new one).
 
 Then the durability model: per-rank PFS write times are drawn from the PFS model (lognormal
 body) for ``model_saves`` saves of ``model_writers`` writers under ``contention``; the model fit
@@ -29,18 +44,21 @@ Before each restore the study reads the manager's ``health()`` (drainer and neig
 liveness, and the durability lag: committed local steps not yet PFS-committed, i.e. the steps
 a loss of the node and its neighbour would roll back) and logs it with the run.
 
-Runtime: ``--quick`` about 1-2 min on 2 CPU cores (1 run per fault); full about 4-5 min
-(5 runs).
+Runtime: ``--quick`` about 2 min on 2 CPU cores (1 run per fault, 19 faults); full about
+6-8 min (5 runs).
 
 ``--set faults=bit_flip,node_wiped`` restricts the faults. The faults that make a save fail on
 purpose (``neighbour_dead``, ``disk_full``) silence the ``absl`` logger while they strike, so
 orbax's ``Save Finalize thread failed`` error lines, expected there, are not printed.
 
-summary.json keys: ``fault_runs``, ``fault_exact_restores``, ``fault_corrupt_restores``,
+summary.json keys: ``faults_tried`` (fault kinds run), ``steps_lost`` and
+``false_durable_claims`` (sums over runs; the goal is 0 for both), ``fault_runs``,
+``fault_exact_restores``, ``fault_corrupt_restores``,
 ``fault_steps_lost_vs_orbax`` (sum over runs of orbax's newest minus ours, floored at 0) and
 ``fault_steps_gained_vs_orbax`` (sum of ours minus orbax's, floored at 0); per fault ``F``:
 ``F_runs``, ``F_exact``, ``F_corrupt``, ``F_lost_vs_orbax``, ``F_max_lag_steps`` (the largest
-``health()`` durability lag in steps seen before a restore); the model: ``model_mu_true``,
+``health()`` durability lag in steps seen before a restore), ``F_steps_lost``,
+``F_false_claims``; the model: ``model_mu_true``,
 ``model_mu_fit``, ``model_sigma_true``, ``model_sigma_fit``, ``model_gumbel_loc``,
 ``model_gumbel_scale``, ``t_stage_p99_s``, ``c_star_p50_n64``, ``c_star_p99_n64``,
 ``stage_path_chosen`` (1 if stage-and-replicate is the faster durable path at ``contention``
@@ -50,7 +68,6 @@ for ``model_writers`` writers at p99, else 0). Plot: ``c_star.png``.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import shutil
@@ -61,10 +78,17 @@ import numpy as np
 from experiments import _runner
 from experiments._cachex import (
     KILL_POINTS,
+    NEW_FAULTS,
+    PFS_ONLY,
+    STEP_N_COMMITS,
     PFSConfig,
+    false_claims,
+    new_fault_run,
+    newest_pfs_claimed,
     plot_c_star,
     save_steps,
     state,
+    strike,
     study_token,
 )
 from experiments._cachex_faultworker import run_killed
@@ -75,7 +99,7 @@ IN_PROCESS = (
     "kill_drainer kill_before_rename node_wiped neighbour_dead neighbour_slow disk_full "
     "truncated_file bit_flip pfs_down"
 )
-FAULTS = (*KILL_POINTS, *IN_PROCESS.split())
+FAULTS = (*KILL_POINTS, *IN_PROCESS.split(), *NEW_FAULTS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,43 +121,6 @@ class Config(PFSConfig):
 QUICK = {"runs_per_fault": 1, "model_saves": 500}
 
 
-def _strike(fault: str, m, server, pfs: Path, n: int, seed: int) -> None:
-    """Applies an in-process ``fault`` after the ``n`` good saves (disk_full: by its hook)."""
-    if fault in ("kill_drainer", "kill_before_rename"):  # a drain of step n - 1 cut short
-        if fault == "kill_drainer":
-            cachex.kill_drainer_mid_drain(m.drainer_config, n - 1)
-        else:  # rank 0 done; rank 1 died before its marker + rename
-            cachex.drain_once(dataclasses.replace(m.drainer_config, n_ranks=2))
-        # PFS alone (local and neighbour gone below) must not offer the half-drained step.
-        if (pfs / str(n - 1)).exists():
-            raise RuntimeError(f"{fault}: a half-drained step was committed")
-        if fault == "kill_drainer":
-            cachex.drain_once(m.drainer_config)  # a restarted drainer finishes the job
-        cachex.wipe_local(m.directory)  # the node and its neighbour are gone: only the PFS
-        server.stop()
-    elif fault == "node_wiped":
-        cachex.wipe_local(m.directory)
-    elif fault in ("neighbour_dead", "disk_full"):  # the save of step n fails
-        if fault == "neighbour_dead":
-            server.stop()
-        with cachex.quiet_failed_saves():
-            m.save(n, state(seed, n))
-            with contextlib.suppress(Exception):  # the failed save is the fault under test
-                m.wait_until_finished()
-    elif fault == "neighbour_slow":
-        server.delay_s = 0.5
-        save_steps(m, seed, [n])
-    elif fault in ("truncated_file", "bit_flip"):
-        cachex.corrupt_file(m.steps_dir / str(n - 1) / "state" / cachex.DATA_FILE, fault)
-    elif fault == "pfs_down":
-        cachex.refuse_drains(pfs, range(n + 1))
-        save_steps(m, seed, [n])
-        cachex.exhaust_drain_retries(m.drainer_config, n + 1)
-        attempts = m.durability(n).get("pfs_error", {}).get("attempts")
-        if attempts != m.drainer_config.retry_max_attempts or m.all_steps() != list(range(n + 1)):
-            raise RuntimeError("pfs_down: a drain failure was not final or not pinned")
-
-
 def _one_run(fault: str, run_dir: Path, seed: int, cfg: Config, t_stage: list) -> dict:
     local, pfs, rroot = run_dir / "local", run_dir / "pfs", run_dir / "neighbour"
     token = study_token()
@@ -148,7 +135,7 @@ def _one_run(fault: str, run_dir: Path, seed: int, cfg: Config, t_stage: list) -
         with cachex.CacheXManager(local, fault_hooks=hooks, **kw) as m:
             if fault not in KILL_POINTS:
                 t_stage += save_steps(m, seed, range(n))
-                _strike(fault, m, server, pfs, n, seed)
+                strike(fault, m, server, pfs, n, seed)
             reachable = rroot if server.running else None  # a dead neighbour's disk is not
             audit = cachex.verified_steps(local, pfs_dir=pfs, replica_dir=reachable)
             orbax_newest = max(audit["local"], default=-1)
@@ -159,11 +146,22 @@ def _one_run(fault: str, run_dir: Path, seed: int, cfg: Config, t_stage: list) -
             expected = max(audit["local"] + audit["replica"] + audit["pfs"], default=-1)
             health = m.health(ping_neighbour=server.running)
             ref = functools.partial(state, seed)  # ref(s): the state saved at step s
+            false = len(false_claims(m, pfs, ref, range(n + 1)))
+            guaranteed = n if fault in STEP_N_COMMITS else n - 1
+            if fault in PFS_ONLY:
+                guaranteed = newest_pfs_claimed(m, range(n + 1))
             check = cachex.check_restore(m, ref(0), expected, ref, range(n + 1))
     finally:
         server.stop()
     lag = health["durability_lag_steps"]
-    return {**check._asdict(), "orbax_newest": orbax_newest, "lag_steps": lag, "health": health}
+    return {
+        **check._asdict(),
+        "orbax_newest": orbax_newest,
+        "lag_steps": lag,
+        "health": health,
+        "guaranteed": guaranteed,
+        "false_claims": false,
+    }
 
 
 def _model_part(cfg: Config, seed: int, t_stage_p99: float, ctx) -> dict:
@@ -192,17 +190,28 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
     jobs = [(f, i) for f in cfg.faults for i in range(cfg.runs_per_fault)]
     for fault, i in ctx.progress(jobs, desc="faults"):
         run_dir = root / f"{fault}-{i}"
-        res = _one_run(fault, run_dir, ctx.seed * 1000 + i, cfg, t_stage)
+        one = new_fault_run if fault in NEW_FAULTS else _one_run
+        res = one(fault, run_dir, ctx.seed * 1000 + i, cfg, t_stage)
         shutil.rmtree(run_dir, ignore_errors=True)
         diffs.append(res["orbax_newest"] - res["restored"])
+        res["steps_lost"] = max(res["guaranteed"] - res["restored"], 0)
         per[fault].update(
-            runs=1, exact=res["exact"], corrupt=res["corrupt"], lost_vs_orbax=diffs[-1]
+            runs=1,
+            exact=res["exact"],
+            corrupt=res["corrupt"],
+            lost_vs_orbax=diffs[-1],
+            steps_lost=res["steps_lost"],
+            false_claims=res["false_claims"],
         )
         per[fault]["max_lag_steps"] = max(per[fault]["max_lag_steps"], res["lag_steps"])
         ctx.log(fault=fault, run=i, **res)
-    kinds = ("runs", "exact", "corrupt", "lost_vs_orbax", "max_lag_steps")
+    kinds = ("runs", "exact", "corrupt", "lost_vs_orbax", "max_lag_steps", "steps_lost")
+    kinds += ("false_claims",)
     summary = {f"{f}_{k}": int(c[k]) for f, c in per.items() for k in kinds}
     summary.update(
+        faults_tried=len(per),
+        steps_lost=sum(c["steps_lost"] for c in per.values()),
+        false_durable_claims=sum(c["false_claims"] for c in per.values()),
         fault_runs=len(diffs),
         fault_exact_restores=sum(c["exact"] for c in per.values()),
         fault_corrupt_restores=sum(c["corrupt"] for c in per.values()),

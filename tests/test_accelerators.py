@@ -960,7 +960,7 @@ not_lowered(
             "CacheXHandler CacheXManager CacheXRestore CacheXSave CorruptCheckpointError "
             "DATA_FILE DrainerConfig ItemCheckpoint MANIFEST_FILE PFSModel PinnedLimitError "
             "ReplicaClient ReplicaError ReplicaServer RestoreCheck Restored StagingPool "
-            "UnreadableCheckpointError "
+            "UnreadableCheckpointError assemble_tree disk_full io_error "
             "check_restore choose_partner corrupt_file drain_once exhaust_drain_retries fail_at "
             "fsync_dir kill_at kill_drainer_mid_drain quiet_failed_saves read_rank_dir "
             "refuse_drains resume spawn_drainer spawn_replica_server sweep_pfs validate_file_name "

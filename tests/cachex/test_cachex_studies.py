@@ -31,6 +31,10 @@ def test_cachex_bench_smoke(tmp_path):
     assert s["pfs_drained_fraction"] > 0  # the last save always reaches the PFS
     assert s["health_drainer_restarts"] == 0 and s["health_drainer_down_samples"] == 0
     assert s["stage_ms_cachex"] <= s["stall_ms_cachex"]  # the copy is part of the blocked time
+    # orbax's emergency CheckpointManager (two jax.distributed processes) as the peer
+    assert s["orbax_emergency_error"] is None
+    for k in ("stall_ms", "local_durable_s", "persistent_durable_s", "restore_local_lost_s"):
+        assert s[f"orbax_emergency_{k}"] > 0, k
     assert (tmp_path / "write_time_cdf.png").exists()
     assert not (tmp_path / "storage").exists() or not any((tmp_path / "storage").iterdir())
 
@@ -47,15 +51,20 @@ def test_cachex_durability_smoke(tmp_path):
                 "node_wiped",
                 "kill_before_rename",
                 "pfs_down",
+                "rollback_reuse",
             ),
             "n_good": 2,
             "model_saves": 200,
         },
     )
     s = cachex_durability.STUDY.execute(cfg, out_dir=tmp_path, show_progress=False)
-    assert s["fault_runs"] == 5
+    assert s["fault_runs"] == 6
     assert s["fault_corrupt_restores"] == 0
-    assert s["fault_exact_restores"] == 5
+    assert s["fault_exact_restores"] == 6
+    # the done-when of issue 47 item 6, here on a subset of the faults
+    assert s["faults_tried"] == 6
+    assert s["steps_lost"] == 0 and s["false_durable_claims"] == 0
+    assert s["rollback_reuse_false_claims"] == 0 and s["rollback_reuse_exact"] == 1
     assert s["pfs_down_lost_vs_orbax"] == 0  # undrained steps stay pinned locally
     assert s["node_wiped_lost_vs_orbax"] < 0  # orbax alone loses the wiped node's steps
     assert s["pfs_down_max_lag_steps"] >= 1  # health(): the undrained steps are the exposure

@@ -29,8 +29,10 @@ from hexad.cachex import _format, _pfs
 
 __all__ = [
     "corrupt_file",
+    "disk_full",
     "exhaust_drain_retries",
     "fail_at",
+    "io_error",
     "kill_at",
     "kill_drainer_mid_drain",
     "quiet_failed_saves",
@@ -103,6 +105,84 @@ def quiet_failed_saves() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def disk_full(under: str | Path) -> Iterator[None]:
+    """In its scope every ``os.write`` to a file under ``under`` fails with ``ENOSPC`` (a
+    full disk or quota there), whatever thread writes; other writes pass (CacheX writes its
+    files, records and PFS parts with ``os.write``). The file is
+    already created when its write fails, as on a real full disk.
+
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> fd = os.open(root / "x", os.O_WRONLY | os.O_CREAT)
+    >>> with disk_full(root):
+    ...     os.write(fd, b"1")
+    Traceback (most recent call last):
+    ...
+    OSError: [Errno 28] No space left on device (injected)
+    >>> os.close(fd)
+    """
+    base = os.path.realpath(under)
+    real = os.write
+
+    def write(fd, data):
+        try:
+            path = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            path = ""
+        if path == base or path.startswith(base + os.sep):
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        return real(fd, data)
+
+    os.write = write
+    try:
+        yield
+    finally:
+        os.write = real
+
+
+@contextlib.contextmanager
+def io_error(path: str | Path, err: int = errno.EIO) -> Iterator[None]:
+    """In its scope reading the JSON file ``path`` (a manifest, a record) or listing the
+    folder ``path`` fails with ``OSError(err)``: ``errno.EIO`` for a bad sector,
+    ``errno.ESTALE`` for an NFS/Lustre mount whose handle went stale. Everything else reads.
+
+    >>> import tempfile
+    >>> root = Path(tempfile.mkdtemp())
+    >>> with io_error(root, errno.ESTALE):
+    ...     os.listdir(root)
+    Traceback (most recent call last):
+    ...
+    OSError: [Errno 116] Stale file handle (injected): ...
+    """
+    from hexad.cachex import _fsio
+
+    target = os.path.abspath(path)
+    real_read, real_scandir, real_listdir = _fsio.read_json, os.scandir, os.listdir
+
+    def check(p):
+        if isinstance(p, (str, os.PathLike)) and os.path.abspath(os.fspath(p)) == target:
+            raise OSError(err, os.strerror(err) + " (injected)", os.fspath(p))
+
+    def read_json(p, *args, **kwargs):
+        check(p)
+        return real_read(p, *args, **kwargs)
+
+    def scandir(p="."):
+        check(p)
+        return real_scandir(p)
+
+    def listdir(p="."):
+        check(p)
+        return real_listdir(p)
+
+    _fsio.read_json, os.scandir, os.listdir = read_json, scandir, listdir
+    try:
+        yield
+    finally:
+        _fsio.read_json, os.scandir, os.listdir = real_read, real_scandir, real_listdir
 
 
 def wipe_local(directory: str | Path) -> None:

@@ -27,10 +27,12 @@ replica -> PFS, with all processes agreeing on the newest step every one of them
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
 import queue
+import secrets
 import shutil
 import threading
 import time
@@ -328,11 +330,13 @@ class CacheXHandler(ocp.AsyncCheckpointHandler):
         slot, snap = node.pool.stage(args.state)
         node.stages[args.step] = time.perf_counter() - t0
         node.gate.clear()
-        step, dirs = args.step, list(node.pending_dirs)
+        step, dirs, extra = args.step, list(node.pending_dirs), dict(args.meta or {})
         node.pending_dirs.clear()
-        return [node.worker.submit(lambda: self._commit(directory, slot, snap, step, t0, dirs))]
+        return [
+            node.worker.submit(lambda: self._commit(directory, slot, snap, step, t0, dirs, extra))
+        ]
 
-    def _commit(self, directory, slot, snap, step, t0, dirs=()):
+    def _commit(self, directory, slot, snap, step, t0, dirs=(), extra=None):
         # T1 (local write + fsyncs) and T2 (push of the same staged bytes to the neighbour)
         # run concurrently; the step is committed when both are done.
         node = self._node
@@ -349,7 +353,7 @@ class CacheXHandler(ocp.AsyncCheckpointHandler):
             _make_dirs(dirs)  # the step and item folders orbax asked for (_TemporaryPath)
             d = Path(directory)
             _await_dir(d)  # made just above (a _TemporaryPath); never write before it exists
-            meta = {"step": int(step), "rank": node.rank}
+            meta = {**(extra or {}), "step": int(step), "rank": node.rank}
             if node.neighbour is not None:  # both tiers need the CRC-32: computed once, first
                 views, manifest = _format.encode_rank(snap, meta)
             replica_err: list[BaseException] = []
@@ -409,6 +413,14 @@ class CacheXHandler(ocp.AsyncCheckpointHandler):
             node.fault("commit", step)
         except BaseException:
             cancel.set()  # the save failed: the neighbour must not commit it
+            # orbax never finalizes a failed step, and would reuse its temporary folder only
+            # when the same step is saved again: until then it holds the disk a full disk
+            # needs back. A SIGKILL skips this; orbax's next save of the step removes those.
+            for path, _mode, store, _ns in dirs:
+                if store is not None:  # its write of the step metadata may still be queued
+                    with contextlib.suppress(Exception):
+                        store.wait_until_finished()
+                shutil.rmtree(path, ignore_errors=True)
             if pusher is not None:
                 pusher.join()
                 if t_replica:  # the push had already committed: drop that replica again
@@ -451,10 +463,12 @@ class CacheXHandler(ocp.AsyncCheckpointHandler):
 @checkpoint_args.register_with_handler(CacheXHandler, for_save=True)
 @dataclasses.dataclass
 class CacheXSave(checkpoint_args.CheckpointArgs):
-    """Save args: the pytree ``state`` and its ``step``."""
+    """Save args: the pytree ``state``, its ``step`` and ``meta``, extra manifest fields (the
+    save's identity: ``save_id`` and ``timeline``, see :meth:`CacheXManager.restore`)."""
 
     state: Any
     step: int = 0
+    meta: dict | None = None
 
 
 @checkpoint_args.register_with_handler(CacheXHandler, for_restore=True)
@@ -469,14 +483,15 @@ class CacheXRestore(checkpoint_args.CheckpointArgs):
 class _Preserve:
     """orbax preservation policy: latest ``n`` + newest PFS-durable + every newer step.
 
-    PFS-durable means committed on the PFS (``<pfs>/<s>`` exists), not only this rank's part
-    written. A step newer than the newest PFS-durable one is pinned until the drainer persists
-    it (the drainer reads it from the node-local tier). That includes a step whose drain
-    failed, while it waits for a retry and after its retries are exhausted: it stays pinned
-    (locally, and on
-    the neighbour's replica, whose GC follows the local one) until it or a newer step is
-    PFS-durable. Without a PFS, the latest ``n`` are kept: the newest orbax-committed step is
-    then the newest durable one and is always among them.
+    PFS-durable means committed on the PFS with this rank's part the very save this run made
+    (:meth:`CacheXManager.newest_pfs_step`), not only this rank's part written, nor a folder
+    of that number holding another save. A step newer than the newest PFS-durable one is
+    pinned until the drainer persists it (the drainer reads it from the node-local tier).
+    That includes a step whose drain failed, while it waits for a retry and after its
+    retries are exhausted: it stays pinned (locally, and on the neighbour's replica, whose GC
+    follows the local one) until it or a newer step is PFS-durable. Without a PFS, the
+    latest ``n`` are kept: the newest orbax-committed step is then the newest durable one and
+    is always among them.
     """
 
     manager: CacheXManager
@@ -663,6 +678,7 @@ class CacheXManager:
         self._fsync_lock = threading.Lock()
         self._strays_reported: set[tuple[str, str]] = set()
         self._pruned_cache: tuple[int, dict[int, dict]] = (0, {})
+        self._lineage: dict[str, str] | None = None  # see _current_lineage
         self.listing_skipped: list[str] = []
         self._node.after_commit = self._fsync_committed
         if self.pfs_dir is not None:
@@ -718,7 +734,9 @@ class CacheXManager:
         self._node.stalls[int(step)] = time.perf_counter() - t0
         return saved
 
-    def _orbax_save(self, step: int, state: Any, force: bool, fresh: bool = False) -> bool:
+    def _orbax_save(
+        self, step: int, state: Any, force: bool, fresh: bool = False, meta: dict | None = None
+    ) -> bool:
         # The commit starts writing once orbax's save has returned (CacheXHandler._commit);
         # it also fsyncs the previous step's orbax renames, off the training loop's path.
         # Waits for this manager's previous commit first (orbax would, inside its save).
@@ -732,16 +750,33 @@ class CacheXManager:
                     f"save under a step number above {latest}"
                 )
             self._drop_stale_records(step)
+        if meta is None:
+            meta = {"save_id": secrets.token_hex(8), **self._current_lineage()}
         try:
-            return self._mngr.save(
-                step, args=ocp.args.Composite(**{ITEM: CacheXSave(state, step)}), force=force
-            )
+            item = CacheXSave(state, step, meta)
+            return self._mngr.save(step, args=ocp.args.Composite(**{ITEM: item}), force=force)
         except BaseException:
             self._relist()
             raise
         finally:
             self._node.pending_dirs.clear()  # folders no handler claimed (a failed save)
             self._node.gate.set()
+
+    def _current_lineage(self) -> dict[str, str]:
+        """The ``timeline`` (and ``branched_from``) new saves carry: what a restore set, else
+        the newest readable local step's (a restarted process continues it), else a fresh
+        timeline."""
+        if self._lineage is None:
+            for s in reversed(self.all_steps()):
+                try:
+                    meta = _format.read_manifest(self.steps_dir / str(s) / ITEM)["meta"]
+                except (OSError, ValueError):
+                    continue
+                self._lineage = _lineage_of(meta)
+                break
+            if not self._lineage:
+                self._lineage = {"timeline": secrets.token_hex(8)}
+        return dict(self._lineage)
 
     def _drop_stale_records(self, step: int) -> None:
         """Removes ``step``'s records, if any, before ``step`` is saved anew (none of them is
@@ -958,12 +993,20 @@ class CacheXManager:
         return list(self._node.events)
 
     def newest_pfs_step(self) -> int:
-        """The newest PFS-committed step (``<pfs>/<s>`` exists or was recorded), -1 if none."""
+        """The newest step this run saved that is PFS-committed, -1 if none.
+
+        Proven by content, not by a folder's name: a step recorded ``pfs`` (records of a
+        reused step number are removed when it is saved again), or a local step whose part
+        of this rank on the PFS is the same save (same manifest, :func:`_pfs.part_matches`).
+        A PFS folder of an abandoned timeline (the same number saved before a rollback) or
+        one this run never saved does not count, so newer steps stay pinned until drained.
+        """
         if self.pfs_dir is None:
             return -1
         recs = self.records_dir.iterdir() if self.records_dir.is_dir() else ()
         recorded = [int(p.name) for p in recs if p.name.isdigit() and (p / "pfs.json").exists()]
-        return max([*recorded, *_pfs.committed_pfs_steps(self.pfs_dir)], default=-1)
+        proven = _pfs.durable_local_steps(self.drainer_config)
+        return max([*recorded, *proven], default=-1)
 
     def health(self, ping_neighbour: bool = True) -> dict[str, Any]:
         """Liveness of the helpers and the rollback exposure, for a training loop to log.
@@ -1022,12 +1065,17 @@ class CacheXManager:
 
     def tier_done(self, step: int, tier: str) -> bool:
         """Whether ``step`` has reached ``tier`` (``staged``/``local``/``replica``/
-        ``pfs_part``/``pfs``). ``pfs`` means committed on the PFS (every rank's part there),
-        ``pfs_part`` only this rank's part written."""
+        ``pfs_part``/``pfs``). ``pfs`` means committed on the PFS (every rank's part there)
+        with this rank's part the very save this run made (the same manifest), ``pfs_part``
+        only this rank's part written."""
         d = self.records_dir / _fsio.validate_step_name(step)
         if (d / f"{tier}.json").exists() or (not d.exists() and tier in self._pruned(step)):
             return True
-        return tier == "pfs" and self.pfs_dir is not None and (self.pfs_dir / str(step)).is_dir()
+        # Not yet recorded (another rank may have committed it): the PFS step counts only if
+        # this rank's part there is this run's local step (a reused number's old folder not).
+        if tier != "pfs" or self.pfs_dir is None:
+            return False
+        return bool(_pfs.part_matches(self.drainer_config, step))
 
     def wait_for_pfs(self, step: int, timeout_s: float = 60.0) -> bool:
         """Polls until ``step`` is PFS-committed (or its drain failed for good); returns which."""
@@ -1076,8 +1124,29 @@ class CacheXManager:
         self.listing_skipped = skipped
         return out
 
+    def _drop_abandoned(self, tiers: dict[str, list[int]], metas: dict) -> dict[str, list[int]]:
+        """Leaves out the PFS steps of an abandoned timeline (the rule of :meth:`restore`)."""
+        local, pfs = metas.get("local", {}), metas.get("pfs", {})
+        if not local or not tiers.get("pfs"):
+            return tiers
+        newest = max(local)
+        abandoned = local[newest]["meta"].get("branched_from")
+        gone = []
+        for s in tiers["pfs"]:
+            m = pfs.get(s)
+            if m is None:
+                continue
+            if s in local and m != local[s]:
+                gone.append(s)  # the same number saved again here: the local one is current
+            elif s > newest and abandoned and m["meta"].get("timeline") == abandoned:
+                gone.append(s)  # newer, of the timeline this one branched off (abandoned)
+        if gone:
+            self._node.event("abandoned_pfs_steps", steps=gone[:64], timeline=abandoned)
+        return {**tiers, "pfs": [s for s in tiers["pfs"] if s not in gone]}
+
     def _list_tiers(self) -> tuple[dict[str, list[int]], list[str]]:
         out: dict[str, list[int]] = {t: [] for t in TIERS}
+        metas: dict[str, dict[int, dict]] = {"local": {}, "pfs": {}}
         skipped: list[str] = []
         roots = {"local": (self.steps_dir, ITEM)}
         if self.pfs_dir is not None:
@@ -1091,7 +1160,7 @@ class CacheXManager:
             self._report_strays(tier, strays)  # not a step: reported, not counted as skipped
             for step, path in steps.items():
                 try:
-                    _format.read_manifest(path / sub)
+                    metas[tier][step] = _format.read_manifest(path / sub)
                 except (OSError, ValueError) as e:  # CorruptCheckpointError is a ValueError
                     skipped.append(f"{tier}: step {step}: {type(e).__name__}: {e}")
                     continue
@@ -1101,9 +1170,11 @@ class CacheXManager:
                 out["replica"] = [int(s) for s in self.neighbour.list_steps(self.rank)]
             except (_replica.ReplicaError, OSError, ValueError, KeyError, TypeError) as e:
                 skipped.append(f"replica: cannot list: {type(e).__name__}: {e}")
-        return {k: sorted(v) for k, v in out.items()}, skipped
+        out = self._drop_abandoned({k: sorted(v) for k, v in out.items()}, metas)
+        return out, skipped
 
-    def _load(self, tier: str, step: int, target: Any) -> Any:
+    def _load(self, tier: str, step: int, target: Any) -> tuple[Any, dict]:
+        """The tree of ``step`` read from ``tier``, and its manifest's ``meta``."""
         if tier == "local":
             d = self.steps_dir / str(step) / ITEM
         elif tier == "pfs":
@@ -1115,9 +1186,9 @@ class CacheXManager:
                 manifest, pieces = _format.read_rank_dir(d)
             finally:
                 shutil.rmtree(d, ignore_errors=True)
-            return _format.assemble_tree(target, manifest, pieces)
+            return _format.assemble_tree(target, manifest, pieces), dict(manifest["meta"])
         manifest, pieces = _format.read_rank_dir(d)
-        return _format.assemble_tree(target, manifest, pieces)
+        return _format.assemble_tree(target, manifest, pieces), dict(manifest["meta"])
 
     def restore(self, target: Any, step: int | None = None) -> Restored:
         """Restores the newest step every rank can read, into the structure of ``target``.
@@ -1128,6 +1199,20 @@ class CacheXManager:
         rank fails on a missing or corrupt copy, the step is dropped everywhere and the next
         newest is tried; any other error on one rank stops every rank. A step read from the
         replica or the PFS is saved locally again (replication and drain resume).
+
+        Timelines. Every save carries a ``save_id`` and a ``timeline`` id in its manifest.
+        Restoring the newest listed step continues its timeline; restoring an older one (a
+        rollback with ``step``, or a fallback because newer steps failed) starts a new one
+        that records the timeline it ``branched_from``, and the restored step is saved
+        locally under it. Step numbers saved again after it are told apart from the
+        abandoned ones, which the PFS can still hold until the drainer retires them
+        (:func:`hexad.cachex._pfs.retire_abandoned`). So whenever this rank's local tier holds
+        a readable step, a PFS step is not offered if its local copy of the same number is
+        another save, or if it is newer than the newest local step and of the timeline that
+        step branched from (an ``abandoned_pfs_steps`` event names them). With no local
+        step the PFS cannot be checked against anything and its newest step is restored.
+        The replica is not filtered: it holds only what this node pushed, and its GC follows
+        the local tier.
 
         Args:
           target: pytree of ``jax.Array`` / ``jax.ShapeDtypeStruct`` / numpy leaves.
@@ -1155,6 +1240,7 @@ class CacheXManager:
             self._node.event("restore_skipped", skipped=skipped[:64], n_skipped=len(skipped))
         n_listing = len(skipped)
         mine = sorted(set().union(*tiers.values()))
+        newest_listed = max(mine, default=-1)
         if step is not None:
             mine = [s for s in mine if s == int(step)]
         while True:
@@ -1174,12 +1260,13 @@ class CacheXManager:
                     + f"; skipped unreadable ({len(skipped)}): {'; '.join(shown)}"
                     + ("" if skipped else " (on another rank)")
                 )
-            result, errors, fatal = None, [], None
+            result, errors, fatal, meta = None, [], None, {}
             for tier in TIERS:
                 if common not in tiers[tier]:
                     continue
                 try:
-                    result = Restored(common, self._load(tier, common, target), tier)
+                    tree, meta = self._load(tier, common, target)
+                    result = Restored(common, tree, tier)
                     break
                 except (_format.CorruptCheckpointError, _replica.ReplicaError, OSError) as e:
                     errors.append(f"{tier}: {e}")
@@ -1187,8 +1274,17 @@ class CacheXManager:
                     errors.append(f"{tier}: {type(e).__name__}: {e}")
                     fatal = fatal or e
             if _all_ok(result is not None):
+                ident = {k: v for k, v in meta.items() if k not in ("step", "rank")}
+                rollback = common < newest_listed
+                if rollback:  # numbers above ``common`` will be saved again: a new timeline
+                    self._lineage = {"timeline": secrets.token_hex(8)}
+                    if ident.get("timeline"):
+                        self._lineage["branched_from"] = str(ident["timeline"])
+                    ident = {"save_id": secrets.token_hex(8), **self._lineage}
+                else:
+                    self._lineage = _lineage_of(ident) or self._current_lineage()
                 if result.tier != "local":
-                    self._rewrite_local(result)
+                    self._rewrite_local(result, ident, rollback)
                 return result
             # A rank hit something other than a missing or corrupt copy (e.g. a target that
             # does not match the checkpoint): every rank stops here instead of trying older
@@ -1200,17 +1296,23 @@ class CacheXManager:
             skipped.append(f"step {common}: " + (" | ".join(errors) or "failed on another rank"))
             mine = [s for s in mine if s != common]
 
-    def _rewrite_local(self, result: Restored) -> None:
+    def _rewrite_local(self, result: Restored, ident: dict, rollback: bool) -> None:
         """Saves a step restored from the replica or the PFS into the local tier again, so
-        replication and the drain resume from it (a failure is an event, not an error)."""
+        replication and the drain resume from it (a failure is an event, not an error).
+
+        It keeps the step's identity ``ident`` (the same manifest: the PFS and replica copies
+        stay proof of durability), or after a rollback carries the new timeline's (its PFS
+        copy is then drained again, and its old records no longer vouch for it)."""
         try:
+            if rollback:
+                self._drop_stale_records(result.step)
             bad = self.steps_dir / str(result.step)
             if bad.exists():  # a local copy that failed to verify: replace it
                 trash = self.directory / f".bad-{result.step}-{time.monotonic_ns()}"
                 os.rename(bad, trash)
                 shutil.rmtree(trash, ignore_errors=True)
                 self._mngr.reload()
-            self._orbax_save(result.step, result.state, force=True)
+            self._orbax_save(result.step, result.state, force=True, meta=ident)
             self.wait_until_finished()
         except Exception as e:  # noqa: BLE001 - the restore itself succeeded
             self._node.event("restore_rewrite_failed", result.step, error=f"{e}")
@@ -1237,6 +1339,14 @@ class CacheXManager:
                 self._drainer.wait(timeout=timeout_s)
             except Exception:  # noqa: BLE001 - a slow drainer keeps running on its own
                 pass
+
+
+def _lineage_of(meta: Mapping[str, Any]) -> dict[str, str]:
+    """The ``timeline`` and ``branched_from`` of a manifest's meta ({} for a save from before
+    timelines were recorded)."""
+    if not meta.get("timeline"):
+        return {}
+    return {k: str(meta[k]) for k in ("timeline", "branched_from") if meta.get(k)}
 
 
 def _agree_newest(mine: Sequence[int]) -> int | None:

@@ -6,16 +6,34 @@ drainer still carries them to the PFS, then exits once its parent is gone and no
 
 PFS commit protocol for step ``s`` with ``n`` ranks (one drainer per rank):
 
-1. copy this rank's files into ``<pfs>/.tmp-<s>/rank_<r>/``, checking each file's CRC-32
-   against the manifest on the way (a corrupt local copy is never propagated), ``fsync`` each
-   file and the directory;
+1. copy this rank's files into a folder private to this writer,
+   ``<pfs>/.tmp-<s>/.part-<r>-<pid>-<token>/``, checking each file's CRC-32 against the
+   manifest on the way (a corrupt local copy is never propagated), ``fsync`` each file and
+   the folder, then rename it to ``rank_<r>``: the rename fails if ``rank_<r>`` exists, so two
+   drainers of one rank (the per-rank ``flock`` below is node-local: an orphaned drainer of a
+   lost node and the restarted rank's on a new node share only the PFS) never write into or
+   unlink each other's part; the loser keeps the winner's part if it is the same save;
 2. write the per-rank done marker ``<pfs>/.tmp-<s>/done_<r>`` and ``fsync`` the tmp dir;
 3. the rank that sees all ``n`` markers renames ``.tmp-<s>`` to ``<s>`` (atomic; a losing
    racer finds ``<s>`` already there) and ``fsync``s ``<pfs>``;
-4. the node records ``pfs_part`` (this rank's part is on the PFS) at step 2 and ``pfs`` (the
-   step is committed: ``<pfs>/<s>`` exists) once it sees the rename, whichever rank did it.
-   Only ``pfs`` counts as PFS-durable: the manager's GC pins, ``wait_for_pfs``, ``tier_done``
-   and this drainer's scheduler all use it.
+4. the node records ``pfs_part`` (this rank's part is on the PFS) at step 2 and ``pfs`` once
+   the step is committed and this rank's part in ``<pfs>/<s>`` is this node's local step:
+   the same manifest bytes (every file's size and CRC-32, and the save's ``save_id`` and
+   ``timeline``) and every file at its size. Only ``pfs`` counts as PFS-durable: the
+   manager's GC pins, ``wait_for_pfs``, ``tier_done`` and this drainer's scheduler all use
+   it, and the GC runs only after a commit that verifies.
+
+Durability is proven by content, never by a folder's name (:func:`part_matches`,
+:func:`durable_local_steps`): after a rollback or a fallback restore a step number is saved
+again with other bytes, and ``<pfs>/<s>`` may hold the abandoned save. Such a step is not
+durable for this run; the drainer retires it (renamed to ``.gc-<s>-<ns>``, then removed) and
+drains ``s`` again, and :func:`retire_abandoned` retires the abandoned timeline's steps newer
+than the node's newest step, so a restore from the PFS alone never returns them.
+
+Full disks: a failed drain removes what it wrote (its private part, a ``rank_<r>`` it put in
+place without a marker, a ``.tmp-<s>`` it made that is left empty), and a starting drainer
+removes its rank's leftovers of a dead predecessor (:func:`sweep_own_leftovers`); a record's
+temporary file is removed when its write fails.
 
 A sweep (:func:`sweep_pfs`, run by every drainer when idle) renames a ``.tmp-<s>`` that holds
 all ``n`` markers but was never renamed (its committer died between the last marker and the
@@ -46,11 +64,13 @@ failed stays restorable until it, or a newer step, is PFS-durable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import fcntl
 import json
 import math
 import os
+import secrets
 import shutil
 import signal
 import statistics
@@ -70,8 +90,12 @@ __all__ = [
     "committed_pfs_steps",
     "drain_once",
     "drainer_lock_path",
+    "durable_local_steps",
     "gc_pfs",
+    "part_matches",
+    "retire_abandoned",
     "spawn_drainer",
+    "sweep_own_leftovers",
     "sweep_pfs",
 ]
 
@@ -248,7 +272,17 @@ def record_tier(records_dir: Path, step: int, tier: str, **info: Any) -> None:
     if not d.is_dir():
         d.mkdir(parents=True, exist_ok=True)
         _fsio.fsync_dir(d.parent)  # the new record folder's entry is durable too
-    _fsio.write_json_atomic(d / f"{tier}.json", {"time": time.time(), **info})
+    body = json.dumps({"time": time.time(), **info}, sort_keys=True).encode()
+    tmp = d / f".{tier}.json.tmp-{os.getpid()}-{secrets.token_hex(8)}"
+    try:
+        _fsio.write_file_durable(tmp, body)
+        os.replace(tmp, d / f"{tier}.json")
+    except BaseException:
+        # A full disk must not also leave the half-written record holding its space.
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    _fsio.fsync_dir(d)
 
 
 def _committed_local_steps(steps_dir: Path, item: str) -> list[int]:
@@ -267,58 +301,207 @@ def _pfs_steps(pfs_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in pfs_dir.iterdir() if p.name.isdigit() and p.is_dir())
 
 
-def _write_part(cfg: DrainerConfig, step: int, rank_dir: Path) -> int:
-    """Copies this rank's files of local ``step`` into ``rank_dir`` (CRC-checked, fsynced);
-    returns the bytes written."""
+def _local_manifest(cfg: DrainerConfig, step: int) -> bytes | None:
+    """The bytes of this node's manifest of local ``step`` if it reads and verifies (its own
+    CRC-32), else None: an unreadable local manifest proves nothing about any other copy."""
+    d = Path(cfg.steps_dir) / _fsio.validate_step_name(step) / cfg.item
+    try:
+        _format.read_manifest(d)
+        return (d / _format.MANIFEST_FILE).read_bytes()
+    except (OSError, ValueError):  # CorruptCheckpointError is a ValueError
+        return None
+
+
+def _part_verifies(part: Path, manifest: bytes) -> bool:
+    """Whether the rank folder ``part`` holds exactly the save whose manifest is ``manifest``:
+    the same manifest bytes (every file's size and CRC-32, the save's identity) and every file
+    it names present at its size."""
+    try:
+        if (part / _format.MANIFEST_FILE).read_bytes() != manifest:
+            return False
+        files = json.loads(manifest)["files"]
+        return all((part / f["file"]).stat().st_size == f["nbytes"] for f in files)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def part_matches(cfg: DrainerConfig, step: int) -> bool | None:
+    """Whether the committed PFS ``step`` holds this node's local ``step`` as this rank's part.
+
+    The content, not the folder's name, proves durability: after a rollback or a fallback a
+    step number is saved again with other bytes, and the PFS folder of that number then holds
+    an abandoned save. Returns None when there is no verified local manifest to compare.
+    """
+    local = _local_manifest(cfg, step)
+    if local is None:
+        return None
+    part = Path(cfg.pfs_dir) / _fsio.validate_step_name(step) / f"rank_{cfg.rank}"
+    return _part_verifies(part, local)
+
+
+def durable_local_steps(cfg: DrainerConfig) -> list[int]:
+    """This node's committed local steps that are PFS-durable for this run: recorded ``pfs``
+    (the records of a reused step number are removed when it is saved again), or committed on
+    the PFS with this rank's part equal to the local copy (another rank did the rename)."""
+    records, pfs = Path(cfg.records_dir), Path(cfg.pfs_dir)
+    out = []
+    for s in _committed_local_steps(Path(cfg.steps_dir), cfg.item):
+        if (records / str(s) / "pfs.json").exists():
+            out.append(s)
+            continue
+        try:
+            committed = (pfs / str(s)).is_dir()
+        except OSError:  # a stale PFS handle (ESTALE) proves nothing and must not stop a save
+            committed = False
+        if committed and part_matches(cfg, s):
+            out.append(s)
+    return out
+
+
+def _timeline(part: Path, key: str = "timeline") -> str | None:
+    try:
+        return _format.read_manifest(part)["meta"].get(key)
+    except (OSError, ValueError):
+        return None
+
+
+def retire_abandoned(cfg: DrainerConfig) -> list[int]:
+    """Retires the committed PFS steps newer than this node's newest local step that are of
+    the timeline that step branched from (its manifest's ``branched_from``); returns them.
+
+    A timeline branches off another only at a restore of an older step than the newest
+    listed (a rollback or a fallback): those newer steps are what that restore abandoned.
+    Left on the PFS, a restore from the PFS alone (this node and its neighbour lost) would
+    return them. Steps of any other timeline are left alone (an orphaned drainer of an older
+    node never retires the live run's steps), and so is every step of a save made before
+    timelines were recorded.
+    """
+    local = _committed_local_steps(Path(cfg.steps_dir), cfg.item)
+    if not local:
+        return []
+    newest = local[-1]
+    parent = _timeline(Path(cfg.steps_dir) / str(newest) / cfg.item, "branched_from")
+    if not parent:
+        return []
+    pfs = Path(cfg.pfs_dir)
+    out = []
+    for s in _pfs_steps(pfs):
+        if s > newest and _timeline(pfs / str(s) / f"rank_{cfg.rank}") == parent:
+            if _retire(pfs, str(s)):
+                out.append(s)
+    return out
+
+
+def _retire(pfs: Path, name: str) -> bool:
+    """Moves the committed PFS step ``name`` aside and removes it; False if it was gone."""
+    aside = pfs / f".gc-{name}-{time.monotonic_ns()}"
+    try:
+        os.rename(pfs / name, aside)
+    except FileNotFoundError:  # another rank (or drainer) retired it first
+        return False
+    _fsio.fsync_dir(pfs)
+    shutil.rmtree(aside, ignore_errors=True)
+    return True
+
+
+def _write_part(cfg: DrainerConfig, step: int, tmp: Path, manifest: bytes) -> tuple[int, bool]:
+    """Copies this rank's files of local ``step`` into ``tmp/rank_<r>`` (CRC-checked, fsynced).
+
+    Returns the bytes written and whether this call put ``rank_<r>`` in place.
+
+    The part is written under a name private to this call and renamed to ``rank_<r>`` only
+    once complete; ``rename`` onto a folder that exists fails, so two drainers of one rank
+    (on two nodes: the node-local ``flock`` does not cover them) never write into or unlink
+    each other's files. A complete ``rank_<r>`` of the same save (the other drainer's) is
+    kept; one of another save without its done marker (an abandoned attempt) is replaced.
+    """
     name = _fsio.validate_step_name(step)
     src = Path(cfg.steps_dir) / name / cfg.item
-    manifest = _format.read_manifest(src)
-    if rank_dir.exists():  # a previous drainer died half-way: start this rank over
-        for p in rank_dir.iterdir():
-            p.unlink()
-    else:
-        rank_dir.mkdir()
-    nbytes = 0
-    for f in manifest["files"]:
-        data = (src / f["file"]).read_bytes()
-        if len(data) != f["nbytes"] or _fsio.crc32_bytes(data) != f["crc32"]:
-            raise _format.CorruptCheckpointError(f"local step {name}: {f['file']} is corrupt")
-        nbytes += _fsio.write_file_durable(rank_dir / f["file"], data)
-    _fsio.write_file_durable(
-        rank_dir / _format.MANIFEST_FILE, (src / _format.MANIFEST_FILE).read_bytes()
-    )
-    _fsio.fsync_dir(rank_dir)
-    return nbytes
+    mine = tmp / f".part-{cfg.rank}-{os.getpid()}-{secrets.token_hex(6)}"
+    final = tmp / f"rank_{cfg.rank}"
+    mine.mkdir()
+    try:
+        nbytes = 0
+        for f in json.loads(manifest)["files"]:
+            data = (src / f["file"]).read_bytes()
+            if len(data) != f["nbytes"] or _fsio.crc32_bytes(data) != f["crc32"]:
+                raise _format.CorruptCheckpointError(f"local step {name}: {f['file']} is corrupt")
+            nbytes += _fsio.write_file_durable(mine / f["file"], data)
+        _fsio.write_file_durable(mine / _format.MANIFEST_FILE, manifest)
+        _fsio.fsync_dir(mine)
+        for _ in range(2):
+            try:
+                os.rename(mine, final)
+                _fsio.fsync_dir(tmp)
+                return nbytes, True
+            except OSError:
+                if not final.exists():
+                    raise
+            if _part_verifies(final, manifest):
+                return nbytes, False  # the same save, put there by another drainer
+            if (tmp / f"done_{cfg.rank}").exists():
+                raise OSError(f"PFS step {name}: rank_{cfg.rank} holds another save's part")
+            _retire(tmp, final.name)  # an abandoned attempt of another save: replaced
+        raise OSError(f"PFS step {name}: rank_{cfg.rank} keeps being replaced")
+    finally:
+        # A failure (ENOSPC, ...) leaves none of this call's bytes; the folder may have been
+        # renamed with .tmp-<s> to <s> meanwhile, so both places are tried.
+        for where in (mine, tmp.parent / name / mine.name):
+            if where.exists():
+                shutil.rmtree(where, ignore_errors=True)
 
 
 def _drain_step(cfg: DrainerConfig, step: int) -> tuple[float, list[int], bool, bool]:
     """Copies this rank's files of ``step`` to the PFS.
 
     Returns the seconds this rank's part took, the PFS steps the GC removed (only the drainer
-    that commits the step runs the GC), whether the step is committed (``<pfs>/<s>``) and
-    whether this rank did the rename.
+    that commits the step runs the GC, and only after the step verifies), whether the step
+    is committed with this rank's part equal to the local copy (the only commit that counts)
+    and whether this rank did the rename.
+
+    A committed ``<pfs>/<s>`` whose part of this rank is another save (a reused step number
+    after a rollback, or a broken commit) is retired first and ``s`` drained again.
 
     A retry after a failure past this rank's done marker (the part is complete: the marker is
     written only after its files are fsynced) does not rewrite the part, since another rank may
-    be renaming the folder at that moment; it only tries the commit again. A step already
-    committed is left as it is.
+    be renaming the folder at that moment; it only tries the commit again.
     """
     t0 = time.perf_counter()
     name = _fsio.validate_step_name(step)
     pfs = Path(cfg.pfs_dir)
-    if (pfs / name).is_dir():  # committed meanwhile: every rank's part, this one's too
-        return time.perf_counter() - t0, [], True, False
+    manifest = _local_manifest(cfg, step)
+    if manifest is None:
+        raise _format.CorruptCheckpointError(f"local step {name}: manifest unreadable")
     tmp = pfs / f".tmp-{name}"
+    if (pfs / name).is_dir():
+        if _part_verifies(pfs / name / f"rank_{cfg.rank}", manifest):
+            return time.perf_counter() - t0, [], True, False
+        _retire(pfs, name)
     marker = tmp / f"done_{cfg.rank}"
     if not marker.exists():
-        tmp.mkdir(parents=True, exist_ok=True)
-        nbytes = _write_part(cfg, step, tmp / f"rank_{cfg.rank}")
-        if cfg.pfs:
-            target = PFSModel(**cfg.pfs).draw(cfg.seed, step, cfg.rank, nbytes)
-            left = target - (time.perf_counter() - t0)
-            if left > 0:
-                time.sleep(left)
-        _fsio.write_file_durable(marker, b"1")
+        made_tmp = False
+        if not tmp.is_dir():
+            tmp.mkdir(parents=True, exist_ok=True)
+            made_tmp = True
+        placed = False
+        try:
+            nbytes, placed = _write_part(cfg, step, tmp, manifest)
+            if cfg.pfs:
+                target = PFSModel(**cfg.pfs).draw(cfg.seed, step, cfg.rank, nbytes)
+                left = target - (time.perf_counter() - t0)
+                if left > 0:
+                    time.sleep(left)
+            try:
+                _fsio.write_file_durable(marker, b"1")
+            except FileExistsError:  # the other drainer of this rank marked the same part
+                pass
+        except BaseException:
+            if placed and not marker.exists():  # a part nobody vouches for: not left behind
+                _retire(tmp, f"rank_{cfg.rank}")
+            if made_tmp:
+                with contextlib.suppress(OSError):
+                    tmp.rmdir()  # only if empty: other ranks' parts stay
+            raise
     # From here on another rank that sees every marker may rename the folder at any moment.
     try:
         _fsio.fsync_dir(tmp)
@@ -335,10 +518,11 @@ def _drain_step(cfg: DrainerConfig, step: int) -> tuple[float, list[int], bool, 
                 raise
         _fsio.fsync_dir(pfs)
     seconds = time.perf_counter() - t0
+    ok = _part_verifies(pfs / name / f"rank_{cfg.rank}", manifest)
     removed = []
-    if renamed and cfg.pfs_max_to_keep is not None:
+    if renamed and ok and cfg.pfs_max_to_keep is not None:
         removed = gc_pfs(pfs, cfg.pfs_max_to_keep)
-    return seconds, removed, (pfs / name).is_dir(), renamed
+    return seconds, removed, ok, renamed
 
 
 def gc_pfs(pfs_dir: str | Path, keep: int) -> list[int]:
@@ -401,30 +585,17 @@ def drainer_lock_path(cfg: DrainerConfig) -> Path:
     return Path(cfg.records_dir) / f"drainer_rank{cfg.rank}.lock"
 
 
-def _part_is_local_step(cfg: DrainerConfig, step: int) -> bool:
-    """Whether this rank's part of the committed PFS ``step`` is this node's local ``step``:
-    the same manifest (it holds every file's size and CRC-32)."""
-    name = _fsio.validate_step_name(step)
-    mine = Path(cfg.pfs_dir) / name / f"rank_{cfg.rank}" / _format.MANIFEST_FILE
-    local = Path(cfg.steps_dir) / name / cfg.item / _format.MANIFEST_FILE
-    try:
-        return mine.read_bytes() == local.read_bytes()
-    except OSError:
-        return False
-
-
 def _sync_committed(cfg: DrainerConfig) -> None:
     """Records ``pfs`` for every local step that is now committed (another rank's drainer may
-    have done the rename) with this rank's part written: recorded as ``pfs_part``, or, where
-    this rank's drain failed after its part was complete, its manifest on the PFS."""
+    have done the rename) with this rank's part on the PFS equal to the local copy: a folder
+    of that number holding another save (an abandoned timeline's) is no proof."""
     records, pfs = Path(cfg.records_dir), Path(cfg.pfs_dir)
     for s in _committed_local_steps(Path(cfg.steps_dir), cfg.item):
         if (records / str(s) / "pfs.json").exists() or not (pfs / str(s)).is_dir():
             continue
-        part = _read_record(records, s, "pfs_part")
-        if part is None and not _part_is_local_step(cfg, s):
+        if not part_matches(cfg, s):
             continue
-        part = part or {}
+        part = _read_record(records, s, "pfs_part") or {}
         record_tier(records, s, "pfs", seconds=part.get("seconds"), committed=True,
                     part_time=part.get("time"), committer=False)  # fmt: skip
 
@@ -433,19 +604,24 @@ def _candidates(cfg: DrainerConfig) -> tuple[list[int], list[int], list[int]]:
     """``(pending, todo, both)``: steps to finish, steps to drain, and their sorted union.
 
     ``pending``: steps another rank has started on the PFS that this rank has not marked done;
-    ``todo``: committed local steps newer than the newest PFS-committed one whose part this
-    rank has not yet written. A step whose failure is final (``pfs_error``) is in neither.
-    Retry schedules are not checked here.
+    ``todo``: committed local steps newer than the newest one PFS-durable for this run
+    (:func:`durable_local_steps`: a PFS folder of the same number holding another save does
+    not count) whose part this rank has not yet written, or whose committed PFS step holds
+    another save. A step whose failure is final (``pfs_error``) is in neither. Retry
+    schedules are not checked here.
     """
     steps = _committed_local_steps(Path(cfg.steps_dir), cfg.item)
     records = Path(cfg.records_dir)
     pfs = Path(cfg.pfs_dir)
-    done = [s for s in steps if (records / str(s) / "pfs.json").exists()]
-    newest_done = max([*done, *_pfs_steps(pfs)], default=-1)
+    newest_done = max(durable_local_steps(cfg), default=-1)
     live = [s for s in steps if not (records / str(s) / "pfs_error.json").exists()]
-    todo = [
-        s for s in live if s > newest_done and not (records / str(s) / "pfs_part.json").exists()
-    ]
+
+    def unwritten(s: int) -> bool:
+        if not (records / str(s) / "pfs_part.json").exists():
+            return True
+        return (pfs / str(s)).is_dir() and part_matches(cfg, s) is False
+
+    todo = [s for s in live if s > newest_done and unwritten(s)]
     mine = f"done_{cfg.rank}"
     pending = [
         s for s in live if (pfs / f".tmp-{s}").is_dir() and not (pfs / f".tmp-{s}" / mine).exists()
@@ -495,6 +671,7 @@ def drain_once(cfg: DrainerConfig, now: float | None = None) -> list[int]:
     """
     now = time.time() if now is None else now
     records = Path(cfg.records_dir)
+    retire_abandoned(cfg)
     _sync_committed(cfg)
     pending, todo, _ = _candidates(cfg)
     pending = [s for s in pending if _due(records, s, now)]
@@ -586,6 +763,37 @@ def sweep_pfs(pfs_dir: str | Path, n_ranks: int, stale_tmp_s: float = 600.0) -> 
             shutil.rmtree(trash, ignore_errors=True)
             out["removed"].append(s)
     return out
+
+
+def sweep_own_leftovers(cfg: DrainerConfig) -> list[str]:
+    """Removes what a dead drainer of this rank left on the PFS; returns the removed names.
+
+    Run by a drainer as it starts (holding the rank's lock): a private part folder of this
+    rank (``.tmp-<s>/.part-<r>-*``) is always a dead writer's, and a ``.tmp-<s>`` holding
+    nothing but this rank's unfinished part (no done marker, no other rank's entry) would
+    otherwise hold its space until a newer step commits (with a PFS full, never). A part of
+    this rank with its done marker is kept: another rank may be about to commit it.
+    """
+    pfs = Path(cfg.pfs_dir)
+    removed: list[str] = []
+    try:
+        tmps = [p for p in pfs.iterdir() if p.name.startswith(".tmp-") and p.is_dir()]
+    except OSError:
+        return removed
+    own = {f"rank_{cfg.rank}"}
+    for t in tmps:
+        try:
+            for p in t.iterdir():
+                if p.name.startswith(f".part-{cfg.rank}-"):
+                    shutil.rmtree(p, ignore_errors=True)
+                    removed.append(f"{t.name}/{p.name}")
+            names = {p.name for p in t.iterdir()}
+        except OSError:
+            continue
+        if names <= own:  # no marker (not even this rank's), no other rank's entry
+            if _retire(pfs, t.name):
+                removed.append(t.name)
+    return removed
 
 
 def _loop(cfg: DrainerConfig) -> int:
@@ -691,6 +899,8 @@ def main(argv: list[str] | None = None) -> int:
     # One drainer per rank: wait for an older one (still draining after a restart) to exit.
     lock = open(drainer_lock_path(cfg), "ab")  # noqa: SIM115 - held for the process's life
     fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+    with contextlib.suppress(OSError):  # a PFS that cannot be listed now is retried later
+        sweep_own_leftovers(cfg)
     # T3 is background work: it yields the CPU to the trainer and the T1/T2 critical path.
     os.nice(10)
     return _loop(cfg)
