@@ -12,6 +12,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from hexad._base import check_int, check_unit, is_traced
 from hexad.cvxclust._graphs import check_edges
@@ -31,7 +32,9 @@ def label_propagation(
     Args:
       edges: ``[E, 2]`` int undirected edges without self loops; each row counts once in each
         direction (a list holding both ``(i, j)`` and ``(j, i)`` weighs that edge twice).
-      labels: ``[n]`` int labels in ``[0, num_classes)`` (values on unlabelled nodes ignored).
+      labels: ``[n]`` int labels in ``[0, num_classes)`` (values on unlabelled nodes ignored);
+        a concrete labelled value outside it raises a ValueError naming ``labels`` (under a
+        trace it would be a zero row of ``Y``: no label).
       labeled: ``[n]`` bool, which labels are observed.
       num_classes: (static) number of classes.
       alpha: (static) propagation weight in ``[0, 1)``.
@@ -43,6 +46,7 @@ def label_propagation(
     >>> label_propagation(edges, np.array([0, 0, 0, 0, 1]), labeled, 2).tolist()
     [0, 0, 0, 1, 1]
     """
+    raw = (labels, labeled)  # before jnp.asarray, which traces a NumPy input under a jit
     labels, labeled = jnp.asarray(labels), jnp.asarray(labeled)
     n = labels.shape[0] if labels.ndim == 1 else -1
     if labels.ndim != 1 or labeled.shape != (n,) or labeled.dtype != jnp.bool_:
@@ -55,6 +59,14 @@ def label_propagation(
     num_classes = check_int("num_classes", num_classes)
     alpha = check_unit("alpha", alpha, lo_open=False)
     num_iters = check_int("num_iters", num_iters)
+    if not any(is_traced(v) for v in raw):
+        # NumPy on the values: they may be concrete arrays closed over by a traced function.
+        got = np.asarray(raw[0])[np.asarray(raw[1])]
+        if got.size and (got.min() < 0 or got.max() >= num_classes):
+            raise ValueError(
+                f"labels: expected labelled values in [0, num_classes = {num_classes}), got "
+                f"[{got.min()}, {got.max()}]"
+            )
     if not is_traced(edges):
         edges, _ = check_edges(edges, n)
     return _spread(jnp.asarray(edges), labels, labeled, num_classes, alpha, num_iters)

@@ -94,6 +94,9 @@ class FactorSolver:
     step_scale: float = flax.struct.field(pytree_node=False, default=1.0)
     power_iters: int = flax.struct.field(pytree_node=False, default=30)
 
+    def __post_init__(self) -> None:
+        self._check()
+
     def _check(self) -> None:
         check_int("rank", self.rank, 1)
         check_int("steps", self.steps, 1)

@@ -444,9 +444,10 @@ class FusionSolver:
     differentiation is provided).
 
     Attributes:
-      tol: relative residual tolerance.
-      max_iters: iteration cap.
-      step_ratio: ``sigma / tau`` balance of the primal-dual steps (``tau sigma ||D||^2 < 1``).
+      tol: relative residual tolerance, ``>= 0``.
+      max_iters: iteration cap, ``>= 1``.
+      step_ratio: ``> 0``, the ``sigma / tau`` balance of the primal-dual steps
+        (``tau sigma ||D||^2 < 1``).
         The default 10 converged fastest on k-NN blobs (n = 200, 1000; gamma = 0.1, 1).
       accelerate: use Chambolle & Pock's Algorithm 2 steps for the squared loss. Off by
         default: it makes the primal converge at O(1/k^2) but the dual only sublinearly, so the
@@ -463,6 +464,13 @@ class FusionSolver:
     max_iters: int = flax.struct.field(pytree_node=False, default=5000)
     step_ratio: float = flax.struct.field(pytree_node=False, default=10.0)
     accelerate: bool = flax.struct.field(pytree_node=False, default=False)
+
+    def __post_init__(self) -> None:
+        # Static settings, checked at construction: a NaN step_ratio gave a NaN solution and a
+        # negative max_iters an error deep inside XLA.
+        check_positive("tol", self.tol, allow_zero=True)
+        check_int("max_iters", self.max_iters)
+        check_positive("step_ratio", self.step_ratio)
 
     def __call__(self, problem: FusionProblem, init=None) -> FusionOutput:
         """Solves ``problem``; ``init`` is ``None`` or a warm start ``(u [n,d], dual [E,d])``.
@@ -594,14 +602,24 @@ def fused_clusters(u, edges, tol: float) -> tuple[jax.Array, jax.Array]:
     clusters are connected components of the fused edges. Ids follow the smallest node id.
 
     Args:
-      u: ``[n, d]`` fused solution.
+      u: ``[n, d]`` fused solution; finite when concrete (a ValueError names ``u``; under a
+        trace a NaN row fuses with nothing).
       edges: ``[E, 2]`` edge list of the problem.
-      tol: absolute fusion threshold (pick it well above the solver's accuracy).
+      tol: absolute fusion threshold ``>= 0`` (pick it well above the solver's accuracy).
 
     >>> ids, k = fused_clusters(jnp.array([[0.0], [0.0], [5.0]]), jnp.array([[0, 1], [1, 2]]), 1e-3)
     >>> ids.tolist(), int(k)
     ([0, 0, 1], 2)
     """
+    shape = jnp.shape(u)
+    if len(shape) != 2:
+        raise ValueError(f"u: expected a [n, d] array, got shape {shape}")
+    check_positive("tol", tol, allow_zero=True)
+    if not is_traced(u):
+        # NumPy on the value (u may be closed over by a traced function): a NaN row would
+        # fuse with nothing, one cluster per node, a plausible answer.
+        if not np.all(np.isfinite(np.asarray(u))):
+            raise ValueError("u: expected finite values, got NaN or inf")
     edges = jnp.asarray(edges)
     active = _norms(_diff(edges, u)) <= tol
     return _compact(_components(edges, active, u.shape[0]))

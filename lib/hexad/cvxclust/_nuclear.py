@@ -89,7 +89,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hexad._base import check_int, check_positive
+from hexad._base import check_int, check_positive, is_traced
 from hexad.cvxclust._fusion import _check_labels
 from hexad.cvxclust._graphs import check_adjacency
 
@@ -679,6 +679,17 @@ def _soft(v, t):
     return jnp.sign(v) * jnp.maximum(jnp.abs(v) - t, 0.0)
 
 
+def _check_settings(solver) -> None:
+    """Checks the static settings every ADMM solver has, at construction (``tol``,
+    ``max_iters``, ``rho``, ``adapt_every``, ``relaxation``, ``balance``), so that a bad one is
+    named before it reaches XLA (a negative ``max_iters`` failed there)."""
+    check_positive("tol", solver.tol, allow_zero=True)
+    check_int("max_iters", solver.max_iters)
+    check_positive("rho", solver.rho)
+    check_int("adapt_every", solver.adapt_every, 0)
+    _check_admm(solver)
+
+
 def _check_admm(solver) -> None:
     """Checks the ADMM settings shared by the solvers (``relaxation``, ``balance``)."""
     if not 0.0 < solver.relaxation < 2.0:
@@ -717,9 +728,9 @@ class NuclearSolver:
     Gradients: not supported (``lax.while_loop``).
 
     Attributes:
-      tol: relative tolerance on both residuals.
-      max_iters: iteration cap.
-      rho: initial ADMM penalty.
+      tol: relative tolerance on both residuals, ``>= 0``.
+      max_iters: iteration cap, ``>= 1``.
+      rho: initial ADMM penalty, ``> 0``.
       adapt_every: residual balancing (Boyd et al. 2011, Sec. 3.4.1) every this many
         iterations; 0 keeps ``rho`` fixed.
       balance: the residual ratio (``> 1``) past which balancing doubles or halves ``rho``
@@ -771,6 +782,9 @@ class NuclearSolver:
     compute_objective: bool = flax.struct.field(pytree_node=False, default=True)
     relaxation: float = flax.struct.field(pytree_node=False, default=1.0)
     anderson: int = flax.struct.field(pytree_node=False, default=0)
+
+    def __post_init__(self) -> None:
+        _check_settings(self)
 
     def _levels(self, n: int) -> tuple[int, ...]:
         """The static ranks of the rank-``k`` path: ``rank`` doubled up to ``max_rank``."""
@@ -1104,11 +1118,21 @@ def recovery_error(l, labels) -> jax.Array:
 def matrix_clusters(l, threshold: float = 0.5) -> tuple[jax.Array, jax.Array]:
     """Returns ``(cluster ids [n], k)``: connected components of the graph ``L_uv > threshold``.
 
+    ``l`` is ``[n, n]``; a concrete one must be finite (a ValueError names ``l``: a NaN entry
+    links nothing, one cluster per node); under a trace values are not checked.
+
     >>> ids, k = matrix_clusters(jnp.kron(jnp.eye(2), jnp.ones((2, 2))))
     >>> ids.tolist(), int(k)
     ([0, 0, 1, 1], 2)
     """
-    n = l.shape[0]
+    shape = jnp.shape(l)
+    if len(shape) != 2 or shape[0] != shape[1]:
+        raise ValueError(f"l: expected a square [n, n] array, got shape {shape}")
+    if not is_traced(l) and not np.all(np.isfinite(np.asarray(l))):
+        raise ValueError("l: expected finite values, got NaN or inf")
+    if not is_traced(threshold) and not np.isfinite(threshold):
+        raise ValueError(f"threshold: expected a finite number, got {threshold!r}")
+    n = shape[0]
     adj = l > threshold
 
     def body(c):

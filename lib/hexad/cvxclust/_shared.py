@@ -51,6 +51,7 @@ from hexad.cvxclust._nuclear import (
     _accelerate,
     _Anderson,
     _check_admm,
+    _check_settings,
     _cost_matrix,
     _EigenStep,
     _feasible_from_psd,
@@ -441,6 +442,9 @@ class SharedAtomSolver:
     power_iters: int = flax.struct.field(pytree_node=False, default=2)
     check_iters: int = flax.struct.field(pytree_node=False, default=60)
     anderson: int = flax.struct.field(pytree_node=False, default=0)
+
+    def __post_init__(self) -> None:
+        _check_settings(self)
 
     def __call__(self, problem: SharedAtomProblem, init=None) -> SharedAtomOutput:
         """Solves ``problem``; ``init`` is ``None`` or ``(z, dual, rho)`` of an earlier output

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from hexad._base import Manifold
+from hexad._base import Manifold, check_int, is_traced
 
 __all__ = [
     "Euclidean",
@@ -114,6 +114,19 @@ def _normalise(w: Array) -> Array:
     return w / jnp.sum(w)
 
 
+def _check_dim(m, lo: int) -> None:
+    """Raises a ValueError unless ``m.dim`` is an int ``>= lo`` (stores it as a Python int).
+
+    Runs in ``__post_init__``, also when jax rebuilds the manifold from its (static) tree
+    structure; ``dim`` is never a leaf, so it is a Python value there too. A tracer (only a
+    misuse could put one there) is left for jax to reject.
+    """
+    if is_traced(m.dim):
+        return
+    # frozen dataclass: a NumPy int is stored as int so that equal manifolds hash equally
+    object.__setattr__(m, "dim", check_int("dim", m.dim, lo))
+
+
 # --------------------------------------------------------------------------------------------
 # Euclidean space
 # --------------------------------------------------------------------------------------------
@@ -124,7 +137,7 @@ class Euclidean:
     """Euclidean space ``R^dim``.
 
     Attributes:
-      dim: the dimension (static).
+      dim: the dimension (static), an int ``>= 1``.
 
     >>> m = Euclidean(2)
     >>> m.exp(jnp.zeros(2), jnp.ones(2)).tolist()
@@ -132,6 +145,9 @@ class Euclidean:
     """
 
     dim: int = struct.field(pytree_node=False)
+
+    def __post_init__(self) -> None:
+        _check_dim(self, 1)
 
     @property
     def intrinsic_dim(self) -> int:
@@ -208,7 +224,7 @@ class Sphere:
     """The unit sphere ``S^{dim-1}`` in ``R^dim`` with its round metric.
 
     Attributes:
-      dim: the ambient dimension (static); ``Sphere(3)`` is ``S^2``.
+      dim: the ambient dimension (static), an int ``>= 2``; ``Sphere(3)`` is ``S^2``.
 
     >>> s = Sphere(3)
     >>> x, y = jnp.array([1.0, 0, 0]), jnp.array([0.0, 1, 0])
@@ -217,6 +233,9 @@ class Sphere:
     """
 
     dim: int = struct.field(pytree_node=False)
+
+    def __post_init__(self) -> None:
+        _check_dim(self, 2)
 
     @property
     def intrinsic_dim(self) -> int:
@@ -399,7 +418,8 @@ class Torus:
     ``T^dim = (R / 2 pi Z)^dim``.
 
     Attributes:
-      dim: number of angles (static); ``Torus(2)`` holds Ramachandran (phi, psi) pairs.
+      dim: number of angles (static), an int ``>= 1``; ``Torus(2)`` holds Ramachandran
+        (phi, psi) pairs.
 
     >>> t = Torus(1)
     >>> round(float(t.log(jnp.array([3.0]), jnp.array([-3.0]))[0]), 4)  # across the seam
@@ -407,6 +427,9 @@ class Torus:
     """
 
     dim: int = struct.field(pytree_node=False)
+
+    def __post_init__(self) -> None:
+        _check_dim(self, 1)
 
     @property
     def intrinsic_dim(self) -> int:
@@ -500,7 +523,7 @@ class Product:
     """The product ``M_1 x ... x M_k``; a point concatenates the factors' coordinates.
 
     Attributes:
-      factors: tuple of manifolds (static).
+      factors: a non-empty tuple of manifolds (static; a list is stored as a tuple).
 
     >>> p = Product((Sphere(3), Torus(2)))
     >>> p.dim, p.intrinsic_dim
@@ -508,6 +531,17 @@ class Product:
     """
 
     factors: tuple[Manifold, ...] = struct.field(pytree_node=False)
+
+    def __post_init__(self) -> None:
+        factors = self.factors
+        if isinstance(factors, list):  # a static field must hash: store a tuple
+            factors = tuple(factors)
+            object.__setattr__(self, "factors", factors)
+        if not isinstance(factors, tuple) or not factors:
+            raise ValueError(f"factors: expected a non-empty tuple of manifolds, got {factors!r}")
+        for i, f in enumerate(factors):
+            if not isinstance(f, Manifold):
+                raise TypeError(f"factors[{i}]: expected a manifold, got {type(f).__name__}")
 
     @property
     def dim(self) -> int:

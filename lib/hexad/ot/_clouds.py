@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from ott.geometry import geometry as ott_geometry
 from ott.problems.linear import linear_problem
 from ott.solvers.linear import sinkhorn
 
+from hexad._base import is_traced
 from hexad.geometry import Manifold
 from hexad.ot._entropic import check_settings, max_real_cost
 
@@ -77,7 +79,7 @@ def entropic_emd(
     >>> bool(ok), float(d) < 0.2
     (True, True)
     """
-    check_settings(epsilon, "max_cost", max_iterations)
+    check_settings(epsilon, "max_cost", max_iterations, threshold=threshold)
     a, b = _normalise(a), _normalise(b)
     c = manifold.dist(x[:, None, :], y[None, :, :])
     eps = epsilon * max_real_cost(c, a, b)
@@ -93,11 +95,21 @@ def greedy_matching(plan: Array) -> Array:
 
     Rounds a ``[B, B]`` plan to a one-to-one assignment: repeatedly take the largest entry
     among unmatched rows and columns (the reference's greedy rounding of a cloud-level plan).
+    A concrete plan must be finite (a ValueError names ``plan``); under a trace its values are
+    not checked, and a NaN entry is taken as the largest.
 
     >>> greedy_matching(jnp.array([[0.1, 0.9], [0.8, 0.2]])).tolist()
     [1, 0]
     """
-    n = plan.shape[0]
+    shape = jnp.shape(plan)
+    if len(shape) != 2 or shape[0] != shape[1]:
+        raise ValueError(f"plan: expected a square [B, B] array, got shape {shape}")
+    if not is_traced(plan):
+        # NumPy on the value: plan may be a concrete array closed over by a traced function.
+        if not np.all(np.isfinite(np.asarray(plan))):
+            raise ValueError("plan: expected finite values, got NaN or inf")
+    plan = jnp.asarray(plan)
+    n = shape[0]
 
     def body(_, carry):
         free_r, free_c, idx = carry

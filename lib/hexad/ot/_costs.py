@@ -36,6 +36,8 @@ class SqGeodesic(costs.CostFn):
     """
 
     def __init__(self, manifold: Manifold):
+        if not isinstance(manifold, Manifold):
+            raise TypeError(f"manifold: expected a manifold, got {type(manifold).__name__}")
         self.manifold = manifold
 
     def __call__(self, x: jax.Array, y: jax.Array) -> jax.Array:

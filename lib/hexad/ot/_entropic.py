@@ -167,6 +167,20 @@ class EntropicMap:
     inner_iterations: int = struct.field(pytree_node=False, default=10)
     batch_size: int | None = struct.field(pytree_node=False, default=None)
 
+    def __post_init__(self) -> None:
+        # All fields are static (jax rebuilds the solver with the same Python values), so a
+        # bad setting is named here, at construction, not deep inside ott-jax or XLA.
+        if not isinstance(self.manifold, Manifold):
+            raise TypeError(f"manifold: expected a manifold, got {type(self.manifold).__name__}")
+        check_settings(
+            self.epsilon,
+            self.scale_cost,
+            self.max_iterations,
+            threshold=self.threshold,
+            inner_iterations=self.inner_iterations,
+            batch_size=self.batch_size,
+        )
+
     def __call__(
         self, x: Array, y: Array, a: Array | None = None, b: Array | None = None
     ) -> EntropicMapOutput:
@@ -182,7 +196,6 @@ class EntropicMap:
           An :class:`EntropicMapOutput`.
         """
         _validate_pair(self.manifold, x, y, a, b)
-        check_settings(self.epsilon, self.scale_cost, self.max_iterations)
         n, m = x.shape[0], y.shape[0]
         dtype = jnp.result_type(x, y)
         a = jnp.full((n,), 1.0 / n, dtype) if a is None else a / jnp.sum(a)
@@ -242,9 +255,18 @@ class EntropicMap:
         )
 
 
-def check_settings(epsilon: Any, scale_cost: Any, max_iterations: Any) -> None:
+def check_settings(
+    epsilon: Any,
+    scale_cost: Any,
+    max_iterations: Any,
+    *,
+    threshold: Any = None,
+    inner_iterations: Any = None,
+    batch_size: Any = None,
+) -> None:
     """Raises a ValueError naming the setting unless ``epsilon > 0``, ``scale_cost`` is one of
-    ``None``/``"max_cost"`` and ``max_iterations >= 1``.
+    ``None``/``"max_cost"`` and ``max_iterations >= 1``; and, where given, ``threshold >= 0``,
+    ``inner_iterations >= 1`` and ``batch_size >= 1``. A traced ``epsilon`` passes unchecked.
 
     >>> check_settings(0.0, None, 10)
     Traceback (most recent call last):
@@ -255,6 +277,12 @@ def check_settings(epsilon: Any, scale_cost: Any, max_iterations: Any) -> None:
     if scale_cost not in SCALE_COSTS:
         raise ValueError(f"scale_cost: expected one of {SCALE_COSTS}, got {scale_cost!r}")
     check_int("max_iterations", max_iterations)
+    if threshold is not None:
+        check_positive("threshold", threshold, allow_zero=True)
+    if inner_iterations is not None:
+        check_int("inner_iterations", inner_iterations)
+    if batch_size is not None:
+        check_int("batch_size", batch_size)
 
 
 def entropic_map(
@@ -363,9 +391,9 @@ def sinkhorn_divergence(
       manifold: the manifold (static).
       x: ``[n, d]`` and ``y``: ``[m, d]`` clouds; ``a``: ``[n]``, ``b``: ``[m]`` weights
         (default uniform; zeros mark padding).
-      epsilon: entropic regularisation (absolute, static).
-      max_iterations, threshold: Sinkhorn settings (static).
-      batch_size: ott's online (memory-bounded) geometry if set (static).
+      epsilon: entropic regularisation, ``> 0`` (absolute, static).
+      max_iterations, threshold: Sinkhorn settings (static; ``>= 1`` and ``>= 0``).
+      batch_size: ott's online (memory-bounded) geometry if set (static, ``>= 1``).
 
     >>> from hexad.geometry import Sphere
     >>> x = Sphere(3).random_uniform(jax.random.key(0), (32,))
@@ -373,6 +401,8 @@ def sinkhorn_divergence(
     True
     """
     _validate_pair(manifold, x, y, a, b)
+    # as EntropicMap does: a negative epsilon would otherwise give a plausible number
+    check_settings(epsilon, None, max_iterations, threshold=threshold, batch_size=batch_size)
     n, m = x.shape[0], y.shape[0]
     dtype = jnp.result_type(x, y)
     a = jnp.full((n,), 1.0 / n, dtype) if a is None else a / jnp.sum(a)

@@ -13,13 +13,21 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from hexad._base import check_int, check_positive
+from hexad._base import check_int, check_positive, is_traced
 
 __all__ = ["effective_sample_size", "grid_tv", "potential_scale_reduction", "sliced_w1"]
 
 
 def _check(samples: jax.Array, name: str) -> jax.Array:
+    if not is_traced(samples):
+        # NumPy on the value (``samples`` may be a concrete array closed over by a traced
+        # function, where a jnp reduction would be traced): a NaN would otherwise read as a
+        # zero-variance chain, an ESS of 0.
+        values = np.asarray(samples)
+        if np.issubdtype(values.dtype, np.inexact) and not np.all(np.isfinite(values)):
+            raise ValueError(f"{name}: expected finite draws, got NaN or inf")
     samples = jnp.asarray(samples)
     if samples.ndim < 2 or samples.shape[1] < 4:
         raise ValueError(
@@ -68,7 +76,8 @@ def effective_sample_size(samples: jax.Array) -> jax.Array:
 
     Returns:
       ``[...]`` ESS over all chains together (at most about ``chains * n`` for i.i.d. draws;
-      can exceed it for antithetic chains).
+      can exceed it for antithetic chains). Concrete draws must be finite (a ValueError
+      names ``samples``); under a trace a NaN draw gives a NaN ESS.
 
     >>> x = jax.random.normal(jax.random.key(0), (4, 500))
     >>> bool(1500 < effective_sample_size(x) < 2600)
@@ -102,8 +111,9 @@ def _ess(samples):
     monotone = jnp.where(positive > 0, monotone, 0.0)
     tau = -1.0 + 2.0 * jnp.sum(monotone, axis=-1)
     tau = jnp.maximum(tau, 1.0 / jnp.log10(m * n))
-    degenerate = ~(var0 > 0)
-    return jnp.where(degenerate, 0.0, m * n / tau)
+    # var0 <= 0 (constant draws) is an ESS of 0; a NaN variance stays NaN, not a plausible 0.
+    ess = jnp.where(var0 <= 0, 0.0, m * n / tau)
+    return jnp.where(jnp.isnan(var0), jnp.nan, ess)
 
 
 def sliced_w1(a: jax.Array, b: jax.Array, directions: jax.Array) -> jax.Array:
