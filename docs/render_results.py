@@ -700,6 +700,14 @@ CHECKS: Mapping[str, tuple[Gate, ...]] = {
             "n_defenses_effective", lambda v: v > 0, "> 0",
             "the positive control: some defense removes BadNets",
         ),
+        # experiments/backdoor_dtb.py names the oracle (DTB trained against fine-pruning's own
+        # operator) "the control for whether this model can carry the effect at all": if even
+        # it does not wake under fine-pruning (the rule's waking level, hidden ASR 0.1), the
+        # study cannot show the claim either way.
+        _key_gate(
+            "oracle_hidden_asr_after_fp", lambda v: v >= 0.1, ">= 0.1",
+            "the positive control: the oracle DTB's hidden backdoor wakes under fine-pruning",
+        ),
     ),
     "cachex_bench": (
         _key_gate(

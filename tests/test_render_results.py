@@ -289,3 +289,14 @@ def test_cachex_stall_rule_is_the_overhead_over_the_copy():
     assert render._cachex({"cachex_bench": s})[0] == "not reproduced"
     s |= {"stall_ms_cachex": 3.0}  # 2.28 ms over the copy
     assert render._cachex({"cachex_bench": s})[0] == "reproduced"
+
+
+def test_dtb_is_not_tested_when_its_oracle_control_does_not_wake():
+    ok = {"implant_ok": 1, "n_defenses_effective": 2, "oracle_hidden_asr_after_fp": 0.6}
+    run = render.Run("backdoor_dtb", "", {}, ok)
+    assert render._failed_checks(run) == []
+    bad = render.Run("backdoor_dtb", "", {}, ok | {"oracle_hidden_asr_after_fp": 0.0045})
+    assert render._failed_checks(bad) == [
+        "`oracle_hidden_asr_after_fp` = 0.0045, not >= 0.1 (the positive control: the oracle "
+        "DTB's hidden backdoor wakes under fine-pruning)"
+    ]
