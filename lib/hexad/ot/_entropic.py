@@ -133,8 +133,10 @@ class EntropicMap:
     ``T(x_i) = exp_{x_i}( sum_j (P_ij / sum_k P_ik) log_{x_i}(y_j) )`` where ``P`` is the
     entropic OT plan for the cost ``d_M(x, y)^2`` (RWEFM; on ``R^d`` this is the entropic map
     of Pooladian & Niles-Weed, arXiv:2109.12004, eq. 3.4). Sinkhorn is ott-jax's, in log
-    domain; no gradients are taken through the map in this library (ott's implicit
-    differentiation applies if a user does).
+    domain; no gradients are taken through the map in this library, and ``jax.grad`` through
+    it does not work yet: ott's implicit differentiation reports its linear system as
+    singular (lineax raises; seen on the sphere, the torus and ``R^d``).
+    :func:`sinkhorn_divergence` does differentiate (tested under ``jax.grad``).
 
     Padding: give padded points zero weight in ``a``/``b``; their rows of ``mapped`` are still
     finite (they are mapped like out-of-sample points). Many cloud pairs: ``jax.vmap(solver)``.
