@@ -101,3 +101,24 @@ def test_a_cost_or_solver_without_a_manifold_is_a_type_error():
         ot.SqGeodesic(None)  # was an AttributeError at first use
     with pytest.raises(TypeError, match="manifold"):
         ot.EntropicMap(3)
+
+
+@pytest.mark.parametrize("fn", [ot.chamfer, ot.entropic_emd], ids=lambda f: f.__name__)
+def test_cloud_distances_reject_nan_points_and_negative_masses(fn):
+    m = Torus(2)
+    x, y = _clouds(m)
+    ones = jnp.ones(x.shape[0])
+    with pytest.raises(ValueError, match="x: expected finite"):
+        fn(m, x.at[0, 0].set(jnp.nan), y, ones, ones)  # was a NaN distance
+    with pytest.raises(ValueError, match="b: expected non-negative"):
+        fn(m, x, y, ones, ones.at[1].set(-1.0))  # was a finite (wrong) number
+    # under vmap (traced clouds) only shapes are checked: the metrics vmap these
+    d = jax.vmap(lambda p: fn(m, p, y, ones, ones))(jnp.stack([x, y]))
+    assert np.all(np.isfinite(d if fn is ot.chamfer else d[0]))
+
+
+@pytest.mark.parametrize("t", [jnp.nan, 5.0, -0.5])
+def test_mccann_interpolation_rejects_times_outside_the_unit_interval(t):
+    x, tangent = jnp.zeros((2, 1)), jnp.ones((2, 1))
+    with pytest.raises(ValueError, match=r"t: expected times in \[0, 1\]"):
+        ot.mccann_interpolation(Euclidean(1), x, tangent, t)  # was NaN / an extrapolation

@@ -17,7 +17,7 @@ from ott.problems.linear import linear_problem
 from ott.solvers.linear import sinkhorn
 
 from hexad._base import is_traced
-from hexad.geometry import Manifold
+from hexad.geometry import Manifold, check_points, check_weights
 from hexad.ot._entropic import check_settings, max_real_cost
 
 __all__ = ["chamfer", "entropic_emd", "greedy_matching"]
@@ -27,6 +27,15 @@ Array = jax.Array
 
 def _normalise(w: Array) -> Array:
     return w / jnp.sum(w)
+
+
+def _check_pair(manifold: Manifold, x: Array, y: Array, a: Array, b: Array) -> None:
+    # Concrete values only (a traced argument is checked for its shape alone): NaN points or
+    # negative masses would otherwise come back as a NaN or infinite distance.
+    check_points(manifold, x, "x", ndim=2)
+    check_points(manifold, y, "y", ndim=2)
+    check_weights(a, "a", tuple(jnp.shape(x)[:1]))
+    check_weights(b, "b", tuple(jnp.shape(y)[:1]))
 
 
 def chamfer(manifold: Manifold, x: Array, y: Array, a: Array, b: Array) -> Array:
@@ -43,6 +52,7 @@ def chamfer(manifold: Manifold, x: Array, y: Array, a: Array, b: Array) -> Array
     >>> float(chamfer(Euclidean(1), x, y, jnp.ones(1), jnp.ones(2)))
     6.0
     """
+    _check_pair(manifold, x, y, a, b)
     c = manifold.pairwise_sqdist(x, y)
     to_y = jnp.min(jnp.where(b[None, :] > 0, c, jnp.inf), axis=1)
     to_x = jnp.min(jnp.where(a[:, None] > 0, c, jnp.inf), axis=0)
@@ -80,6 +90,7 @@ def entropic_emd(
     (True, True)
     """
     check_settings(epsilon, "max_cost", max_iterations, threshold=threshold)
+    _check_pair(manifold, x, y, a, b)
     a, b = _normalise(a), _normalise(b)
     c = manifold.dist(x[:, None, :], y[None, :, :])
     eps = epsilon * max_real_cost(c, a, b)

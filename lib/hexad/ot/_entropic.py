@@ -10,13 +10,14 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from ott.geometry import geometry as ott_geometry
 from ott.problems.linear import linear_problem
 from ott.solvers.linear import sinkhorn
 from ott.tools import sinkhorn_divergence as ott_sd
 
-from hexad._base import check_int, check_positive
+from hexad._base import check_int, check_positive, is_traced
 from hexad.geometry import Manifold, check_points, check_weights
 from hexad.ot._costs import SqGeodesic
 from hexad.ot._online import BlockedPointCloud
@@ -363,6 +364,10 @@ def mccann_interpolation(
             f"t: expected a scalar, a vector over x's leading axis {shape[:1]} or a shape "
             f"broadcastable against {target} without enlarging it, got {t.shape}"
         )
+    if not is_traced(t):
+        tv = np.asarray(t)
+        if not np.all(np.isfinite(tv)) or np.any(tv < 0) or np.any(tv > 1):
+            raise ValueError(f"t: expected times in [0, 1], got values in [{tv.min()}, {tv.max()}]")
     if leading:
         t = jnp.reshape(t, t.shape + (1,) * (len(shape) - 1))
     else:  # pad on the left to x's rank (implicit rank promotion may be an error)
