@@ -44,3 +44,16 @@ def test_kbudget_acceptance_traced_wins_outside_the_budget_are_nan():
 def test_kbudget_acceptance_checks_its_budget():
     with pytest.raises(ValueError, match="num_comparisons"):
         prefmh.kbudget_acceptance(jnp.array(1), 0, jnp.array(0.0))
+
+
+def test_distances_reject_nan_draws_and_bad_masses():
+    a = jnp.zeros((4, 2))
+    with pytest.raises(ValueError, match="a: expected finite"):
+        prefmh.sliced_w1(a.at[0, 0].set(jnp.nan), a, jnp.eye(2))  # was NaN
+    probs = jnp.full((2, 2), 0.25)
+    with pytest.raises(ValueError, match="probs: expected finite"):
+        prefmh.grid_tv(a, probs.at[0, 0].set(jnp.nan), 1.0)  # was NaN
+    with pytest.raises(ValueError, match="probs: expected non-negative"):
+        prefmh.grid_tv(a, probs.at[0, 0].set(-0.25), 1.0)
+    with pytest.raises(ValueError, match="samples: expected finite"):
+        prefmh.grid_tv(a.at[1, 1].set(jnp.inf), probs, 1.0)

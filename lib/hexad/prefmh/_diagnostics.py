@@ -20,14 +20,18 @@ from hexad._base import check_int, check_positive, is_traced
 __all__ = ["effective_sample_size", "grid_tv", "potential_scale_reduction", "sliced_w1"]
 
 
-def _check(samples: jax.Array, name: str) -> jax.Array:
-    if not is_traced(samples):
-        # NumPy on the value (``samples`` may be a concrete array closed over by a traced
-        # function, where a jnp reduction would be traced): a NaN would otherwise read as a
-        # zero-variance chain, an ESS of 0.
-        values = np.asarray(samples)
+def _check_finite(x: jax.Array, name: str, what: str = "draws") -> None:
+    if not is_traced(x):
+        # NumPy on the value (``x`` may be a concrete array closed over by a traced function,
+        # where a jnp reduction would be traced): a NaN would otherwise read as a number (a
+        # zero-variance chain's ESS of 0, a NaN distance).
+        values = np.asarray(x)
         if np.issubdtype(values.dtype, np.inexact) and not np.all(np.isfinite(values)):
-            raise ValueError(f"{name}: expected finite draws, got NaN or inf")
+            raise ValueError(f"{name}: expected finite {what}, got NaN or inf")
+
+
+def _check(samples: jax.Array, name: str) -> jax.Array:
+    _check_finite(samples, name)
     samples = jnp.asarray(samples)
     if samples.ndim < 2 or samples.shape[1] < 4:
         raise ValueError(
@@ -134,6 +138,8 @@ def sliced_w1(a: jax.Array, b: jax.Array, directions: jax.Array) -> jax.Array:
     >>> float(sliced_w1(a, a + jnp.array([[2.0, 0.0]]), jnp.eye(2)))  # (2 + 0) / 2
     1.0
     """
+    for name, v in (("a", a), ("b", b), ("directions", directions)):
+        _check_finite(v, name, "values")
     a, b, directions = jnp.asarray(a), jnp.asarray(b), jnp.asarray(directions)
     if a.ndim != 2 or a.shape != b.shape:
         raise ValueError(f"a, b: expected equal shapes [n, d], got {a.shape} and {b.shape}")
@@ -167,6 +173,10 @@ def grid_tv(samples: jax.Array, probs: jax.Array, half_width: float) -> jax.Arra
     >>> float(grid_tv(jnp.array([[-0.5, -0.5], [-0.5, -0.5]]), probs, 1.0))
     0.5
     """
+    _check_finite(samples, "samples")
+    _check_finite(probs, "probs", "cell masses")
+    if not is_traced(probs) and np.any(np.asarray(probs) < 0):
+        raise ValueError("probs: expected non-negative cell masses, got a negative one")
     samples, probs = jnp.asarray(samples), jnp.asarray(probs)
     if samples.ndim != 2 or samples.shape[1] != probs.ndim or samples.shape[0] < 1:
         raise ValueError(
