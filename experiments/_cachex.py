@@ -620,14 +620,19 @@ def new_fault_run(fault: str, run_dir: Path, seed: int, cfg: Any, t_stage: list)
         for srv in servers:
             srv.stop()
     orbax_newest = -1 if fault in PFS_ONLY else max(audit["local"], default=-1)
-    lag = health["durability_lag_steps"]
+    return fault_result(check, orbax_newest, health, guaranteed, len(false))
+
+
+def fault_result(check, orbax_newest: int, health: dict, guaranteed: int, false: int) -> dict:
+    """One fault run's record: the restore check's fields, orbax's newest step, ``health()``
+    and its durability lag, the step CacheX guarantees, and the false durability claims."""
     return {
         **check._asdict(),
         "orbax_newest": orbax_newest,
-        "lag_steps": lag,
+        "lag_steps": health["durability_lag_steps"],
         "health": health,
         "guaranteed": guaranteed,
-        "false_claims": len(false),
+        "false_claims": false,
     }
 
 

@@ -83,6 +83,7 @@ from experiments._cachex import (
     STEP_N_COMMITS,
     PFSConfig,
     false_claims,
+    fault_result,
     new_fault_run,
     newest_pfs_claimed,
     plot_c_star,
@@ -153,15 +154,7 @@ def _one_run(fault: str, run_dir: Path, seed: int, cfg: Config, t_stage: list) -
             check = cachex.check_restore(m, ref(0), expected, ref, range(n + 1))
     finally:
         server.stop()
-    lag = health["durability_lag_steps"]
-    return {
-        **check._asdict(),
-        "orbax_newest": orbax_newest,
-        "lag_steps": lag,
-        "health": health,
-        "guaranteed": guaranteed,
-        "false_claims": false,
-    }
+    return fault_result(check, orbax_newest, health, guaranteed, false)
 
 
 def _model_part(cfg: Config, seed: int, t_stage_p99: float, ctx) -> dict:
