@@ -11,9 +11,9 @@ import numpy as np
 import optax
 import pytest
 
+from hexad import rwefm
 from hexad._base import Algorithm, TrainState
 from hexad.geometry import Euclidean, Sphere, Torus
-from hexad import rwefm
 from hexad.rwefm import (
     CloudBatch,
     NoiseModel,
@@ -337,7 +337,9 @@ def test_vector_field_features_of_embeds_by_another_manifold():
         # the zero-initialised head hides the input: give every weight a random nudge
         leaves, tree = jax.tree.flatten(p)
         keys = jax.random.split(jax.random.key(2), len(leaves))
-        nudged = [a + 0.3 * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys)]
+        nudged = [
+            a + 0.3 * jax.random.normal(k, a.shape) for a, k in zip(leaves, keys, strict=True)
+        ]
         p = jax.tree.unflatten(tree, nudged)
         gap = float(jnp.max(jnp.abs(f.apply(p, x, m, t) - f.apply(p, shifted, m, t))))
         assert (gap < 1e-4) == periodic, (feats, gap)
