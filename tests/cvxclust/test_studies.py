@@ -105,3 +105,19 @@ def test_phase_solves_continue_until_certified():
     loose = good._replace(l=first.l, low_rank=good.l)
     rep = _cvxclust.certify(p, loose, 1e-3)
     assert not rep["certified"] and rep["rel_gap"] > 1e-3
+
+
+def test_graph_threshold_is_the_dense_two_sided_condition():
+    import math
+
+    from experiments import _cvxclust
+
+    for n, k in ((60, 2), (60, 3), (200, 4)):
+        d = _cvxclust.graph_threshold(n, k)
+        p, q = (1 + d) / 2, (1 - d) / 2
+        bc = math.sqrt(p * q) + math.sqrt((1 - p) * (1 - q))
+        # the defining condition (2 n / K)(-log BC) = log n holds at the threshold
+        assert abs((2 * n / k) * -math.log(bc) - math.log(n)) < 1e-9
+    # the review's values at the study's size (the sparse formula gave 0.504 and 0.606)
+    assert abs(_cvxclust.graph_threshold(60, 2) - 0.357) < 1e-3
+    assert abs(_cvxclust.graph_threshold(60, 3) - 0.430) < 1e-3
