@@ -37,7 +37,8 @@ orbax) whose p99/p50 is the variability. After each round of saves the study sam
 manager's ``health()`` (drainer alive, durability lag in steps and seconds).
 
 Runtime: ``--quick`` about 1-2 min on 2 CPU cores (2 ranks, 8 saves of 2 MiB every 0.4 s, two
-values of sigma); full about 5 min (4 ranks, 24 saves of 4 MiB every 1 s, three values).
+values of sigma); full (4 ranks, 24 saves of 4 MiB every 1 s, three values, and orbax's
+emergency manager) 172 s measured on 2 idle cores (results/cachex_bench).
 
 summary.json keys (headline: the ``pfs_sigma`` condition):
   ``stall_ms_cachex``, ``stall_ms_orbax``: mean blocked time per save and rank (ms);

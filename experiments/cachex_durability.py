@@ -44,8 +44,8 @@ Before each restore the study reads the manager's ``health()`` (drainer and neig
 liveness, and the durability lag: committed local steps not yet PFS-committed, i.e. the steps
 a loss of the node and its neighbour would roll back) and logs it with the run.
 
-Runtime: ``--quick`` about 2 min on 2 CPU cores (1 run per fault, 19 faults); full about
-6-8 min (5 runs).
+Runtime: ``--quick`` about 1 min on 2 CPU cores (1 run per fault, 19 faults); full (5 runs
+per fault, 95 runs) 103 s measured on 2 idle cores (results/cachex_durability).
 
 ``--set faults=bit_flip,node_wiped`` restricts the faults. The faults that make a save fail on
 purpose (``neighbour_dead``, ``disk_full``) silence the ``absl`` logger while they strike, so
