@@ -62,9 +62,8 @@ from experiments import _runner, _verdicts
 from hexad import rwefm
 from hexad.geometry import Euclidean, Manifold
 
-__all__ = ["METRICS", "QUICK", "TrainConfig", "compare"]
+__all__ = ["QUICK", "TrainConfig", "compare"]
 
-METRICS = tuple(f"{g}_{s}" for g in ("chamfer", "emd") for s in ("1nna", "1nna_half", "mm", "kmmd"))
 ARMS = ("rwefm", "euclid", "euclid_periodic")
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "Algorithm",
     "Manifold",
     "TrainState",
+    "check_finite",
     "check_int",
     "check_positive",
     "check_unit",
@@ -83,6 +84,26 @@ def is_traced(x: Any) -> bool:
     (False, 1)
     """
     return isinstance(x, jax.core.Tracer)
+
+
+def check_finite(name: str, x: Any, what: str = "values") -> None:
+    """Raises a ValueError naming ``name`` if the concrete array ``x`` holds NaN or inf.
+
+    A traced ``x`` is not checked (its values are unknown). NumPy reads the value, so ``x``
+    may be a concrete array closed over by a traced function, where a jnp reduction would be
+    traced. Integer arrays are always finite.
+
+    >>> check_finite("u", np.ones(2))
+    >>> check_finite("u", np.array([1.0, np.nan]))
+    Traceback (most recent call last):
+    ...
+    ValueError: u: expected finite values, got NaN or inf
+    """
+    if is_traced(x):
+        return
+    values = np.asarray(x)
+    if np.issubdtype(values.dtype, np.inexact) and not np.all(np.isfinite(values)):
+        raise ValueError(f"{name}: expected finite {what}, got NaN or inf")
 
 
 def head_dtype(dtype: Any) -> Any:

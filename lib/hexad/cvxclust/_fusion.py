@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hexad._base import check_int, check_positive, is_traced
+from hexad._base import check_finite, check_int, check_positive, is_traced
 from hexad.cvxclust._graphs import check_edges
 
 __all__ = [
@@ -615,11 +615,8 @@ def fused_clusters(u, edges, tol: float) -> tuple[jax.Array, jax.Array]:
     if len(shape) != 2:
         raise ValueError(f"u: expected a [n, d] array, got shape {shape}")
     check_positive("tol", tol, allow_zero=True)
-    if not is_traced(u):
-        # NumPy on the value (u may be closed over by a traced function): a NaN row would
-        # fuse with nothing, one cluster per node, a plausible answer.
-        if not np.all(np.isfinite(np.asarray(u))):
-            raise ValueError("u: expected finite values, got NaN or inf")
+    # a NaN row would fuse with nothing, one cluster per node, a plausible answer
+    check_finite("u", u)
     edges = jnp.asarray(edges)
     active = _norms(_diff(edges, u)) <= tol
     return _compact(_components(edges, active, u.shape[0]))

@@ -89,7 +89,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hexad._base import check_int, check_positive, is_traced
+from hexad._base import check_finite, check_int, check_positive, is_traced
 from hexad.cvxclust._fusion import _check_labels
 from hexad.cvxclust._graphs import check_adjacency
 
@@ -1128,8 +1128,7 @@ def matrix_clusters(l, threshold: float = 0.5) -> tuple[jax.Array, jax.Array]:
     shape = jnp.shape(l)
     if len(shape) != 2 or shape[0] != shape[1]:
         raise ValueError(f"l: expected a square [n, n] array, got shape {shape}")
-    if not is_traced(l) and not np.all(np.isfinite(np.asarray(l))):
-        raise ValueError("l: expected finite values, got NaN or inf")
+    check_finite("l", l)
     if not is_traced(threshold) and not np.isfinite(threshold):
         raise ValueError(f"threshold: expected a finite number, got {threshold!r}")
     n = shape[0]

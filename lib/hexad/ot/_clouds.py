@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from ott.geometry import geometry as ott_geometry
 from ott.problems.linear import linear_problem
 from ott.solvers.linear import sinkhorn
 
-from hexad._base import is_traced
+from hexad._base import check_finite
 from hexad.geometry import Manifold, check_points, check_weights
 from hexad.ot._entropic import check_settings, max_real_cost
 
@@ -115,10 +114,7 @@ def greedy_matching(plan: Array) -> Array:
     shape = jnp.shape(plan)
     if len(shape) != 2 or shape[0] != shape[1]:
         raise ValueError(f"plan: expected a square [B, B] array, got shape {shape}")
-    if not is_traced(plan):
-        # NumPy on the value: plan may be a concrete array closed over by a traced function.
-        if not np.all(np.isfinite(np.asarray(plan))):
-            raise ValueError("plan: expected finite values, got NaN or inf")
+    check_finite("plan", plan)
     plan = jnp.asarray(plan)
     n = shape[0]
 

@@ -15,23 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hexad._base import check_int, check_positive, is_traced
+from hexad._base import check_finite, check_int, check_positive, is_traced
 
 __all__ = ["effective_sample_size", "grid_tv", "potential_scale_reduction", "sliced_w1"]
 
 
-def _check_finite(x: jax.Array, name: str, what: str = "draws") -> None:
-    if not is_traced(x):
-        # NumPy on the value (``x`` may be a concrete array closed over by a traced function,
-        # where a jnp reduction would be traced): a NaN would otherwise read as a number (a
-        # zero-variance chain's ESS of 0, a NaN distance).
-        values = np.asarray(x)
-        if np.issubdtype(values.dtype, np.inexact) and not np.all(np.isfinite(values)):
-            raise ValueError(f"{name}: expected finite {what}, got NaN or inf")
-
-
 def _check(samples: jax.Array, name: str) -> jax.Array:
-    _check_finite(samples, name)
+    check_finite(name, samples, "draws")
     samples = jnp.asarray(samples)
     if samples.ndim < 2 or samples.shape[1] < 4:
         raise ValueError(
@@ -139,7 +129,7 @@ def sliced_w1(a: jax.Array, b: jax.Array, directions: jax.Array) -> jax.Array:
     1.0
     """
     for name, v in (("a", a), ("b", b), ("directions", directions)):
-        _check_finite(v, name, "values")
+        check_finite(name, v)
     a, b, directions = jnp.asarray(a), jnp.asarray(b), jnp.asarray(directions)
     if a.ndim != 2 or a.shape != b.shape:
         raise ValueError(f"a, b: expected equal shapes [n, d], got {a.shape} and {b.shape}")
@@ -173,8 +163,8 @@ def grid_tv(samples: jax.Array, probs: jax.Array, half_width: float) -> jax.Arra
     >>> float(grid_tv(jnp.array([[-0.5, -0.5], [-0.5, -0.5]]), probs, 1.0))
     0.5
     """
-    _check_finite(samples, "samples")
-    _check_finite(probs, "probs", "cell masses")
+    check_finite("samples", samples, "draws")
+    check_finite("probs", probs, "cell masses")
     if not is_traced(probs) and np.any(np.asarray(probs) < 0):
         raise ValueError("probs: expected non-negative cell masses, got a negative one")
     samples, probs = jnp.asarray(samples), jnp.asarray(probs)
