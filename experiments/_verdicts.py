@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -66,9 +66,12 @@ __all__ = [
     "MARGINS",
     "MAX_SEEDS",
     "OUTCOMES",
+    "McNemar",
     "Verdict",
     "decide",
     "decide_stats",
+    "mcnemar",
+    "noninferior",
     "paired",
     "seeds_needed",
 ]
@@ -390,3 +393,154 @@ def _decide(
         seeds_needed=needed,
         reason=reason,
     )
+
+
+@dataclass(frozen=True)
+class McNemar:
+    """An exact McNemar test of two methods on the same paired trials (:func:`mcnemar`).
+
+    ``b``: the pairs the claimed method gets right and the other wrong; ``c``: the reverse;
+    ``p_value``: the exact binomial p value of the ``alternative``; ``rejected``:
+    ``p_value < alpha``."""
+
+    b: int
+    c: int
+    p_value: float
+    alpha: float
+    alternative: str
+    rejected: bool
+
+
+def mcnemar(
+    b: int,
+    c: int,
+    alpha: float = 0.05,
+    *,
+    alternative: Literal["greater", "less", "two-sided"] = "greater",
+) -> McNemar:
+    """The exact McNemar test of paired binary outcomes from its discordant pairs.
+
+    Two methods are scored on the same trials (the same seeds, draws or items), each trial a
+    success or a failure for each. Only the discordant pairs carry evidence: ``b`` trials
+    where the claimed method succeeds and the other fails, ``c`` where it is the other way
+    round. Under the null (both methods succeed equally often, conditionally on the pairs
+    being discordant) ``b ~ Binomial(b + c, 1/2)``, so the exact p value is a binomial tail
+    (McNemar 1947; the "exact conditional" form, without the chi-square approximation)::
+
+        "greater"   (the claimed method succeeds more often):  P(X >= b)
+        "less"      (it succeeds less often):                   P(X <= b)
+        "two-sided":  min(1, 2 min(P(X >= b), P(X <= b)))
+
+    with ``X ~ Binomial(b + c, 1/2)``; no discordant pair gives ``p = 1``.
+
+    Args:
+      b: discordant pairs in the claimed direction, an int ``>= 0``.
+      c: discordant pairs against it, an int ``>= 0``.
+      alpha: the level, in ``(0, 1)``; ``rejected`` is ``p_value < alpha``.
+      alternative: ``"greater"`` (default), ``"less"`` or ``"two-sided"``.
+
+    Raises:
+      ValueError: ``b`` or ``c`` not a non-negative int, ``alpha`` outside ``(0, 1)`` or an
+        unknown ``alternative``, naming the argument.
+
+    >>> r = mcnemar(9, 1)
+    >>> round(r.p_value, 6), r.rejected  # P(X >= 9), X ~ Bin(10, 1/2) = 11 / 1024
+    (0.010742, True)
+    """
+    for name, v in (("b", b), ("c", c)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"{name}: need a count of discordant pairs, an int >= 0, got {v!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+        raise ValueError(f"alpha: need 0 < alpha < 1, got {alpha!r}")
+    if alternative not in ("greater", "less", "two-sided"):
+        raise ValueError(
+            f"alternative: expected 'greater', 'less' or 'two-sided', got {alternative!r}"
+        )
+    b, c = int(b), int(c)
+    m = b + c
+    upper = float(stats.binom.sf(b - 1, m, 0.5))  # P(X >= b)
+    lower = float(stats.binom.cdf(b, m, 0.5))  # P(X <= b)
+    if m == 0:
+        p = 1.0
+    elif alternative == "greater":
+        p = upper
+    elif alternative == "less":
+        p = lower
+    else:
+        p = min(1.0, 2.0 * min(upper, lower))
+    return McNemar(b, c, p, float(alpha), alternative, p < alpha)
+
+
+def noninferior(
+    diffs: Sequence[float],
+    *,
+    margin: float,
+    direction: Direction,
+    alpha: float = 0.05,
+    power: float = 0.8,
+    interval: Interval = "t",
+    failed: Sequence[str] = (),
+) -> Verdict:
+    """Decides a one-sided bound at the margin from paired differences ``diffs`` (one per
+    pair): one half of TOST, for a claim that a method is *not worse* (or *not better*) than
+    its reference by the margin or more, rather than that it differs.
+
+    ``direction="greater"`` is **non-inferiority**, the claim ``mu > -margin`` (the method
+    loses less than the margin); ``direction="less"`` is **non-superiority**, the claim
+    ``mu < +margin`` (it gains less than the margin). With ``[eq_low, eq_high]`` the
+    ``(1 - 2 alpha)`` interval of :func:`decide` (each of its ends a one-sided test at level
+    ``alpha``), the outcomes are, in this order:
+
+    1. **"not tested"**: a gate or control failed (``failed``);
+    2. **"reproduced"**: the bound holds, ``eq_low > -margin`` (``"greater"``) or
+       ``eq_high < +margin`` (``"less"``), i.e. the one-sided test at ``alpha`` rejects
+       ``mu <= -margin`` (``mu >= +margin``);
+    3. **"not reproduced"**: the whole interval lies beyond the bound, ``eq_high < -margin``
+       (``"greater"``) or ``eq_low > +margin`` (``"less"``): the method is decidedly worse
+       (better) by more than the margin;
+    4. **"undecided"**: the interval contains the bound; ``seeds_needed`` is the number of
+       pairs at which the one-sided test at ``alpha`` (the two-sided power of the module
+       docstring at ``2 alpha``) would detect the observed distance from the bound,
+       ``mean + margin`` (``"greater"``) or ``margin - mean`` (``"less"``).
+
+    Everything else (the ``(1 - alpha)`` interval ``ci_low``/``ci_high``, the p value of a
+    zero mean, TOST's ``p_equivalence``, the bootstrap option, the errors for bad input) is
+    :func:`decide`'s.
+
+    >>> noninferior([1.0, -1.0, 0.5, -0.5, 0.0], margin=2.0, direction="greater").outcome
+    'reproduced'
+    >>> noninferior([-5.0, -4.0, -6.0], margin=2.0, direction="greater").outcome
+    'not reproduced'
+    """
+    v = decide(
+        diffs,
+        margin=margin,
+        direction=direction,
+        alpha=alpha,
+        power=power,
+        interval=interval,
+        failed=failed,
+    )
+    if v.outcome == "not tested":
+        return v
+    sign = 1.0 if direction == "greater" else -1.0
+    # the bound in the claim's orientation: greater -> eq_low > -margin; less -> -eq_high > -margin
+    near, far = (v.eq_low, v.eq_high) if sign > 0 else (-v.eq_high, -v.eq_low)
+    needed = None
+    if near > -margin:
+        outcome, reason = "reproduced", ""
+    elif far < -margin:
+        outcome, reason = "not reproduced", ""
+    else:
+        outcome = "undecided"
+        distance = sign * v.effect_mean + margin
+        if v.sd > 0 and distance > 0:
+            needed = seeds_needed(distance, v.sd, alpha=2 * alpha, power=power)
+        at = f"{power:.0%} power at the observed distance from the margin"
+        if distance <= 0:
+            reason = "the observed mean lies beyond the margin: more pairs would not show the bound"
+        elif needed is not None:
+            reason = f"{needed} pairs would give {at}"
+        else:
+            reason = f"no number of pairs up to {MAX_SEEDS} gives {at}"
+    return replace(v, outcome=outcome, seeds_needed=needed, reason=reason)

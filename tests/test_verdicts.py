@@ -158,3 +158,123 @@ def test_bootstrap_interval_is_reproducible_and_close_to_t_for_normal_difference
 def test_bad_input_is_an_error_naming_the_argument_never_a_verdict(call, name):
     with pytest.raises(ValueError, match=f"^{name}"):
         call()
+
+
+# McNemar's exact test, by hand: with b = 9 and c = 1 the 10 discordant pairs give
+# X ~ Bin(10, 1/2); P(X >= 9) = (C(10,9) + C(10,10)) / 2^10 = 11 / 1024 = 0.0107421875 and
+# P(X <= 9) = 1 - 1/1024; two-sided 2 * 11/1024 = 0.021484375.
+def test_mcnemar_matches_the_binomial_tail_by_hand():
+    r = v.mcnemar(9, 1)
+    assert (r.b, r.c, r.alternative) == (9, 1, "greater")
+    assert r.p_value == pytest.approx(11 / 1024, rel=1e-12) and r.rejected
+    assert v.mcnemar(9, 1, alternative="less").p_value == pytest.approx(1023 / 1024, rel=1e-12)
+    two = v.mcnemar(9, 1, alternative="two-sided")
+    assert two.p_value == pytest.approx(22 / 1024, rel=1e-12)
+    assert not v.mcnemar(9, 1, alpha=0.01).rejected  # 0.0107 is not below 0.01
+    # b = 5, c = 0: P(X >= 5) = 1 / 32 for X ~ Bin(5, 1/2)
+    assert v.mcnemar(5, 0).p_value == pytest.approx(1 / 32, rel=1e-12)
+    # no discordant pair: no evidence either way
+    for alt in ("greater", "less", "two-sided"):
+        assert v.mcnemar(0, 0, alternative=alt).p_value == 1.0
+    # a balanced split is never rejected, and the two-sided p is capped at 1
+    assert v.mcnemar(4, 4, alternative="two-sided").p_value == 1.0
+
+
+@pytest.mark.parametrize("b", range(0, 13))
+@pytest.mark.parametrize("c", range(0, 9))
+def test_mcnemar_agrees_with_scipy_binomtest(b, c):
+    from scipy.stats import binomtest
+
+    for alt in ("greater", "less", "two-sided"):
+        r = v.mcnemar(b, c, alternative=alt)
+        want = 1.0 if b + c == 0 else binomtest(b, b + c, 0.5, alternative=alt).pvalue
+        # scipy's two-sided test sums the outcomes no likelier than b's, which for p = 1/2
+        # (a symmetric distribution) is the doubled smaller tail
+        assert r.p_value == pytest.approx(want, rel=1e-9, abs=1e-15)
+        assert r.rejected == (r.p_value < 0.05)
+    # the tests are mirror images: b against c "greater" is c against b "less"
+    assert v.mcnemar(b, c).p_value == pytest.approx(
+        v.mcnemar(c, b, alternative="less").p_value, rel=1e-12
+    )
+
+
+def test_mcnemar_holds_its_level_under_the_null():
+    # Paired trials where both methods succeed with probability 0.5 independently: the
+    # one-sided exact test is conservative, so its rejection rate at alpha = 0.05 is at most
+    # 0.05 up to Monte-Carlo error (2000 draws of 30 pairs: SE sqrt(0.05 * 0.95 / 2000) =
+    # 0.0049; we allow 0.05 + 3 SE = 0.065).
+    rng = np.random.default_rng(4)
+    a, o = rng.random((2, 2000, 30)) < 0.5
+    b, c = (a & ~o).sum(1), (~a & o).sum(1)
+    rate = np.mean([v.mcnemar(int(x), int(y)).rejected for x, y in zip(b, c, strict=True)])
+    assert rate <= 0.065
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"b": -1, "c": 0}, "b"),
+        ({"b": 1.5, "c": 0}, "b"),
+        ({"b": True, "c": 0}, "b"),
+        ({"b": 1, "c": -2}, "c"),
+        ({"b": 1, "c": 1, "alpha": 0.0}, "alpha"),
+        ({"b": 1, "c": 1, "alpha": 1.0}, "alpha"),
+        ({"b": 1, "c": 1, "alternative": "up"}, "alternative"),
+    ],
+)
+def test_mcnemar_bad_input_names_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=f"^{name}"):
+        v.mcnemar(**kwargs)
+
+
+def test_noninferior_bounds_match_the_tost_interval_of_the_hand_example():
+    # d = 2 3 1 4 5 (A - B above): the 90% interval is [1.492557, 4.507443], each end a
+    # one-sided test at 5%.
+    d = np.subtract(A, B)
+    # non-inferiority at margin 1: 1.49 > -1
+    r = v.noninferior(d, margin=1, direction="greater")
+    assert r.outcome == "reproduced" and r.seeds_needed is None
+    assert (r.eq_low, r.eq_high) == pytest.approx((1.492557, 4.507443), abs=1e-6)
+    assert (r.ci_low, r.ci_high) == pytest.approx((1.036757, 4.963243), abs=1e-6)
+    # non-superiority: within +5 (4.51 < 5); decidedly above +1 (1.49 > 1); undecided at +4
+    assert v.noninferior(d, margin=5, direction="less").outcome == "reproduced"
+    assert v.noninferior(d, margin=1, direction="less").outcome == "not reproduced"
+    u = v.noninferior(d, margin=4, direction="less")
+    assert u.outcome == "undecided"
+    # the distance from the bound is 4 - 3 = 1 with sd 1.581139 (d_z 0.632): a one-sided
+    # paired t test at 5% needs 17 pairs for 80% power (G*Power: d_z 0.632, one tail -> 17)
+    assert u.seeds_needed == 17 and "17 pairs" in u.reason
+    # the mirror image of the differences against the mirror claim
+    assert v.noninferior(-d, margin=1, direction="greater").outcome == "not reproduced"
+    assert v.noninferior(-d, margin=5, direction="greater").outcome == "reproduced"
+    # a mean beyond the margin whose interval still reaches it: no number of pairs helps
+    w = v.noninferior([-3.0, 1.0, -6.0], margin=2, direction="greater")
+    assert w.outcome == "undecided" and w.seeds_needed is None and "beyond" in w.reason
+    nt = v.noninferior(d, margin=1, direction="greater", failed=["control failed"])
+    assert nt.outcome == "not tested" and "control failed" in nt.reason
+
+
+def test_noninferior_holds_its_level_at_the_margin():
+    # True mean exactly at the bound (-margin) with normal differences: the one-sided t test
+    # rejects (outcome "reproduced") with probability alpha = 0.05 exactly; over 2000 draws
+    # the rate's SE is sqrt(0.05 * 0.95 / 2000) = 0.0049, so +-0.015 is 3 SE.
+    rng = np.random.default_rng(7)
+    d = rng.normal(-1.0, 2.0, (2000, 10))
+    rate = np.mean([v.noninferior(x, margin=1.0, direction="greater").outcome == "reproduced"
+                    for x in d])  # fmt: skip
+    assert abs(rate - 0.05) < 0.015
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"diffs": [1.0], "margin": 1.0, "direction": "greater"}, "diffs"),
+        ({"diffs": [1.0, np.nan], "margin": 1.0, "direction": "greater"}, "diffs"),
+        ({"diffs": [1.0, 2.0], "margin": 0.0, "direction": "greater"}, "margin"),
+        ({"diffs": [1.0, 2.0], "margin": 1.0, "direction": "up"}, "direction"),
+        ({"diffs": [1.0, 2.0], "margin": 1.0, "direction": "less", "alpha": 0.5}, "alpha"),
+    ],
+)
+def test_noninferior_bad_input_names_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=f"^{name}"):
+        v.noninferior(**kwargs)

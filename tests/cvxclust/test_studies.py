@@ -1,26 +1,48 @@
-"""Smoke tests of the cvxclust studies (tiny overrides, well under a minute each)."""
+"""Smoke tests of the cvxclust studies (tiny overrides, at most about a minute each)."""
 
 import json
 
-from experiments import cvxclust_phase, cvxclust_planetoid
+import numpy as np
+import pytest
+
+from experiments import _cvxclust, cvxclust_phase, cvxclust_planetoid
+from experiments._verdicts import OUTCOMES
 
 
 def test_phase_study_smoke(tmp_path):
     study = cvxclust_phase.STUDY
     over = {"n": 16, "dpq": (0.0, 0.8), "sep": (0.0, 6.0), "trials": 2, "max_iters": 800}
     s = study.execute(study.make_config(True, over), out_dir=tmp_path, show_progress=False)
+    programs = ("graph", "node", "joint", "joint_nograph", "linear")
+    assert tuple(s["programs"]) == programs
     for regime in ("fixed", "tuned"):
-        assert f"synergy_cells_{regime}" in s and f"synergy_cell_list_{regime}" in s
-        for p in ("graph", "node", "joint", "linear"):
-            for tail in ("recovery", "lo", "hi"):
+        for sfx in ("", "_exact"):
+            key = f"{regime}{sfx}"
+            assert isinstance(s[f"synergy_cells_{key}"], int)
+            assert isinstance(s[f"synergy_cells_{key}_holm"], int)
+            assert len(s[f"synergy_cell_list_{key}"]) == s[f"synergy_cells_{key}"]
+            p = np.asarray(s[f"synergy_p_{key}"])  # [panel][dpq][sep][graph, nograph, node]
+            assert p.shape == (1, 2, 2, 3) and ((0 <= p) & (p <= 1)).all()
+        for p in programs:
+            for tail in ("recovery", "lo", "hi", "exact"):
                 grid = s[f"{regime}_{p}_{tail}"]
                 assert len(grid) == 1 and len(grid[0]) == 2 and len(grid[0][0]) == 2
             lo, r, hi = (s[f"{regime}_{p}_{t}"][0][1][1] for t in ("lo", "recovery", "hi"))
             assert 0.0 <= lo <= r <= hi <= 1.0
+    for p in programs:
+        allowed = s["eps_grid"] if p.startswith("joint") else s["grid"]
+        assert {v for row in s[f"tuned_{p}_choice"][0] for v in row} <= set(allowed)
+    assert s["eps_fixed"] == 10.0 and s["eps_grid"] == [10.0, 100.0]
+    for key in ("verdict", "verdict_exact", "verdict_tuned"):
+        assert s[key] in OUTCOMES
     # p = 0.9, q = 0.1 on 16 nodes: the PSD-hard graph program recovers the draws; p = q: none.
     # The graph draw does not depend on sep: one solve serves both columns.
     assert s["fixed_graph_recovery"][0][1] == [1.0, 1.0]
     assert s["fixed_graph_recovery"][0][0] == [0.0, 0.0]
+    assert s["positive_control"] == [1.0] and s["verdict"] != "not tested"
+    # the dense threshold at n = 16 (0.541) puts neither row within [t - 0.2, t + 0.1]
+    assert s["trials_per_cell"] == [[[2, 2], [2, 2]]]
+    assert s["graph_threshold"] == [pytest.approx(_cvxclust.graph_threshold(16, 2))]
     assert s["max_min_eig_violation"] >= -1e-5  # float32 solves
     assert isinstance(s["uncertified_solves"], int)
     assert sum(s["uncertified_by_program"].values()) == s["uncertified_solves"]
@@ -53,7 +75,8 @@ def test_phase_study_resumes_cell_by_cell(tmp_path):
     # A resumed run restores every solved cell from its checkpoint instead of solving it again,
     # and its summary is the uninterrupted run's.
     study = cvxclust_phase.STUDY
-    over = {"n": 12, "dpq": (0.8,), "sep": (0.0, 6.0), "trials": 2, "max_iters": 300}
+    over = {"n": 12, "dpq": (0.8,), "sep": (0.0, 6.0), "trials": 2, "max_iters": 300,
+            "tune_trials": 2, "grid": (1.0,), "eps_grid": (10.0,)}  # fmt: skip
     cfg = study.make_config(True, over)
     kw = {"checkpoint_dir": tmp_path / "ckpt", "show_progress": False}
     first = study.execute(cfg, out_dir=tmp_path / "a", **kw)
