@@ -1,14 +1,15 @@
 """Shared code of the cvxclust studies: solve records and certificates, Wilson intervals, the
 phase study's five programs (graph PSD-hard, node-only convex clustering, the shared-model
 joint program, the same program without its graph, and the linear-reward surrogate) built,
-tuned on their own draws and solved per grid cell with the paired tests of its verdict, and
-the Planetoid study's four programs' predictions."""
+tuned on their own draws and solved per grid cell with the paired tests of its verdict, the
+cells tallied into its summary (rates, synergy cells, verdicts, solve checks, plots), and the
+Planetoid study's four programs' predictions."""
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -415,6 +416,235 @@ def holm(p, alpha: float) -> np.ndarray:
     keep = np.zeros(flat.size, bool)
     keep[order] = np.cumprod(ok).astype(bool)
     return keep.reshape(p.shape)
+
+
+# ------------------------------------------------------------------------------------------
+# The phase study's summary: cells tallied, synergy cells, verdicts, plots
+# ------------------------------------------------------------------------------------------
+
+#: The recovery criteria: the summary keys' suffix and the cell record's flag.
+PHASE_CRITERIA = (("", "recovered"), ("_exact", "exact"))
+#: The weight regimes, in the order of a cell record's rows.
+PHASE_REGIMES = ("fixed", "tuned")
+
+
+class SynergyCells(NamedTuple):
+    """The synergy test of one regime and criterion, ``[panel][dpq][sep]`` arrays:
+    ``candidate``, ``synergy`` and ``holm`` (bool, see :func:`synergy_cells`) and ``diff`` (the
+    joint's rate less the larger of its parts')."""
+
+    candidate: np.ndarray
+    synergy: np.ndarray
+    holm: np.ndarray
+    diff: np.ndarray
+
+    def reason(self, name: str, verdict: str) -> str:
+        """The verdict ``name: verdict`` with its counts of synergy and candidate cells."""
+        return (
+            f"{name}: {verdict} ({int(self.holm.sum())} synergy cell(s) surviving Holm, "
+            f"{int(self.synergy.sum())} before it, {int(self.candidate.sum())} candidate(s))"
+        )
+
+
+def synergy_cells(rates: dict, p_parts: list, certified, alpha: float):
+    """``(candidate, synergy, surviving Holm)`` cells ([panel][dpq][sep] bool): the joint's
+    rate ``>= 0.5`` and each part's ``<= 0.3``; and, for synergy, the McNemar p against each
+    part ``< alpha`` (the cell's p is the larger: an intersection-union test) with every
+    compared solve certified; and that p surviving Holm over all cells.
+
+    >>> rates = {"joint": np.array([0.6, 0.6]), "graph": np.array([0.2, 0.4]),
+    ...          "joint_nograph": np.array([0.1, 0.1])}
+    >>> p_parts = [np.array([0.01, 0.01]), np.array([0.001, 0.001])]
+    >>> [v.tolist() for v in synergy_cells(rates, p_parts, np.array([True, True]), 0.05)]
+    [[True, False], [True, False], [True, False]]
+    """
+    cand = (rates["joint"] >= 0.5) & np.all([rates[p] <= 0.3 for p in SYNERGY_PARTS], 0)
+    p_cell = np.max(p_parts, 0)
+    syn = cand & certified & (p_cell < alpha)
+    return cand, syn, syn & holm(p_cell, alpha)
+
+
+def phase_verdict(control: bool, strong: bool, candidate: bool) -> str:
+    """The phase study's verdict: "not tested" when the positive ``control`` fails, else
+    "reproduced" with a synergy cell surviving Holm (``strong``), else "undecided" with a
+    ``candidate`` cell, else "not reproduced".
+
+    >>> phase_verdict(True, False, True), phase_verdict(False, True, True)
+    ('undecided', 'not tested')
+    """
+    if not control:
+        return "not tested"
+    if strong:
+        return "reproduced"
+    return "undecided" if candidate else "not reproduced"
+
+
+class PhaseTally:
+    """The phase study's cell records gathered into ``[panel][dpq][sep]`` arrays.
+
+    ``n_trials`` (scored draws), ``hits[regime, flag, program]`` (recovered scored draws),
+    ``certified[regime, program]`` (every scored solve certified), ``p_values[regime, flag,
+    arm]`` (the joint against ``arm`` of :data:`MCNEMAR_ARMS`, :func:`mcnemar_p`),
+    ``choice[program]`` (the tuned grid value, :func:`grid_value`); over all solves, scored
+    and tuning, ``worst`` (the most negative eigenvalue of the matrix programs, at most 0)
+    and ``uncertified`` (``[program, panel, dpq, sep, value, "scored" or "tuning", count]``).
+    """
+
+    def __init__(self, cfg, panels):
+        shape = (len(panels), len(cfg.dpq), len(cfg.sep))
+        keys = [(r, f) for r in PHASE_REGIMES for _, f in PHASE_CRITERIA]
+        self.cfg, self.panels = cfg, list(panels)
+        self.names = [f"K{k}_d{d}" for k, d in panels]
+        self.n_trials = np.zeros(shape, int)
+        self.hits = {(*rf, p): np.zeros(shape) for rf in keys for p in PHASE_PROGRAMS}
+        self.certified = {
+            (r, p): np.ones(shape, bool) for r in PHASE_REGIMES for p in PHASE_PROGRAMS
+        }
+        self.p_values = {(*rf, a): np.ones(shape) for rf in keys for a in MCNEMAR_ARMS}
+        self.choice = {p: np.zeros(shape) for p in PHASE_PROGRAMS}
+        self.worst, self.uncertified = 0.0, []
+
+    def add(self, at: tuple, cell: tuple, res: dict, solved) -> None:
+        """Counts the :func:`phase_cell` record ``res`` of ``cell = (seed, k, d, i, j, dpq,
+        sep)`` at ``at = (panel, i, j)``; its solves' eigenvalues and certificates only for the
+        programs in ``solved`` (a graph record shared by a row's cells is counted once)."""
+        self.n_trials[at] = res["joint"]["recovered"].shape[1]
+        for p in PHASE_PROGRAMS:
+            self.choice[p][at] = grid_value(self.cfg, p, int(res[p]["choice"][0]))
+            for r, regime in enumerate(PHASE_REGIMES):
+                self.certified[regime, p][at] = res[p]["certified"][r].all()
+                for _, f in PHASE_CRITERIA:
+                    self.hits[regime, f, p][at] = res[p][f][r].sum()
+            if p in solved:
+                self._check(p, res[p], cell)
+        for r, regime in enumerate(PHASE_REGIMES):
+            for (_, f), arm in ((c, x) for c in PHASE_CRITERIA for x in MCNEMAR_ARMS):
+                self.p_values[regime, f, arm][at] = mcnemar_p(res, arm, f, r, self.cfg.alpha)
+
+    def _check(self, p: str, rec: dict, cell: tuple) -> None:
+        """Updates ``worst`` and ``uncertified`` with one program's record, scored and tuning
+        (a scored row solved once when the fixed and tuned values agree is counted once)."""
+        _, k, d, _, _, dpq, sep = cell
+        if p != "node":
+            eig = min(float(rec["min_eig"].min()), float(rec["tune_min_eig"].min()))
+            self.worst = min(self.worst, eig)
+        fixed, pick = fixed_index(self.cfg, p), int(rec["choice"][0])
+        rows = [("scored", fixed, rec["certified"][0])]
+        rows += [("scored", pick, rec["certified"][1])] if pick != fixed else []
+        rows += [("tuning", g, c) for g, c in enumerate(rec["tune_certified"])]
+        for kind, g, ok in rows:
+            if (~ok).any():
+                value = grid_value(self.cfg, p, g)
+                self.uncertified.append([p, f"K{k}_d{d}", dpq, sep, value, kind, int((~ok).sum())])
+
+    def positive_control(self) -> list[float]:
+        """The graph program's fixed rounding rate at the largest ``dpq``, per panel (the same
+        for every ``sep``: the row shares its graph solves)."""
+        top = int(np.argmax(self.cfg.dpq))
+        graph = self.hits["fixed", "recovered", "graph"][:, top, 0] / self.n_trials[:, top, 0]
+        return [float(v) for v in graph]
+
+    def recovery(self, regime: str) -> dict[str, list]:
+        """``{regime}_{program}_recovery``, ``_lo``, ``_hi`` (rounding rates and their Wilson
+        95% bounds) and ``_exact`` (exact rates) of every program, ``[panel][dpq][sep]``."""
+        out, n = {}, self.n_trials
+        for p in PHASE_PROGRAMS:
+            hits = self.hits[regime, "recovered", p]
+            out[f"{regime}_{p}_recovery"] = (hits / n).tolist()
+            out[f"{regime}_{p}_lo"], out[f"{regime}_{p}_hi"] = (v.tolist() for v in wilson(hits, n))
+            out[f"{regime}_{p}_exact"] = (self.hits[regime, "exact", p] / n).tolist()
+        return out
+
+    def synergy(self, regime: str, sfx: str, flag: str) -> tuple[dict, SynergyCells]:
+        """``(keys, cells)``: the synergy test of the joint against its parts in ``regime``
+        under criterion ``flag`` (:func:`synergy_cells`), and its summary keys with ``key =
+        regime + sfx``: ``synergy_cells_{key}``, ``synergy_cell_list_{key}`` (``[panel, dpq,
+        sep]``), ``synergy_cells_{key}_holm``, ``candidate_cells_{key}`` and ``synergy_p_{key}``
+        (the p values against :data:`MCNEMAR_ARMS`, ``[panel][dpq][sep][arm]``)."""
+        cfg, key, both = self.cfg, f"{regime}{sfx}", ("joint", *SYNERGY_PARTS)
+        rates = {p: self.hits[regime, flag, p] / self.n_trials for p in both}
+        certified = np.all([self.certified[regime, p] for p in both], 0)
+        p_parts = [self.p_values[regime, flag, p] for p in SYNERGY_PARTS]
+        cand, syn, strong = synergy_cells(rates, p_parts, certified, cfg.alpha)
+        diff = rates["joint"] - np.maximum(*(rates[p] for p in SYNERGY_PARTS))
+        found = zip(*np.nonzero(syn), strict=True)
+        keys = {
+            f"synergy_cells_{key}": int(syn.sum()),
+            f"synergy_cell_list_{key}": [
+                [self.names[a], cfg.dpq[i], cfg.sep[s]] for a, i, s in found
+            ],
+            f"synergy_cells_{key}_holm": int(strong.sum()),
+            f"candidate_cells_{key}": int(cand.sum()),
+            f"synergy_p_{key}": np.stack(
+                [self.p_values[regime, flag, x] for x in MCNEMAR_ARMS], -1
+            ).tolist(),
+        }
+        return keys, SynergyCells(cand, syn, strong, diff)
+
+    def solve_checks(self) -> dict[str, Any]:
+        """``max_min_eig_violation``, ``uncertified_solves`` (count), ``uncertified_list`` (the
+        first 20 rows) and ``uncertified_by_program``."""
+        bad = self.uncertified
+        return {
+            "max_min_eig_violation": self.worst,
+            "uncertified_solves": sum(b[-1] for b in bad),
+            "uncertified_list": bad[:20],
+            "uncertified_by_program": {
+                p: sum(b[-1] for b in bad if b[0] == p) for p in PHASE_PROGRAMS
+            },
+        }
+
+    def design(self) -> dict[str, Any]:
+        """The run's design: ``n``, ``trials``, ``trials_near``, ``tune_trials``,
+        ``trials_per_cell`` ([panel][dpq][sep]), ``near_band``, ``grid``, ``eps_grid``,
+        ``eps_fixed``, ``alpha``, ``graph_threshold`` (per panel) and ``feature_threshold``."""
+        cfg = self.cfg
+        return {
+            "n": cfg.n,
+            "trials": cfg.trials,
+            "trials_near": cfg.trials_near,
+            "tune_trials": cfg.tune_trials,
+            "trials_per_cell": self.n_trials.tolist(),
+            "near_band": [cfg.near_below, cfg.near_above],
+            "grid": list(cfg.grid),
+            "eps_grid": list(cfg.eps_grid),
+            "eps_fixed": cfg.eps_fixed,
+            "alpha": cfg.alpha,
+            "graph_threshold": [graph_threshold(cfg.n, k) for k, _ in self.panels],
+            "feature_threshold": feature_threshold(cfg.n),
+        }
+
+
+def plot_phase(ctx, cfg, panels, cells: SynergyCells, regime: str) -> None:
+    """Saves ``phase_<regime>.png``: per panel, the joint's rate less the larger of its parts'
+    over the ``dpq`` x ``sep`` grid, the dense graph threshold (and for ``K = 2, d = 1`` the
+    feature threshold), synergy cells marked ``S`` (``S*`` when surviving Holm)."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    sep, dpq = np.asarray(cfg.sep), np.asarray(cfg.dpq)
+    rows = zip(axes[0], panels, cells.diff, cells.synergy, cells.holm, strict=True)
+    for ax, (k, d), m, s, h in rows:
+        im = ax.imshow(m, origin="lower", vmin=-1, vmax=1, cmap="RdBu", aspect="auto")
+        ax.set_xticks(range(len(sep)), [f"{v:g}" for v in sep])
+        ax.set_yticks(range(len(dpq)), [f"{v:g}" for v in dpq])
+        y = np.interp(graph_threshold(cfg.n, k), dpq, np.arange(len(dpq)))
+        ax.axhline(y, color="k", ls="--", lw=1, label="graph threshold (dense)")
+        if d == 1 and k == 2:
+            x = np.interp(feature_threshold(cfg.n), sep, np.arange(len(sep)))
+            ax.axvline(x, color="k", ls=":", lw=1, label="features: Phi(s/2)^n = 1/2")
+        for i, j in zip(*np.nonzero(s), strict=True):
+            label = "S*" if h[i, j] else "S"
+            ax.text(j, i, label, ha="center", va="center", color="k", fontweight="bold")
+        ax.set(title=f"K={k}, d={d}", xlabel="sep", ylabel="p - q")
+    fig.suptitle(
+        f"recovery rate, joint - max(graph, joint without graph), {regime} weights "
+        "(S: synergy, S*: surviving Holm)",
+        y=1.03,
+    )
+    axes[0][0].legend(fontsize=6, loc="upper right")
+    fig.colorbar(im, ax=axes, shrink=0.8)
+    ctx.save_plot(fig, f"phase_{regime}")
 
 
 # ------------------------------------------------------------------------------------------

@@ -128,16 +128,11 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 from threadpoolctl import threadpool_limits
 
 from experiments import _cvxclust, _runner
 
 P = _cvxclust.PHASE_PROGRAMS
-PARTS = _cvxclust.SYNERGY_PARTS
-ARMS = _cvxclust.MCNEMAR_ARMS
-CRITERIA = (("", "recovered"), ("_exact", "exact"))
-REGIMES = ("fixed", "tuned")
 #: The positive control: the graph program's least fixed rate at the largest ``dpq``.
 CONTROL = 0.25
 #: The verdicts and the (regime, criterion) each decides.
@@ -197,13 +192,7 @@ class Config:
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
     panels = [(k, d) for k in cfg.ks for d in cfg.dims]
-    shape = (len(panels), len(cfg.dpq), len(cfg.sep))
-    n_tr = np.zeros(shape, int)
-    hits = {(r, f, p): np.zeros(shape) for r in REGIMES for _, f in CRITERIA for p in P}
-    cert = {(r, p): np.ones(shape, bool) for r in REGIMES for p in P}
-    pval = {(r, f, a): np.ones(shape) for r in REGIMES for _, f in CRITERIA for a in ARMS}
-    choice = {p: np.zeros(shape) for p in P}
-    worst, bad, graph_cache = 0.0, [], {}
+    tally, graph_cache = _cvxclust.PhaseTally(cfg, panels), {}
     with threadpool_limits(1):  # one BLAS thread: LAPACK's eigh thrashes on busy cores
         for a, (k, d) in enumerate(ctx.progress(panels, desc="panels")):
             for i, dpq in enumerate(cfg.dpq):
@@ -212,152 +201,43 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
                     cell = (ctx.seed, k, d, i, j, dpq, sep)
                     start, res = _cvxclust.cell_checkpointed(ctx, cfg, cell, todo, graph_cache)
                     res["graph"] = graph_cache.setdefault((k, i), res["graph"])
-                    at = (a, i, j)
-                    n_tr[at] = res["joint"]["recovered"].shape[1]
-                    for p in P:
-                        choice[p][at] = _cvxclust.grid_value(cfg, p, int(res[p]["choice"][0]))
-                        for r, regime in enumerate(REGIMES):
-                            cert[regime, p][at] = res[p]["certified"][r].all()
-                            for _, f in CRITERIA:
-                                hits[regime, f, p][at] = res[p][f][r].sum()
-                        if p in todo:  # a cached graph record is counted once
-                            worst, bad = _solve_checks(cfg, res[p], p, cell, panels[a], worst, bad)
-                    for r, regime in enumerate(REGIMES):
-                        for (_, f), arm in ((c, x) for c in CRITERIA for x in ARMS):
-                            pval[regime, f, arm][at] = _cvxclust.mcnemar_p(
-                                res, arm, f, r, cfg.alpha
-                            )
+                    tally.add((a, i, j), cell, res, todo)  # a cached graph record counted once
                     ctx.log(
-                        K=k, d=d, dpq=dpq, sep=sep, restored=start > 0, trials=int(n_tr[at]),
+                        K=k, d=d, dpq=dpq, sep=sep, restored=start > 0,
+                        trials=int(tally.n_trials[a, i, j]),
                         **{p: res[p]["recovered"].mean(1).tolist() for p in P},
                     )  # fmt: skip
-    names = [f"K{k}_d{d}" for k, d in panels]
-    out = {"dpq_grid": list(cfg.dpq), "sep_grid": list(cfg.sep), "panels": names, "programs": P}
-    top = int(np.argmax(cfg.dpq))
-    graph_top = hits["fixed", "recovered", "graph"][:, top, 0] / n_tr[:, top, 0]
-    control = [float(v) for v in graph_top]  # the same for every sep
+    out = {
+        "dpq_grid": list(cfg.dpq),
+        "sep_grid": list(cfg.sep),
+        "panels": tally.names,
+        "programs": P,
+    }
+    control = tally.positive_control()
     reasons = []
-    for regime in REGIMES:
-        for p in P:
-            rate = hits[regime, "recovered", p]
-            out[f"{regime}_{p}_recovery"] = (rate / n_tr).tolist()
-            out[f"{regime}_{p}_lo"], out[f"{regime}_{p}_hi"] = (
-                v.tolist() for v in _cvxclust.wilson(rate, n_tr)
-            )
-            out[f"{regime}_{p}_exact"] = (hits[regime, "exact", p] / n_tr).tolist()
-        for sfx, f in CRITERIA:
-            key = f"{regime}{sfx}"
-            rates = {p: hits[regime, f, p] / n_tr for p in ("joint", *PARTS)}
-            certified = np.all([cert[regime, p] for p in ("joint", *PARTS)], 0)
-            p_parts = [pval[regime, f, p] for p in PARTS]
-            cand, syn, strong = _synergy(rates, p_parts, certified, cfg.alpha)
-            out[f"synergy_cells_{key}"] = int(syn.sum())
-            out[f"synergy_cell_list_{key}"] = [
-                [names[a], cfg.dpq[i], cfg.sep[s]] for a, i, s in zip(*np.nonzero(syn), strict=True)
-            ]
-            out[f"synergy_cells_{key}_holm"] = int(strong.sum())
-            out[f"candidate_cells_{key}"] = int(cand.sum())
-            out[f"synergy_p_{key}"] = np.stack([pval[regime, f, x] for x in ARMS], -1).tolist()
-            if key in VERDICTS:
-                name = VERDICTS[key]
-                out[name] = _verdict(min(control) >= CONTROL, strong.any(), cand.any())
-                reasons.append(
-                    f"{name}: {out[name]} ({int(strong.sum())} synergy cell(s) surviving Holm, "
-                    f"{int(syn.sum())} before it, {int(cand.sum())} candidate(s))"
+    for regime in _cvxclust.PHASE_REGIMES:
+        out |= tally.recovery(regime)
+        for sfx, flag in _cvxclust.PHASE_CRITERIA:
+            keys, cells = tally.synergy(regime, sfx, flag)
+            out |= keys
+            if (name := VERDICTS.get(f"{regime}{sfx}")) is not None:
+                out[name] = _cvxclust.phase_verdict(
+                    min(control) >= CONTROL, cells.holm.any(), cells.candidate.any()
                 )
+                reasons.append(cells.reason(name, out[name]))
             if sfx == "":
-                diff = rates["joint"] - np.maximum(*(rates[p] for p in PARTS))
-                _plot(ctx, cfg, panels, diff, syn, strong, regime)
+                _cvxclust.plot_phase(ctx, cfg, panels, cells, regime)
         if regime == "tuned":
-            for p in P:
-                out[f"tuned_{p}_choice"] = choice[p].tolist()
+            out |= {f"tuned_{p}_choice": tally.choice[p].tolist() for p in P}
     ok = "passes" if min(control) >= CONTROL else "fails"
     out |= {
         "verdict_reason": "; ".join(reasons) + f"; positive control {ok}",
         "positive_control": control,
-        "mcnemar_arms": list(ARMS),
-        "max_min_eig_violation": worst,
-        "uncertified_solves": sum(b[-1] for b in bad),
-        "uncertified_list": bad[:20],
-        "uncertified_by_program": {p: sum(b[-1] for b in bad if b[0] == p) for p in P},
-        "n": cfg.n,
-        "trials": cfg.trials,
-        "trials_near": cfg.trials_near,
-        "tune_trials": cfg.tune_trials,
-        "trials_per_cell": n_tr.tolist(),
-        "near_band": [cfg.near_below, cfg.near_above],
-        "grid": list(cfg.grid),
-        "eps_grid": list(cfg.eps_grid),
-        "eps_fixed": cfg.eps_fixed,
-        "alpha": cfg.alpha,
-        "graph_threshold": [_cvxclust.graph_threshold(cfg.n, k) for k, _ in panels],
-        "feature_threshold": _cvxclust.feature_threshold(cfg.n),
+        "mcnemar_arms": list(_cvxclust.MCNEMAR_ARMS),
+        **tally.solve_checks(),
+        **tally.design(),
     }
     return out
-
-
-def _synergy(rates: dict, p_parts: list, certified, alpha: float):
-    """``(candidate, synergy, surviving Holm)`` cells ([panel][dpq][sep] bool): the joint's
-    rate ``>= 0.5`` and each part's ``<= 0.3``; and, for synergy, the McNemar p against each
-    part ``< alpha`` (the cell's p is the larger: an intersection-union test) with every
-    compared solve certified; and that p surviving Holm over all cells."""
-    cand = (rates["joint"] >= 0.5) & np.all([rates[p] <= 0.3 for p in PARTS], 0)
-    p_cell = np.max(p_parts, 0)
-    syn = cand & certified & (p_cell < alpha)
-    return cand, syn, syn & _cvxclust.holm(p_cell, alpha)
-
-
-def _verdict(control: bool, strong: bool, candidate: bool) -> str:
-    if not control:
-        return "not tested"
-    if strong:
-        return "reproduced"
-    return "undecided" if candidate else "not reproduced"
-
-
-def _solve_checks(cfg, rec, p, cell, panel, worst, bad):
-    """The most negative eigenvalue so far and the uncertified solves, scored and tuning (a
-    scored row solved once when the fixed and tuned values agree is counted once)."""
-    _, k, d, _, _, dpq, sep = cell
-    if p != "node":
-        worst = min(worst, float(rec["min_eig"].min()), float(rec["tune_min_eig"].min()))
-    fixed, pick = _cvxclust.fixed_index(cfg, p), int(rec["choice"][0])
-    rows = [("scored", fixed, rec["certified"][0])]
-    rows += [("scored", pick, rec["certified"][1])] if pick != fixed else []
-    rows += [("tuning", g, c) for g, c in enumerate(rec["tune_certified"])]
-    for kind, g, ok in rows:
-        if (~ok).any():
-            value = _cvxclust.grid_value(cfg, p, g)
-            bad.append([p, f"K{panel[0]}_d{panel[1]}", dpq, sep, value, kind, int((~ok).sum())])
-    return worst, bad
-
-
-def _plot(ctx, cfg: Config, panels, diff, syn, strong, regime: str) -> None:
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
-    sep, dpq = np.asarray(cfg.sep), np.asarray(cfg.dpq)
-    for ax, (k, d), m, s, h in zip(axes[0], panels, diff, syn, strong, strict=True):
-        im = ax.imshow(m, origin="lower", vmin=-1, vmax=1, cmap="RdBu", aspect="auto")
-        ax.set_xticks(range(len(sep)), [f"{v:g}" for v in sep])
-        ax.set_yticks(range(len(dpq)), [f"{v:g}" for v in dpq])
-        y = np.interp(_cvxclust.graph_threshold(cfg.n, k), dpq, np.arange(len(dpq)))
-        ax.axhline(y, color="k", ls="--", lw=1, label="graph threshold (dense)")
-        if d == 1 and k == 2:
-            x = np.interp(_cvxclust.feature_threshold(cfg.n), sep, np.arange(len(sep)))
-            ax.axvline(x, color="k", ls=":", lw=1, label="features: Phi(s/2)^n = 1/2")
-        for i, j in zip(*np.nonzero(s), strict=True):
-            label = "S*" if h[i, j] else "S"
-            ax.text(j, i, label, ha="center", va="center", color="k", fontweight="bold")
-        ax.set(title=f"K={k}, d={d}", xlabel="sep", ylabel="p - q")
-    fig.suptitle(
-        f"recovery rate, joint - max(graph, joint without graph), {regime} weights "
-        "(S: synergy, S*: surviving Holm)",
-        y=1.03,
-    )
-    axes[0][0].legend(fontsize=6, loc="upper right")
-    fig.colorbar(im, ax=axes, shrink=0.8)
-    ctx.save_plot(fig, f"phase_{regime}")
 
 
 STUDY = _runner.Study(
