@@ -1,16 +1,27 @@
-"""PoE / KL composition of frozen offline actors with goal-conditioned priors on AntMaze.
+"""PoE / KL composition of a frozen offline actor with goal-conditioned priors on AntMaze:
+the claims of ``experiments.policy_pointmaze`` on an 8-d torque action space.
 
-The maze diagnostic (``experiments._policy.run_maze``) on gymnasium-robotics'
-``AntMaze_UMaze-v5``: an 8-d torque action space and a 29-d observation (x, y, then ``Ant-v5``'s
-27, D4RL's ant layout), where the offline actor must learn locomotion as well as navigation.
-Data (``hexad.policy.antmaze_dataset``, cached): a scripted noisy oracle, in the manner of
-D4RL's antmaze, i.e. a direction-commanded SAC ant trained online here
+The one driver of the policy studies (``experiments._policy``) on gymnasium-robotics'
+``AntMaze_UMaze-v5``: a 29-d observation (x, y, then ``Ant-v5``'s 27, D4RL's ant layout), where
+the offline actor must learn locomotion as well as navigation. Data
+(``hexad.policy.antmaze_dataset``, cached; data seed = study seed): a scripted noisy oracle, in
+the manner of D4RL's antmaze, i.e. a direction-commanded SAC ant trained online here
 (``train_ant_controller``, cached) driven towards the next waypoint of the maze's shortest path,
 with Gaussian action noise ``noise_std``; the task goal is the centre of cell (3, 1), the far
 end of the U. At deployment each episode starts in cell (1, 1) and must reach a new goal drawn
 uniformly within ``goal_shift`` (one cell) of the task goal, in free space at least 0.8 from a
-wall. Success is D4RL's antmaze criterion, coming within 0.45 of the goal at any step of the
-``episode_steps`` = 700-step episode; the return is the sum of exp(-distance) over the steps.
+wall. The return is the sum of exp(-distance) over the ``episode_steps`` = 700 steps and
+decides; success, D4RL's antmaze criterion (within 0.45 of the goal at any step), is reported.
+
+Priors, likelihood spaces, the reward-free KL budget, the selection/test split and the decision
+rules are those of ``experiments.policy_pointmaze`` (see its docstring), with the practical
+margin ``delta`` = ``margin_per_step`` x ``episode_steps`` = 7 return points over a 700-step
+episode (1.5 at ``--quick``'s 150 steps), one seed by default (so the paired units are the test
+episodes), and the guides of the driver (IQL and CQL). At this offline budget neither the
+actor nor the prior learns to walk the ant, so the actor seldom beats the zero action and the
+claims are expected to be "not tested": AntMaze shows the paper's zero-success diagnostic (a
+frozen actor that solves nothing), not where the regime boundary lies. (The earlier design's
+SF + GPI rows and incompetent-snapshot actor are not part of the one driver.)
 
 Command:  python -m experiments.policy_antmaze [--quick] [--out DIR] [--seed N] [--set k=v]
           The first full run trains the ant controller (``controller_steps`` = 400k SAC steps,
@@ -21,30 +32,19 @@ Command:  python -m experiments.policy_antmaze [--quick] [--out DIR] [--seed N] 
           (64 SAC steps, 8 wide; seconds) and a small data set of its own, so its scripted
           oracle is a flailing ant, not the real controller.
           ``--resume`` restores the frozen networks through hexad.cachex.
-Runtime:  --quick (10k transitions, 64-wide networks, 1000 updates each, 2 episodes of 300
-          steps per method) on an empty cache, the tiny controller and data included: about
-          2.5 min wall on 2 idle CPU cores. Full (10k updates for IQL, the prior and the IQL
-          guide, 10 episodes per method): about 20 min on 2 CPU cores, excluding the cached
-          controller and data set.
+Runtime:  --quick (10k transitions, 64-wide networks, 1000 updates each, the priors good,
+          param_noise and random_init, ratios 0.25, 1 and 4, 2 selection and 3 test episodes
+          of 150 steps per row) on an empty cache, the tiny controller and data included:
+          3.2 min wall measured on 2 CPU cores shared with other runs (load about 5.5).
+          Full (5000 updates for IQL, the priors and the guides; 10 selection and 20 test
+          episodes of 700 steps per row; one seed): not yet measured at this design (the
+          earlier diagnostic took about 20 min with 10 episodes per row); expect about an
+          hour, excluding the cached controller and data set.
 
-This study keeps the earlier diagnostic design (``experiments._policy.run_maze``: priors good /
-degraded / random, selection on the evaluation episodes, SF + GPI); the decisive design with
-held-out selection and bootstrap verdicts (``experiments._policy.run_decisive_seed``) is run by
-``experiments.policy_pointmaze`` and ``experiments.policy_locomotion``. At this offline budget
-neither the actor nor the prior learns to walk the ant, so AntMaze can show the paper's
-zero-success diagnostic (a frozen actor that solves nothing) but not where the regime boundary
-lies.
-
-summary.json keys: those of the diagnostic (``_policy.actor_summary`` for the competent actor
-and, prefixed ``incompetent_``, the incompetent one): ``actor_success``, ``actor_return``,
-``poe_kl_budget_{success,return,alpha}_Q``, ``poe_kl_state_{success,return}_Q``,
-``oracle_{success,return,alpha}_Q``, ``additive_{success,return}_Q``,
-``additive_oracle_{success,return,alpha}_Q``, ``prior_only_{success,return}_Q``,
-``sfgpi_{success,return}_Q``, ``poe_return_curve_Q``, ``poe_success_curve_Q``,
-``additive_return_curve_Q``, ``iql_guided_*``, ``cql_guided_*`` (Q in good / degraded /
-random); once ``alphas``, ``kl_budget``, ``scripted_oracle_{success,return}``,
-``dataset_reward_frac``, ``iql_final_critic_loss``, ``prior_final_nll``, ``sf_final_loss``,
-``sf_reward_fit_r2``, ``sf_library_size``, ``return_se``, ``success_se``, ``runtime_s``.
+summary.json keys: those of ``experiments.policy_pointmaze`` (one actor level, so the claims
+end in ``_<space>``), the scripted oracle's ``scripted_oracle_return`` and
+``scripted_oracle_success`` on the test goals, ``dataset_reward_frac`` (the share of rewarded
+transitions in the data) and ``runtime_s``.
 """
 
 from __future__ import annotations
@@ -56,15 +56,14 @@ from experiments import _policy, _runner
 from hexad import policy
 from hexad.data import offline_rl
 
-PRIORS = _policy.PRIORS
-
 
 @dataclasses.dataclass(frozen=True)
-class Config(_policy.MazeConfig):
+class Config(_policy.PolicyConfig):
     n_transitions: int = 200_000
     noise_std: float = 0.2
     goal_shift: float = 4.0
     episode_steps: int = 700
+    n_seeds: int = 1
     # The SAC ant controller (hexad.policy.train_ant_controller's settings; the
     # defaults are its own, the real controller; its cache folder is named by all of them).
     controller_steps: int = 400_000
@@ -77,6 +76,8 @@ class Config(_policy.MazeConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        _runner.at_least(self, 1, "n_transitions")
+        _runner.at_least(self, 0, "noise_std", "goal_shift")
         _runner.at_least(self, 1, "controller_steps", "controller_chunk_steps")
         _runner.at_least(self, 1, "controller_n_envs", "controller_hidden")
         _runner.at_least(self, 1, "controller_batch_size", "controller_episode_steps")
@@ -117,23 +118,19 @@ QUICK_CONTROLLER = {
 
 QUICK_SIZES = {
     "n_transitions": 10_000,
-    "iql_steps": 1000,
-    "bc_steps": 1000,
-    "guide_iql_steps": 1000,
-    "guide_cql_steps": 1000,
-    "sf_steps": 1000,
-    "n_episodes": 2,
-    "episode_steps": 300,
+    "episode_steps": 150,
+    "priors": ("good", "param_noise", "random_init"),
+    "precision_ratios": (0.25, 1.0, 4.0),
 }
 
 
-def antmaze(cfg: Config, ctx: _runner.Context) -> _policy.Maze:
-    """The AntMaze data set, geometry, evaluator and scripted oracle (trained and cached on
-    first use)."""
+def setup(cfg: Config, ctx, seed: int, key) -> tuple[_policy.Setup, dict]:
+    """One seed's AntMaze data (the controller trained and cached on first use), episodes and
+    evaluator."""
     ckw = cfg.controller_kwargs()
     raw = policy.antmaze_dataset(
         cfg.n_transitions,
-        seed=ctx.seed,
+        seed=seed,
         noise_std=cfg.noise_std,
         controller_kwargs=ckw,
         progress=ctx.progress,
@@ -141,20 +138,23 @@ def antmaze(cfg: Config, ctx: _runner.Context) -> _policy.Maze:
     controller = policy.train_ant_controller(progress=ctx.progress, **ckw)  # cached: a load
     geom = offline_rl.antmaze_geometry()
     oracle = partial(offline_rl.antmaze_oracle, controller, geom=geom)
-    return _policy.Maze(raw, geom, offline_rl.evaluate_antmaze, oracle, 0.2 * geom.scaling)
+    evaluate, margin = offline_rl.evaluate_antmaze, 0.2 * geom.scaling
+    st, extra = _policy.maze_setup(cfg, ctx, seed, key, raw, geom, evaluate, oracle, margin)
+    return st, extra | {"dataset_reward_frac": float(raw["rewards"].mean())}
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
-    return _policy.run_maze(cfg, ctx, antmaze(cfg, ctx))
+    return _policy.run(cfg, ctx, lambda seed, key: setup(cfg, ctx, seed, key), ["task"])
 
 
 STUDY = _runner.Study(
     "policy_antmaze",
     Config,
     run,
-    # Smaller than the maze diagnostic's --quick (the ant's simulation is the cost), with the tiny
-    # controller and a small data set of its own, so --quick needs nothing cached.
-    quick={**_policy.MAZE_QUICK, **QUICK_CONTROLLER, **QUICK_SIZES},
+    # The ant's simulation is the cost: the shared --quick sizes with 150-step episodes, three
+    # priors and three ratios, the tiny controller and a small data set of its own, so --quick
+    # needs nothing cached.
+    quick={**_policy.QUICK, **QUICK_CONTROLLER, **QUICK_SIZES},
     doc=__doc__,
 )
 

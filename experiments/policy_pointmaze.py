@@ -1,5 +1,6 @@
 """PoE / KL composition of a frozen offline actor with goal-conditioned priors on PointMaze:
-graceful degradation and the KL-budget selector, decided on held-out episodes.
+graceful degradation, additive against PoE, priors of known precision, the KL-budget selector's
+regret, decided on held-out episodes with the shared statistics module.
 
 Data: a scripted noisy oracle generates a PointMaze-UMaze data set (gymnasium-robotics, cached
 npz with D4RL names; data seed = study seed). Offline, IQL trains the frozen *actor* for the
@@ -8,92 +9,130 @@ prior on (observation, commanded goal). Both are trained in each likelihood spac
 ``spaces``: ``pretanh`` (tanh-squashed Gaussian, state-dependent std, PoE over pre-tanh
 variables, acting with ``tanh(mean)``) and ``action`` (Gaussian over actions with a
 state-independent std as in the IQL reference, PoE in action space, acting with
-``clip(mean, -1, 1)``). The priors (``priors``, :func:`hexad.policy.make_prior`):
+``clip(mean, -1, 1)``). Every claim is decided in each space; neither is the headline.
 
-- ``good``; ``param_noise``: weight noise of ``degrade_scale`` times each tensor's std (log-std
-  head included); ``output_noise`` / ``output_noise_x3``: ``mu_good(x) + sigma_good(x) eps(x)``
-  with a fixed smooth random ``eps``, std ``sigma_good`` kept / tripled;
-- ``data_corrupted``: goal-conditioned BC on goals shuffled across trajectories;
-- ``random_init``: an untrained network; ``random_wide``: its mean with std = the data's
-  marginal action std in that space.
+Priors (the study's one driver is ``experiments._policy``; the priors are
+:func:`hexad.policy.make_prior` and the two families below):
+
+- ``priors``: ``good``; ``param_noise`` (weight noise of ``degrade_scale`` times each tensor's
+  std, log-std head included); ``output_noise`` / ``output_noise_x3`` (``mu_good(x) +
+  sigma_good(x) eps(x)``, std kept / tripled); ``data_corrupted`` (BC on goals shuffled across
+  trajectories); ``random_init`` (an untrained network); ``random_wide`` (its mean, the data's
+  marginal action std);
+- the *precision-ratio family* ``r<r>`` for ``r`` in ``precision_ratios`` = 0.25, 0.5, 1, 2, 4
+  (:func:`hexad.policy.precision_prior`): the actor's mean moved by ``precision_error`` = 2
+  actor stds along one fixed smooth random direction, with precision exactly ``r`` times the
+  actor's at every state, the same mean error for every ``r``;
+- the *random-perturbation control* (:func:`hexad.policy.perturbation_prior`): the good
+  prior's precision and step size at every state, in a random direction.
 
 Deployment: the objective shifts to a goal drawn uniformly within ``goal_shift`` of the task
 goal (free space). Episodes start in cell (1, 1). *Selection* episodes (``n_select`` per seed,
-reset seeds ``1000 s + 500 + i``, their own goals) choose every chosen quantity: the oracle
-alpha of PoE and of additive over ``alphas``, and each guide's trust region over
-``guide_shifts``; the KL-selection states are data states paired with selection goals. *Test*
-episodes (``n_test``, seeds ``1000 s + i``, other goals) report everything; overlapping seeds
-are an error. The KL-budget selector picks the largest alpha with mean KL(pi_alpha || pi_A) <=
-B over ``n_kl_states`` states, for B in ``kl_budgets`` times d nats, with the full KL and with
-its mean-only (Mahalanobis) part; the KL of PoE at every alpha is reported. Guides (pretanh
+reset seeds ``1000 s + 500 + i``, their own goals) choose every chosen quantity: each prior's
+oracle alpha of PoE over ``alphas`` and over the ``alphas`` in ``regret_range`` = [0.1, 0.9],
+and each guide's trust region over ``guide_shifts``. *Test* episodes (``n_test``, seeds
+``1000 s + i``, other goals) report everything; overlapping seeds are an error. The KL budget
+is calibrated per likelihood space without reward (:func:`hexad.policy.calibrate_kl_budget`):
+``kl_budget_fraction`` = 0.5 of the actor's own median KL between two of the KL states
+(``n_kl_states`` data states paired with selection goals); *PoE-KL* is PoE at the largest
+alpha whose mean KL(pi_alpha || pi_A) over those states stays within it. Guides (pretanh
 only): the actor's action moved by gradient ascent on a goal-conditioned IQL or CQL critic
-(reward 1 on reaching the commanded goal; CQL with ``guide_action_samples`` = 10 samples).
+(reward 1 on reaching the commanded goal); reported, in no claim.
 
 Metric: return = sum over steps of exp(-distance to the goal) (gymnasium-robotics' dense
-reward). ``actor_own_task_return``: the actor on its own task (the task goal) from the test
-starts.
+reward); ``success`` (reaching the goal) is reported beside it.
 
-Decision rules (stated before the run). Differences are per test episode, paired (same start
-and goal), pooled over ``n_seeds`` seeds; intervals are 95% paired bootstrap intervals,
-stratified by seed (``n_boot`` resamples); SE is the standard error of a pooled test mean.
-PoE-KL is PoE at the full-KL selector's alpha with B = ``kl_budget_verdict`` x d.
+Decision rules, stated before any run. The practical margin is ``delta`` = ``margin_per_step``
+x ``episode_steps`` = 3 return points over the full study's 300-step episodes (1 point at
+``--quick``'s 100 steps): 1% of the return of staying at the goal for the whole episode. A
+paired difference is taken per test episode (same seed, start and goal under both arms); with
+two or more seeds the *units* are the per-seed means of those differences, so the intervals
+carry the seed-to-seed variation as well as the episodes' (with one seed, as at ``--quick``,
+the units are its episodes). Everything is decided by ``experiments._verdicts`` at level
+``stat_alpha`` = 0.05: a *bound* by ``noninferior`` (one half of TOST: the 90% interval's
+end beyond the bound), a *difference* by ``decide`` (the 95% t interval beyond 0, after TOST at
+the margin: "no advantage", a difference within the margin, refutes a claimed difference).
+"holds" = the shared module's "reproduced"; "fails" = "not reproduced" or "no advantage";
+"undecided"; "not tested: <why>" when a gate below fails (the figures are still reported).
 
-- Precondition, per actor and space: the actor's mean return on the selection episodes is
-  above the zero action's; otherwise every verdict of that actor is "excluded: ..." (steering an
-  actor that standing still beats cannot degrade gracefully from anything).
-- Graceful degradation, per prior Q, tested only if the interval of (prior alone - actor) lies
-  below ``-2 SE(actor)`` (the prior is decidedly bad; otherwise "not tested: ..."): *holds* if
-  the interval of (PoE-KL - actor) lies above ``-2 SE(actor)``; *fails* if it lies below;
-  otherwise *undecided*.
-- Additive below PoE, per prior Q, tested as graceful degradation: at the common weight
-  ``contrast_alpha``, *holds* if the interval of (additive - PoE) lies below 0, *fails* if it
-  lies above 0, otherwise *undecided*. (Additive at its own selection-chosen alpha is reported,
-  ``additive_minus_actor_ci_Q``, but enters no verdict: a selection that works picks alpha 0
-  for a bad prior, which is the actor.)
-- Help / Frozen / Hurt, per actor and prior Q (the cell): *help* if the interval of (PoE-KL -
-  actor) lies above ``2 SE(actor)``, *hurt* if below ``-2 SE(actor)``, *frozen* otherwise;
-  the same with PoE at the selection-chosen oracle alpha in place of PoE-KL
-  (``cell_oracle_Q``). Excluded as the verdicts.
-- KL selector near the oracle, per prior Q: *holds* if the interval of (PoE-KL - PoE at the
-  selection-chosen oracle alpha) lies above ``-max(2 SE(oracle), 5% |oracle|)``; *fails* if it
-  lies below; otherwise *undecided*.
+- Gates of every claim in a space: the actor's mean return on the selection episodes is above
+  the zero action's (``actor_beats_zero_<space>``).
+- ``graceful_Q_<space>``, per prior Q of ``priors``, tested only where the prior alone is
+  decidedly worse than the actor (the bound of (prior alone - actor) at ``-delta`` shown not
+  to hold): holds if (PoE-KL - actor) > -delta (a bound, non-inferiority).
+- ``additive_below_poe_Q_<space>``, gated as graceful: holds if (additive - PoE) at
+  ``contrast_alpha`` = 0.5 < 0 (a difference).
+- ``precision_ratio_prediction_<space>``: on the precision-ratio family, (additive - PoE) at
+  ``contrast_alpha`` is a difference claimed below 0 for every r < 1 (PoE trusts a less
+  precise bad prior less than additive does) and above 0 for every r > 1. holds if every
+  r != 1 is shown on its predicted side; fails if any is shown on the other side; undecided
+  otherwise. Gates: the family's mean alone is decidedly worse than the actor (as graceful),
+  and the r = 1 control, where PoE and additive coincide, is not decidedly non-zero.
+  ``precision_ratio_prediction``: over both spaces, fails if one fails, holds if every tested
+  one holds, undecided otherwise.
+- ``selector_<space>`` (the KL selector is near the oracle): with regret = (PoE at the oracle
+  alpha over ``regret_range``) - (the rule), averaged over the priors of ``priors``, holds if
+  the selector's regret < delta (a bound on PoE-KL - oracle). Its regrets against the
+  non-search rules are reported with intervals: ``fixed_alpha`` = 0.5 PoE and the actor alone.
+- ``capped_<space>`` (the good prior at its oracle alpha over all of ``alphas`` helps by less
+  than delta: a bound, non-superiority, the upper half of TOST) and ``responsive_<space>`` (it
+  helps: a difference > 0), each gated on the random-perturbation control at the same alpha
+  not helping (its difference from the actor not shown above 0 beyond the margin); capped
+  also needs the good prior alone not to beat the actor (a competent actor), responsive needs
+  it to beat it (the precondition that the prior knows better).
 
 Deviations from the references (IQL: 1e6 updates, 256-wide; D4RL maze2d-umaze: 1e6
 transitions): 100k transitions, 128-wide networks, 5000 updates each (constant learning rate),
-3 seeds, 10 selection and 20 test episodes of 300 steps per row; the paper's shifted objective,
+5 seeds, 10 selection and 20 test episodes of 300 steps per row; the paper's shifted objective,
 prior construction and budget are not public, so these are our choices.
 
 Command:  python -m experiments.policy_pointmaze [--quick] [--out DIR] [--seed N] [--set k=v]
           Seeds ``N .. N + n_seeds - 1``; each seed's networks are checkpointed through
-          hexad.cachex in ``--ckpt``/seed<s>; ``--resume`` restores them.
+          hexad.cachex in ``--ckpt``/seed<s>; ``--resume`` restores them. A seed is a part:
+          ``--seed N --set n_seeds=1`` runs one, and its summary keeps every claim's paired
+          units (``<claim>_diffs``) for the parts to be joined.
 Runtime:  --quick (20k transitions, 64-wide, 1000 updates, 1 seed, 2 selection and 3 test
-          episodes of 100 steps): about 2 min on 2 idle CPU cores. Full (3 seeds): 17 to
-          23 min measured on 2 CPU cores shared with one or two other runs; with
-          ``--resume`` (evaluation only) 17 min beside two other runs.
+          episodes of 100 steps): 2.4 min wall measured from an empty data cache on 2 CPU
+          cores shared with other runs (load about 6). Full (5 seeds): not yet measured at
+          this design; the earlier one took 17 to 23 min for 3 seeds on 2 shared cores with
+          a similar number of rows, so expect 30 to 40 min.
 
-summary.json keys, for Q in ``priors``; every key also exists with the prefix ``action_`` for
-the second likelihood space (the first space of ``spaces`` has no prefix):
-``verdict_graceful_Q``, ``verdict_additive_below_poe_Q``, ``verdict_selector_Q`` ("holds" /
-"fails" / "undecided", or "not tested: ..." / "excluded: ..." with the reason);
-``additive_minus_poe_ci_Q``, ``poe_contrast_return_Q``, ``additive_contrast_return_Q`` (at
-``contrast_alpha``); ``actor_select_return``, ``actor_beats_zero`` (the precondition);
-``cells`` ({Q: "help" / "frozen" / "hurt"}), ``cell_counts``, ``cell_oracle_Q``,
-``oracle_minus_actor_ci_Q``;
-``graceful_ci_Q`` ([mean, lo, hi] of PoE-KL - actor), ``graceful_margin_Q`` (2 SE(actor)),
-``additive_minus_actor_ci_Q``, ``prior_only_minus_actor_ci_Q``, ``selector_ci_Q`` (PoE-KL -
-oracle), ``selector_margin_Q``; test means ``poe_kl_budget_return_Q``, ``oracle_return_Q``,
-``additive_return_Q``, ``prior_only_return_Q``; ``oracle_alpha_Q``, ``additive_alpha_Q`` (per
-seed); ``poe_select_curve_Q``, ``additive_select_curve_Q`` (selection means over ``alphas``);
-``kl_curve_Q``, ``kl_mean_curve_Q`` (mean full / mean-only KL of PoE at each alpha);
-``kl_budget_alphas_Q``, ``kl_mean_budget_alphas_Q`` (selected alpha per budget, mean over
-seeds), ``kl_budget_return_Q``, ``kl_mean_budget_return_Q`` (test means per budget);
-``precision_ratio_median_Q`` (median of lam_P / lam_A over the KL states), ``prior_std_quantiles_Q``
-(10/50/90%); ``actor_return``, ``actor_return_se``, ``actor_own_task_return``,
-``actor_own_task_return_se``, ``actor_std_quantiles``; ``iql_guided_return``,
-``iql_guided_shift``, ``iql_guided_minus_actor_ci`` and the same for ``cql``; once:
-``alphas``, ``kl_budgets_nats``, ``kl_budget_verdict_nats``, ``n_seeds``, ``n_select``,
-``n_test``, ``zero_select_return``, ``scripted_oracle_return`` (the data's oracle on the test
-goals), ``runtime_s``.
+summary.json keys (Q in ``priors``; ``<space>`` in ``spaces``; each claim ``C`` has
+``verdict_C`` with ``C_ci_low``, ``C_ci_high`` (the interval its rule reads), ``C_ci_level``,
+``C_margin`` (delta), ``C_mean``, ``C_outcome`` (the shared module's word), ``C_seeds_needed``,
+``C_diffs`` (the paired units) and ``C_rule`` ("bound greater" / "bound less": ``noninferior``;
+"difference greater" / "difference less": ``decide``); each figure ``F`` has ``F`` (mean of
+its units), ``F_ci_low``, ``F_ci_high`` (95% t interval), ``F_outcome`` and ``F_diffs``):
+claims ``graceful_Q_<space>``, ``additive_below_poe_Q_<space>``, ``selector_<space>``,
+``capped_<space>``, ``responsive_<space>`` (listed in ``claims``); ``precision_ratio_prediction``
+and ``precision_ratio_prediction_<space>``; figures ``selector_regret_<space>``,
+``fixed_regret_<space>``, ``actor_regret_<space>``, ``selector_minus_fixed_<space>``,
+``selector_minus_actor_<space>`` (positive: the selector's return is higher),
+``prior_only_minus_actor_Q_<space>`` (and ``_bound_outcome``),
+``precision_family_minus_actor_<space>`` (and ``_bound_outcome``),
+``precision_contrast_r<r>_<space>`` (additive - PoE), ``good_prior_minus_actor_<space>``,
+``control_minus_actor_<space>``, ``iql_guided_minus_actor_pretanh``,
+``cql_guided_minus_actor_pretanh``; test means ``actor_return_<space>``,
+``actor_success_<space>``, ``actor_own_task_return_<space>`` (the actor on its own task from
+the test starts), ``control_return_<space>`` (the control at the good prior's oracle alpha),
+and per Q
+``poe_kl_return_Q_<space>``, ``oracle_return_Q_<space>``, ``oracle_mid_return_Q_<space>``,
+``fixed_return_Q_<space>``, ``prior_only_return_Q_<space>``, ``poe_contrast_return_Q_<space>``,
+``additive_contrast_return_Q_<space>``, ``poe_kl_success_Q_<space>``,
+``prior_only_success_Q_<space>``; per seed ``oracle_alpha_Q_<space>``,
+``oracle_mid_alpha_Q_<space>``, ``kl_alpha_Q_<space>``, ``kl_budget_nats_<space>`` (the
+calibrated budget); seed means ``poe_select_curve_Q_<space>`` (selection means over
+``alphas``), ``kl_curve_Q_<space>``, ``kl_mean_curve_Q_<space>`` (mean full / mean-only KL of
+PoE at each alpha), ``kl_budget_alphas_Q_<space>`` (the alphas of the fixed budgets
+``kl_budgets_nats``, reported only), ``precision_ratio_median_Q_<space>``,
+``prior_std_quantiles_Q_<space>``, ``actor_std_quantiles_<space>`` (10/50/90%);
+``actor_select_return_<space>``, ``actor_beats_zero_<space>``; ``iql_guided_return_pretanh``,
+``iql_guided_shift_pretanh`` and the same for ``cql``; once: ``alphas``, ``priors``,
+``spaces``, ``levels``, ``precision_ratios``, ``margin``, ``stat_alpha``, ``stat_unit``
+("seed" or "episode"), ``kl_budget_fraction``, ``kl_budgets_nats``, ``n_seeds``,
+``n_select``, ``n_test``, ``zero_select_return``, ``scripted_oracle_return``,
+``scripted_oracle_success`` (the data's oracle on the test goals), ``claims``,
+``runtime_s``.
 """
 
 from __future__ import annotations
@@ -101,18 +140,12 @@ from __future__ import annotations
 import dataclasses
 from functools import partial
 
-import jax.numpy as jnp
-import numpy as np
-
 from experiments import _policy, _runner
-from hexad import policy
 from hexad.data import offline_rl
-
-PRIORS = policy.PRIOR_KINDS
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(_policy.DecisiveConfig):
+class Config(_policy.PolicyConfig):
     n_transitions: int = 100_000
     noise_std: float = 0.3
     goal_shift: float = 1.0
@@ -127,74 +160,20 @@ def setup(cfg: Config, ctx, seed: int, key) -> tuple[_policy.Setup, dict]:
     """One seed's data, episodes and evaluator (data seed = ``seed``)."""
     raw = offline_rl.pointmaze_dataset(cfg.n_transitions, seed=seed, noise_std=cfg.noise_std)
     geom = offline_rl.MazeGeometry()
-    data = policy.batch_from_dataset(raw)
-    goals = np.asarray(raw["infos/goal"], np.float32)
-    ends = policy.trajectory_ends(raw["terminals"], raw["timeouts"])
-    bad = policy.shuffle_goals_across_trajectories(key, goals, ends)
-    gdata = policy.goal_conditioned(data, goals)
-    reached = jnp.linalg.norm(data.next_observations[:, :2] - goals, axis=-1) <= 0.5
-    reached = reached.astype(jnp.float32)
-    rng = np.random.default_rng(seed)
-    ep_goals = {
-        sp: offline_rl.sample_free_goals(rng, raw["task_goal"], cfg.goal_shift, n, 0.2, geom)
-        for sp, n in (("select", cfg.n_select), ("test", cfg.n_test))
-    }
-    ep_goals["own"] = np.tile(np.asarray(raw["task_goal"], np.float32), (cfg.n_test, 1))
-    seeds = {"select": 1000 * seed + 500 + np.arange(cfg.n_select)}
-    seeds["test"] = seeds["own"] = 1000 * seed + np.arange(cfg.n_test)
-    policy.check_disjoint(seeds["select"], seeds["test"])
-    idx = rng.choice(data.observations.shape[0], cfg.n_kl_states, replace=False)
-    s = data.observations[idx]
-    g = jnp.asarray(ep_goals["select"][rng.integers(0, cfg.n_select, cfg.n_kl_states)])
-
-    def evaluate(host, specs, episodes, split, levels):  # one actor, one task
-        steps, n_envs = cfg.episode_steps, min(cfg.n_envs, len(episodes))
-        res = offline_rl.evaluate_pointmaze(
-            host,
-            ep_goals[split][episodes],
-            specs,
-            seeds[split][episodes],
-            n_envs,
-            steps,
-            progress=ctx.progress,
-        )
-        return res["return"]
-
-    st = _policy.Setup(
-        actor_data={"task": data},
-        gdata=gdata,
-        gdata_bad=policy.goal_conditioned(data, bad),
-        guide_data=gdata._replace(rewards=reached, terminals=reached),
-        kl_obs=s,
-        kl_obs_goal=jnp.concatenate([s, g], -1),
-        obs_fn=lambda o: o,
-        prior_obs=lambda o, goal, level: jnp.concatenate([o, goal], -1),
-        evaluate=evaluate,
-    )
     oracle = partial(offline_rl.pointmaze_oracle, geom)
-    ref = offline_rl.evaluate_pointmaze(
-        lambda o, gl, sp: oracle(o, gl),
-        ep_goals["test"],
-        np.zeros((cfg.n_test, 1)),
-        seeds["test"],
-        min(cfg.n_envs, cfg.n_test),
-        cfg.episode_steps,
-    )
-    return st, {"scripted_oracle_return": float(ref["return"].mean())}
+    evaluate = offline_rl.evaluate_pointmaze
+    return _policy.maze_setup(cfg, ctx, seed, key, raw, geom, evaluate, oracle, 0.2)
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
-    runs, extra = _policy.run_seeds(cfg, ctx, lambda seed, key: setup(cfg, ctx, seed, key))
-    out = _policy.decide(cfg, runs, ["task"]) | extra
-    _policy.plot_decisive(ctx, cfg, out)
-    return out
+    return _policy.run(cfg, ctx, lambda seed, key: setup(cfg, ctx, seed, key), ["task"])
 
 
 STUDY = _runner.Study(
     "policy_pointmaze",
     Config,
     run,
-    quick={**_policy.DECISIVE_QUICK, "n_transitions": 20_000, "episode_steps": 100},
+    quick={**_policy.QUICK, "n_transitions": 20_000, "episode_steps": 100},
     doc=__doc__,
 )
 

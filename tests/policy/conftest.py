@@ -6,43 +6,18 @@ from hexad import policy
 from hexad.data import offline_rl
 
 # Settings the locomotion study can also name (its data_* fields), so the study's smoke test
-# reads these cached files instead of training SAC again. With 32 online steps and SAC's batch
-# of 256 no update runs here; SAC's update is tested in test_online.py.
+# reads these cached files instead of training SAC again: a resumable run (chunk_steps, as the
+# study generates its data). With 32 online steps and SAC's batch of 256 no update runs here;
+# SAC's update is tested in test_online.py.
 TINY_HOPPER = dict(
     total_steps=32,
     hidden=8,
     n_per_level=64,
     start_steps=16,
     snapshot_every=16,
+    chunk_steps=16,
     eval_steps=10,
 )
-
-
-# The maze studies' smoke-test sizes (policy_pointmaze and policy_antmaze share them).
-_TINY_MAZE_STUDY = {
-    "hidden": 8,
-    "iql_steps": 20,
-    "train_chunk": 10,
-    "incompetent_steps": 10,
-    "bc_steps": 10,
-    "batch_size": 32,
-    "alphas": (0.0, 0.5, 1.0),
-    "n_kl_states": 64,
-    "n_episodes": 1,
-    "episode_steps": 10,
-    "n_envs": 4,
-    "guide_iql_steps": 10,
-    "guide_shifts": (0.5,),
-    "guide_cql_steps": 10,
-    "sf_steps": 10,
-    "sf_batch_size": 16,
-}
-
-
-@pytest.fixture
-def tiny_maze_study():
-    """Config overrides that run a maze study in seconds (all but ``n_transitions``)."""
-    return dict(_TINY_MAZE_STUDY)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""Deciding a study: spaces, disjoint splits, the paired bootstrap, the verdict rule, spreads."""
+"""Setting up a study: spaces, disjoint splits, precision ratios; the KL budget's reward-free
+calibration and the mean-only KL selector."""
 
 import jax
 import jax.numpy as jnp
@@ -26,40 +27,10 @@ def test_check_disjoint():
         policy.check_disjoint(np.arange(3), np.arange(2, 6))
 
 
-def test_paired_bootstrap_covers_a_known_mean():
-    # 200 replicate data sets of 40 N(0.3, 1) differences in 2 strata: the 95% percentile
-    # interval covers 0.3 in about 95% of them; with 200 replicates the binomial sd of the
-    # coverage is 1.5%, so [0.88, 0.99] is more than 4 sd wide on either side.
-    rng = np.random.default_rng(0)
-    strata = np.repeat([0, 1], 20)
-    hits = 0
-    for i in range(200):
-        d = 0.3 + rng.standard_normal(40)
-        m, lo, hi = policy.paired_bootstrap_ci(d, strata, 500, seed=i)
-        assert lo <= m <= hi and m == pytest.approx(d.mean())
-        hits += lo <= 0.3 <= hi
-    assert 0.88 <= hits / 200 <= 0.99
-    with pytest.raises(ValueError, match="diffs"):
-        policy.paired_bootstrap_ci(np.array([np.nan]))
-    with pytest.raises(ValueError, match="strata"):
-        policy.paired_bootstrap_ci(np.ones(3), np.zeros(2))
-
-
-def test_verdict_rule():
-    bad = [(-5.0, -6.0, -4.0)]
-    assert policy.verdict((0.0, -0.5, 0.5), 1.0, bad) == "holds"
-    assert policy.verdict((0.0, -1.5, 0.5), 1.0, bad) == "undecided"  # straddles -margin
-    assert policy.verdict((0.0, -0.5, 0.5), 1.0, [(-1.0, -2.0, 0.0)]) == "undecided"
-    assert policy.verdict((-3.0, -4.0, -2.0), 1.0, bad) == "fails"
-    with pytest.raises(ValueError, match="margin"):
-        policy.verdict((0.0, 0.0, 0.0), -1.0)
-
-
-def test_spreads():
+def test_precision_ratio():
     a = policy.DiagGaussian(jnp.zeros((3, 2)), jnp.full((3, 2), 2.0))
     p = policy.DiagGaussian(jnp.zeros((3, 2)), jnp.full((3, 2), 0.5))
     np.testing.assert_allclose(policy.precision_ratio(a, p), 16.0)
-    assert policy.std_quantiles(a) == [2.0, 2.0, 2.0]
 
 
 def test_mean_only_kl_is_the_mean_part_and_its_selector_is_looser(key):
@@ -78,3 +49,63 @@ def test_mean_only_kl_is_the_mean_part_and_its_selector_is_looser(key):
         assert float(policy.poe_mean_kl_to_actor(a, p, mean).mean()) <= b * (1 + 1e-5)
         per = policy.kl_budget_alpha_per_state(a, p, b, mean_only=True)
         assert bool(jnp.all(policy.poe_mean_kl_to_actor(a, p, per) <= b * (1 + 1e-5)))
+
+
+def test_the_calibrated_budget_is_the_actors_own_between_state_kl():
+    # State-independent std s and means m_i: the pair (i, i + n/2) has KL (m_j - m_i)^2 / 2s^2
+    # per dimension. Means 0, 1, 3, 7 (n = 4, pairs 0-2, 1-3, 2-0, 3-1) with s = 2 on one
+    # dimension: KLs 9/8, 36/8, 9/8, 36/8, median 22.5/8; times fraction 0.4 -> 1.125.
+    m = jnp.array([[0.0], [1.0], [3.0], [7.0]])
+    a = policy.DiagGaussian(m, jnp.full((4, 1), 2.0))
+    assert float(policy.calibrate_kl_budget(a, 0.4)) == pytest.approx(0.4 * 22.5 / 8, rel=1e-6)
+    # The same actor in other action units (an affine map of the actions scales means and
+    # stds alike): the budget, in nats, does not change.
+    b = policy.DiagGaussian(3.0 * m + 1.0, jnp.full((4, 1), 6.0))
+    assert float(policy.calibrate_kl_budget(b, 0.4)) == pytest.approx(0.4 * 22.5 / 8, rel=1e-6)
+    # and it scales with the fraction
+    assert float(policy.calibrate_kl_budget(a, 0.8)) == pytest.approx(0.8 * 22.5 / 8, rel=1e-6)
+
+
+def test_the_budget_calibration_reads_no_reward(key):
+    import inspect
+
+    # Its signature cannot take a reward (nor a data set or a prior): only the actor's
+    # Gaussians at the data's states and the fraction.
+    assert list(inspect.signature(policy.calibrate_kl_budget).parameters) == ["actor", "fraction"]
+    # From a data set to a budget, as a study does it: replacing the data set's rewards by
+    # anything leaves the budget unchanged, bit for bit.
+    ko, ka, kr, kn = jax.random.split(key, 4)
+    obs = jax.random.normal(ko, (64, 3))
+    batch = policy.Batch(obs, jnp.tanh(jax.random.normal(ka, (64, 2))), jnp.zeros(64), obs,
+                         jnp.zeros(64))  # fmt: skip
+    net = policy.GaussianActor(2, (8,))
+    params = net.init(kn, obs[:1])
+
+    def budget(data):
+        return float(policy.calibrate_kl_budget(net.apply(params, data.observations), 0.5))
+
+    noisy = batch._replace(rewards=jax.random.normal(kr, (64,)) * 100.0)
+    assert budget(batch) == budget(noisy) == budget(batch._replace(rewards=-batch.rewards + 7))
+    assert budget(batch) > 0
+
+
+def test_the_budget_calibration_rejects_bad_input():
+    a = policy.DiagGaussian(jnp.array([[0.0], [1.0]]), jnp.ones((2, 1)))
+    for bad in (0.0, -1.0, float("nan"), float("inf"), True, "half"):
+        with pytest.raises(ValueError, match="^fraction"):
+            policy.calibrate_kl_budget(a, bad)
+    with pytest.raises(ValueError, match="^actor"):  # one state: no pair
+        policy.calibrate_kl_budget(policy.DiagGaussian(jnp.zeros((1, 1)), jnp.ones((1, 1))))
+    with pytest.raises(ValueError, match="^actor"):  # the same Gaussian everywhere: KL 0
+        policy.calibrate_kl_budget(policy.DiagGaussian(jnp.zeros((4, 2)), jnp.ones((4, 2))))
+    with pytest.raises(ValueError, match="std"):  # a non-finite precision (std 0)
+        policy.calibrate_kl_budget(policy.DiagGaussian(jnp.zeros((2, 1)), jnp.zeros((2, 1))))
+    # the selector itself refuses a budget <= 0, naming it
+    with pytest.raises(ValueError, match="^budget"):
+        policy.kl_budget_alpha(a, a, 0.0)
+
+
+def test_the_calibrated_budget_runs_under_jit():
+    a = policy.DiagGaussian(jnp.array([[0.0], [1.0], [3.0], [7.0]]), jnp.full((4, 1), 2.0))
+    got = jax.jit(lambda g: policy.calibrate_kl_budget(g, 0.4))(a)
+    assert float(got) == pytest.approx(0.4 * 22.5 / 8, rel=1e-6)

@@ -148,3 +148,98 @@ def test_return_range_scale():
     assert policy.return_range_scale(r, term, np.zeros(3)) == pytest.approx(1000 / 7)
     with pytest.raises(ValueError, match="rewards"):
         policy.return_range_scale(np.ones(2), np.array([1, 0]), np.zeros(2))
+
+
+def _actor(key, shape=(40, 3)):
+    ka, kb = jax.random.split(key)
+    return policy.DiagGaussian(jax.random.normal(ka, shape), jnp.exp(jax.random.normal(kb, shape)))
+
+
+def test_the_precision_family_has_its_stated_ratio_in_closed_form(key):
+    a = _actor(key)
+    noise = policy.state_noise(jax.random.key(5), 4, 3)(jnp.ones((40, 4)) * jnp.arange(40)[:, None])
+    means = []
+    for r in policy.PRECISION_RATIOS:
+        p = policy.precision_prior(a, noise, r, mean_error=2.0)
+        # lam_P / lam_A = r at every state and dimension (float32 rounding only)
+        np.testing.assert_allclose(policy.precision_ratio(a, p), r, rtol=1e-5)
+        # the mean error is fixed across the family: mu_A + 2 s_A eps
+        np.testing.assert_allclose(p.mean, a.mean + 2.0 * a.std * noise, rtol=1e-6)
+        means.append(p.mean)
+    assert all(bool(jnp.all(m == means[0])) for m in means)
+    assert policy.PRECISION_RATIOS == (0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def test_poe_against_additive_follows_the_precision_ratio(key):
+    # PoE moves the actor's mean towards the prior's by w = alpha r / (alpha r + 1 - alpha),
+    # additive by alpha: the same point at r = 1, less for r < 1, more for r > 1.
+    a = _actor(key)
+    noise = jnp.ones((40, 3))
+    for r in policy.PRECISION_RATIOS:
+        p = policy.precision_prior(a, noise, r, mean_error=1.0)
+        for alpha in (0.3, 0.5, 0.8):
+            w = policy.poe_prior_weight(alpha, r)
+            step = p.mean - a.mean
+            np.testing.assert_allclose(
+                policy.poe(a, p, alpha).mean, a.mean + w * step, rtol=1e-4, atol=1e-5
+            )
+            np.testing.assert_allclose(
+                policy.additive(a, p, alpha).mean, a.mean + alpha * step, rtol=1e-5, atol=1e-6
+            )
+            assert (w < alpha) == (r < 1) and (w > alpha) == (r > 1)
+            if r == 1.0:
+                assert w == pytest.approx(alpha)
+    assert policy.poe_prior_weight(0.5, 0.25) == pytest.approx(0.2)
+    assert policy.poe_prior_weight(0.5, 4.0) == pytest.approx(0.8)
+
+
+def test_the_perturbation_control_keeps_the_priors_precision_and_step(key):
+    a = _actor(key)
+    good = _actor(jax.random.fold_in(key, 1))
+    noise = jax.random.normal(jax.random.fold_in(key, 2), (40, 3))
+    c = policy.perturbation_prior(a, good, noise)
+    np.testing.assert_array_equal(c.std, good.std)  # the prior's precision exactly
+    # the same step size per state and dimension as the prior's, in the noise's direction
+    np.testing.assert_allclose(jnp.abs(c.mean - a.mean), jnp.abs(good.mean - a.mean), rtol=1e-5)
+    moved = jnp.abs(good.mean - a.mean) > 1e-3
+    np.testing.assert_array_equal(
+        jnp.sign(c.mean - a.mean)[moved], jnp.where(noise >= 0, 1.0, -1.0)[moved]
+    )
+    # so PoE at any alpha moves the actor exactly as far as with the prior
+    for alpha in (0.3, 0.7):
+        np.testing.assert_allclose(
+            jnp.abs(policy.poe(a, c, alpha).mean - a.mean),
+            jnp.abs(policy.poe(a, good, alpha).mean - a.mean),
+            rtol=1e-4,
+            atol=1e-5,
+        )
+
+
+def test_the_families_reject_bad_input(key):
+    a = _actor(key, (5, 2))
+    z = jnp.ones((5, 2))
+    # a prior or a noise of another action dimension
+    other = policy.DiagGaussian(jnp.zeros((5, 3)), jnp.ones((5, 3)))
+    with pytest.raises(ValueError, match="^prior: expected action dimension 2"):
+        policy.perturbation_prior(a, other, z)
+    with pytest.raises(ValueError, match="^noise"):
+        policy.precision_prior(a, jnp.ones((5, 3)), 1.0)
+    with pytest.raises(ValueError, match="^noise"):
+        policy.perturbation_prior(a, a, jnp.ones((5, 3)))
+    with pytest.raises(ValueError, match="^prior: expected action dimension 2"):
+        policy.poe(a, other, 0.5)
+    # a non-finite or non-positive precision
+    for bad in (float("inf"), float("nan"), 0.0, -1.0, True):
+        with pytest.raises(ValueError, match="^ratio"):
+            policy.precision_prior(a, z, bad)
+        with pytest.raises(ValueError, match="^ratio"):
+            policy.poe_prior_weight(0.5, bad)
+    with pytest.raises(ValueError, match="std"):  # a prior of infinite precision (std 0)
+        policy.perturbation_prior(a, policy.DiagGaussian(a.mean, jnp.zeros((5, 2))), z)
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ValueError, match="^mean_error"):
+            policy.precision_prior(a, z, 1.0, mean_error=bad)
+    # alpha outside the open interval (0, 1), where PoE and additive coincide or mean nothing
+    for bad in (0.0, 1.0, -0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="^alpha"):
+            policy.poe_prior_weight(bad, 1.0)

@@ -1,11 +1,13 @@
 """Product-of-experts / KL-regularised composition of frozen offline-RL actors.
 
 Closed forms (diagonal-Gaussian PoE, KL-regularised solution, KL, additive and prior-only
-adaptation, KL-budget selectors) and the offline-RL stack they compose (BC, IQL, CQL,
-goal-conditioned priors, successor features + GPI) in the init/step shape of
-:class:`hexad._base.Algorithm`, online SAC for the behaviour policies, and the deployment-time
-composition layer: :class:`Method`, a table's :class:`Row` s, an :class:`ExpertLibrary` and
-:func:`compose`, which acts for a batch of rows that may each use another method.
+adaptation, KL-budget selectors and the reward-free calibration of their budget), priors of
+known precision (the precision-ratio family) and the random-perturbation control, the offline-RL
+stack they compose (BC, IQL, CQL, goal-conditioned priors, successor features + GPI) in the
+init/step shape of :class:`hexad._base.Algorithm`, online SAC for the behaviour policies, and
+the deployment-time composition layer: :class:`Method`, a table's :class:`Row` s, an
+:class:`ExpertLibrary` and :func:`compose`, which acts for a batch of rows that may each use
+another method.
 """
 
 from hexad.policy._behaviour import (
@@ -28,14 +30,12 @@ from hexad.policy._evaluation import (
     check_disjoint,
     check_space,
     deterministic_action,
-    paired_bootstrap_ci,
     precision_ratio,
-    std_quantiles,
-    verdict,
 )
 from hexad.policy._gaussian import (
     DiagGaussian,
     additive,
+    calibrate_kl_budget,
     kl_budget_alpha,
     kl_budget_alpha_per_state,
     kl_diag_gaussian,
@@ -71,6 +71,7 @@ from hexad.policy._offline import (
 )
 from hexad.policy._online import SACInfo, SACState, sac, soft_td_target
 from hexad.policy._priors import (
+    PRECISION_RATIOS,
     PRIOR_KINDS,
     VelocityGoals,
     degrade_params,
@@ -78,6 +79,9 @@ from hexad.policy._priors import (
     goal_conditioned,
     hindsight_mean,
     make_prior,
+    perturbation_prior,
+    poe_prior_weight,
+    precision_prior,
     return_range_scale,
     shuffle_goals_across_trajectories,
     state_noise,
@@ -113,6 +117,7 @@ __all__ = [
     "Normaliser",
     "OnlineEnv",
     "OnlineResult",
+    "PRECISION_RATIOS",
     "PRIOR_KINDS",
     "REPLAY_FIELDS",
     "Row",
@@ -132,6 +137,7 @@ __all__ = [
     "antmaze_dataset",
     "batch_from_dataset",
     "bc",
+    "calibrate_kl_budget",
     "check_disjoint",
     "check_space",
     "compose",
@@ -153,10 +159,12 @@ __all__ = [
     "locomotion_dataset",
     "make_prior",
     "make_train",
-    "paired_bootstrap_ci",
+    "perturbation_prior",
     "poe",
     "poe_kl_to_actor",
     "poe_mean_kl_to_actor",
+    "poe_prior_weight",
+    "precision_prior",
     "precision_ratio",
     "prior_only",
     "q_steer",
@@ -169,12 +177,10 @@ __all__ = [
     "squash",
     "stack_rows",
     "state_noise",
-    "std_quantiles",
     "task_fit",
     "task_weights",
     "train_ant_controller",
     "train_online",
     "trajectory_ends",
     "velocity_goals",
-    "verdict",
 ]

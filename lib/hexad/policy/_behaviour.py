@@ -332,6 +332,8 @@ def generate_locomotion(
     eval_steps: int = 500,
     n_per_level: int = 20_000,
     episode_steps: int = 1000,
+    chunk_steps: int | None = None,
+    directory=None,
     progress=None,
 ) -> dict[str, dict[str, np.ndarray]]:
     """Trains SAC online on ``env_id`` and returns the four D4RL-style levels.
@@ -345,9 +347,20 @@ def generate_locomotion(
     (:func:`hexad.data.offline_rl.collect_locomotion`, reset seed ``seed + 1 + snapshot``), and
     *medium-replay* is the replay buffer up to the medium snapshot (at least one vector step).
 
+    **Resumable runs** (``chunk_steps``, for the long runs of at least 100k SAC steps): the
+    SAC run goes in chunks of ``chunk_steps`` env steps (:func:`train_online`'s chunks, each
+    starting from freshly reset environments, so every chunk's last step ends its
+    trajectories), and with ``directory`` each chunk is checkpointed there through
+    :class:`hexad.cachex.CacheXManager` with the replay buffer, the infos that medium-replay
+    needs and the snapshots so far: an interrupted run resumes at its last finished chunk and
+    ends with exactly the data of an uninterrupted one. ``snapshot_every`` must divide
+    ``chunk_steps``; the collection's keys derive from ``seed`` alone. Without
+    ``chunk_steps`` the run is one stream, as before (same data, bit for bit).
+
     Args:
       env_id: one of ``hexad.data.offline_rl.LOCOMOTION_ENVS``.
-      total_steps: online environment steps (rounded up to a multiple of ``n_envs``).
+      total_steps: online environment steps (rounded up to a multiple of ``n_envs``; with
+        ``chunk_steps``, a multiple of it).
       seed: seed of the environments, the networks and the sampling.
       n_envs: parallel training environments.
       hidden: width of the two hidden layers of the actor and of each critic.
@@ -359,6 +372,10 @@ def generate_locomotion(
       eval_steps: steps per evaluation episode.
       n_per_level: transitions of each of random / medium / expert.
       episode_steps: episode length of the training and collection envs.
+      chunk_steps: env steps per checkpointed chunk (a multiple of ``n_envs`` and of
+        ``snapshot_every``), or None for one uncheckpointed stream.
+      directory: the CacheX checkpoint folder of a chunked run (it holds ``spec.json``, the
+        settings; a folder of another run is refused); None: no checkpoints.
       progress: optional ``progress(iterable, desc)`` wrapper for a progress bar.
 
     Returns:
@@ -377,6 +394,13 @@ def generate_locomotion(
         raise ValueError(
             f"snapshot_every: expected a multiple of n_envs={n_envs}, got {snapshot_every}"
         )
+    if chunk_steps is not None:
+        check_int("chunk_steps", chunk_steps)
+        if chunk_steps % snapshot_every or total_steps % chunk_steps:
+            raise ValueError(
+                f"chunk_steps: expected a multiple of snapshot_every={snapshot_every} that "
+                f"divides total_steps={total_steps}, got {chunk_steps}"
+            )
     env = D.LocomotionEnv(env_id, n_envs, episode_steps, seed)
     kit = _sac_kit(env.obs_dim, env.act_dim, hidden, lr)
     k_init, key = jax.random.split(jax.random.key(seed))
@@ -393,35 +417,55 @@ def generate_locomotion(
         )
         return float(res["return"].mean())
 
-    snapshots: list[tuple[int, Any, float]] = []
-    steps: list[dict[str, np.ndarray]] = []
+    run = dict(
+        total_steps=total_steps,
+        batch_size=batch_size,
+        start_steps=start_steps,
+        seed=seed,
+        snapshot_every=snapshot_every,
+        progress=progress,
+        desc=f"SAC {env_id}",
+    )
+    if chunk_steps is None:
+        snapshots: list[tuple[int, Any, float]] = []
+        steps: list[dict[str, np.ndarray]] = []
 
-    def on_snapshot(n, s):
-        snapshots.append((n, s.actor_params, evaluate(s.actor_params)))
+        def on_snapshot(n, s):
+            snapshots.append((n, s.actor_params, evaluate(s.actor_params)))
 
-    try:
-        res = train_online(
-            key,
-            env,
-            kit.algo,
-            state,
-            _sample_actor(kit),
-            total_steps=total_steps,
-            batch_size=batch_size,
-            start_steps=start_steps,
-            seed=seed,
-            snapshot_every=snapshot_every,
-            on_snapshot=on_snapshot,
-            on_step=lambda n, tr: steps.append(tr),
-            progress=progress,
-            desc=f"SAC {env_id}",
+        try:
+            res = train_online(
+                key,
+                env,
+                kit.algo,
+                state,
+                _sample_actor(kit),
+                on_snapshot=on_snapshot,
+                on_step=lambda n, tr: steps.append(tr),
+                **run,
+            )
+        finally:
+            env.close()
+        collect_key = res.key
+
+        def replay(m_step):
+            return D.env_major(steps[: max(m_step // n_envs, 1)])
+
+    else:
+        spec = dict(env=env_id, n_envs=n_envs, hidden=hidden, lr=float(lr), version=1)
+        spec |= dict(
+            n_eval_episodes=n_eval_episodes, eval_steps=eval_steps, chunk_steps=chunk_steps
         )
-    finally:
-        env.close()
+        spec |= {k: run[k] for k in ("total_steps", "batch_size", "start_steps", "seed")}
+        spec |= dict(snapshot_every=snapshot_every, episode_steps=episode_steps)
+        snapshots, replay = _chunked_locomotion(
+            env, kit, key, state, evaluate, run, chunk_steps, directory, spec
+        )
+        collect_key = jax.random.fold_in(jax.random.key(seed), 2**31 - 2)
     rets = np.array([r for _, _, r in snapshots])
     picks = D.locomotion_levels(rets)
     meta = {"meta/random_return": rets[0], "meta/expert_return": rets[picks["expert"]]}
-    key = res.key
+    key = collect_key
 
     def stochastic(params):
         def policy(obs):
@@ -444,14 +488,97 @@ def generate_locomotion(
         )
         out[level] = d | {"meta/policy_return": ret, "meta/snapshot_step": step} | meta
     m_step, _, m_ret = snapshots[picks["medium"]]
-    replay = D.env_major(steps[: max(m_step // n_envs, 1)])
-    out["medium-replay"] = replay | {"meta/policy_return": m_ret, "meta/snapshot_step": m_step}
+    out["medium-replay"] = replay(m_step) | {
+        "meta/policy_return": m_ret,
+        "meta/snapshot_step": m_step,
+    }
     out["medium-replay"] |= meta
     for d in out.values():
         for k_ in [k_ for k_ in d if k_.startswith("meta/")]:
             d[k_] = np.asarray(d[k_], np.float64)
     out["meta/snapshot_returns"] = rets
     return out
+
+
+# The per-transition infos a chunked run keeps beside its replay buffer (medium-replay's).
+_REPLAY_INFOS = ("timeouts", "infos/x_velocity", "infos/reward_forward")
+
+
+def _chunked_locomotion(env, kit, key, state, evaluate, run, chunk_steps, directory, spec):
+    """The SAC run of :func:`generate_locomotion` in checkpointed chunks (in ``directory``,
+    whose ``spec.json`` must be ``spec``): returns the snapshots ``[(step, actor params,
+    return)]`` and ``replay(m_step) -> data``, the env-major replay buffer up to ``m_step``."""
+    from hexad import cachex
+
+    n_envs, total, every = env.num_envs, run["total_steps"], run["snapshot_every"]
+    n_snap = total // every + 1
+    leaves, treedef = jax.tree.flatten(jax.device_get(state.actor_params))
+    aux = {
+        f"snapshot/{i}": np.zeros((n_snap, *np.shape(x)), np.float32) for i, x in enumerate(leaves)
+    }
+    aux["snapshot/returns"] = np.zeros(n_snap)
+    aux |= {f"replay/{k}": np.zeros(total) for k in _REPLAY_INFOS}
+    pending: dict[str, list] = {"snapshots": [], "steps": []}
+
+    def on_snapshot(n, s):
+        params = jax.device_get(s.actor_params)
+        pending["snapshots"].append((n // every, params, evaluate(params)))
+
+    def on_chunk_end(c, s, aux, seconds):
+        for i, params, ret in pending["snapshots"]:
+            for j, x in enumerate(jax.tree.leaves(params)):
+                aux[f"snapshot/{j}"][i] = x
+            aux["snapshot/returns"][i] = ret
+        for n, tr in pending["steps"]:
+            for k in _REPLAY_INFOS:
+                aux[f"replay/{k}"][n : n + n_envs] = tr[k]
+        # the next chunk starts from reset environments: this chunk's last step ends them all
+        n, tr = pending["steps"][-1]
+        aux["replay/timeouts"][n : n + n_envs] = 1.0 - tr["terminals"]
+        pending["snapshots"].clear()
+        pending["steps"].clear()
+        return aux
+
+    args = dict(run, chunk_steps=chunk_steps, aux=aux, on_chunk_end=on_chunk_end)
+    args |= dict(on_snapshot=on_snapshot, on_step=lambda n, tr: pending["steps"].append((n, tr)))
+    act = _sample_actor(kit)
+    try:
+        if directory is None:
+            res = train_online(key, env, kit.algo, state, act, **args)
+        else:
+            directory = Path(directory)
+            spec_file = directory / "spec.json"
+            if spec_file.is_file() and json.loads(spec_file.read_text()) != spec:
+                raise ValueError(
+                    f"directory: the SAC run under {directory} has the settings "
+                    f"{spec_file.read_text()}, expected {json.dumps(spec, sort_keys=True)}"
+                )
+            with cachex.CacheXManager(directory, max_to_keep=1) as mngr:
+                spec_file.write_text(json.dumps(spec, sort_keys=True))
+                res = train_online(key, env, kit.algo, state, act, manager=mngr, **args)
+    finally:
+        env.close()
+    got = res.aux
+    snapshots = [
+        (
+            i * every,
+            jax.tree.unflatten(
+                treedef, [jnp.asarray(got[f"snapshot/{j}"][i]) for j in range(len(leaves))]
+            ),
+            float(got["snapshot/returns"][i]),
+        )
+        for i in range(n_snap)
+    ]
+    buf = res.buffer
+
+    def replay(m_step):
+        rows = max(m_step, n_envs)
+        fields = {f: buf[f][:rows] for f in REPLAY_FIELDS}
+        fields |= {k: got[f"replay/{k}"][:rows] for k in _REPLAY_INFOS}
+        steps = [{k: v[t : t + n_envs] for k, v in fields.items()} for t in range(0, rows, n_envs)]
+        return D.env_major(steps)
+
+    return snapshots, replay
 
 
 def locomotion_dataset(
@@ -469,7 +596,10 @@ def locomotion_dataset(
 
     The files are named by a hash of the settings; of ``kwargs``, only those that differ from
     :func:`generate_locomotion`'s defaults take part, so passing a default explicitly reads the
-    same files as leaving it out.
+    same files as leaving it out. With ``chunk_steps`` (a resumable run, for the long ones) the
+    SAC run is checkpointed chunk by chunk in a folder beside the files
+    (``<env>_sac_<tag>``, named by the SAC settings), so an interrupted generation resumes
+    where it stopped on the next call; the level files are written once it is complete.
 
     Args:
       env_id: one of ``hexad.data.offline_rl.LOCOMOTION_ENVS``.
@@ -479,7 +609,7 @@ def locomotion_dataset(
       progress: optional progress-bar wrapper, used only when generating.
       kwargs: :func:`generate_locomotion`'s other settings (``n_envs``, ``batch_size``, ``lr``,
         ``start_steps``, ``snapshot_every``, ``n_eval_episodes``, ``eval_steps``,
-        ``episode_steps``).
+        ``episode_steps``, ``chunk_steps``).
 
     Returns:
       a dict with the D4RL fields and the extras listed in :mod:`hexad.data.offline_rl`; the
@@ -498,7 +628,8 @@ def locomotion_dataset(
     defaults = {
         k: p.default
         for k, p in inspect.signature(generate_locomotion).parameters.items()
-        if k not in ("env_id", "total_steps", "seed", "n_per_level", "hidden", "progress")
+        if k
+        not in ("env_id", "total_steps", "seed", "n_per_level", "hidden", "directory", "progress")
     }
     unknown = sorted(set(kwargs) - set(defaults))
     if unknown:
@@ -519,6 +650,10 @@ def locomotion_dataset(
     name = env_id.split("-")[0].lower()
     paths = {lv: folder / f"{name}_{lv}_{tag}.npz" for lv in D.LOCOMOTION_LEVELS}
     if not paths[level].is_file():
+        if kwargs.get("chunk_steps") is not None:
+            # the resumable SAC run's checkpoints, named by its settings (not n_per_level)
+            sac = D.spec_tag({k: v for k, v in spec.items() if k != "n"})
+            kwargs["directory"] = folder / f"{name}_sac_{sac}"
         gen = generate_locomotion(
             env_id,
             total_steps,

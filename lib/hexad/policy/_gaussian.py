@@ -18,6 +18,8 @@ same precision-weighted mean as PoE when ``beta = alpha / (1 - alpha)``; its pre
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import NamedTuple
 
 import jax
@@ -29,6 +31,7 @@ from hexad._base import check_int, is_traced
 __all__ = [
     "DiagGaussian",
     "additive",
+    "calibrate_kl_budget",
     "kl_budget_alpha",
     "kl_budget_alpha_per_state",
     "kl_diag_gaussian",
@@ -404,3 +407,51 @@ def kl_budget_alpha_per_state(
     dtype = jnp.result_type(actor.mean, float)
     kl = _mean_kl if mean_only else _kl
     return _bisect(lambda al: kl(poe(actor, prior, al), actor), budget, shape, n_iters, dtype)
+
+
+def calibrate_kl_budget(actor: DiagGaussian, fraction: float = 0.5) -> jax.Array:
+    """Returns a KL budget in nats calibrated on the actor alone: ``fraction`` times the median
+    KL between the actor at two of the data's states.
+
+    ``B = fraction * median_i KL(pi_A(. | s_j(i)) || pi_A(. | s_i))`` with ``j(i) = (i + n // 2)
+    mod n``: each state is paired with the one half the list away, so for states drawn at
+    random from the data the pairs are random pairs of data states. The budget is the actor's
+    own scale of variation over the data, in nats of its own likelihood space: a composition
+    held to ``B`` (:func:`kl_budget_alpha`) moves the actor, on average over the states, by at
+    most ``fraction`` of what separates the actor's own actions at two typical states. It is
+    calibrated per likelihood space (a pre-tanh and an action-space actor each set their own)
+    and is invariant to the action space's units (an affine rescaling of the actions scales
+    means and stds alike and leaves every KL unchanged).
+
+    It reads no reward, and no prior: the signature takes the actor's Gaussians only, so the
+    budget is fixed before any return or any prior is seen.
+
+    Args:
+      actor: ``[n, d]`` the actor's Gaussians at ``n >= 2`` data states (in random order).
+      fraction: a finite number ``> 0``: the share of the actor's between-state KL the
+        composition may spend.
+
+    Returns:
+      a scalar budget in nats (> 0 unless the actor is the same at every paired state, which
+      raises for concrete inputs).
+
+    >>> a = DiagGaussian(jnp.array([[0.0], [1.0], [0.0], [3.0]]), jnp.ones((4, 1)))
+    >>> float(calibrate_kl_budget(a, 0.5))  # pair KLs 0, 2, 0, 2 (m^2 / 2): median 1
+    0.5
+    """
+    _check_gaussian("actor", actor)
+    shape = jnp.shape(actor.mean)
+    if len(shape) != 2 or shape[0] < 2:
+        raise ValueError(f"actor: expected Gaussians at n >= 2 states, shape [n, d], got {shape}")
+    real = isinstance(fraction, numbers.Real) and not isinstance(fraction, bool)
+    if not (real and math.isfinite(fraction) and fraction > 0):
+        raise ValueError(f"fraction: expected a finite number > 0, got {fraction!r}")
+    n = shape[0]
+    other = jax.tree.map(lambda x: jnp.roll(x, -(n // 2), axis=0), actor)
+    budget = fraction * jnp.median(_kl(other, actor))
+    if not is_traced(budget) and not float(budget) > 0:
+        raise ValueError(
+            "actor: its Gaussians are the same at the paired states (a between-state KL of "
+            "0), so no budget can be calibrated on it"
+        )
+    return budget

@@ -1,9 +1,12 @@
 """Goal-conditioned priors: hindsight relabelling (goal indices, mean future values), goals in a
 batch's observations, and the prior kinds of the graceful-degradation test (parameter noise,
-output noise, shuffled goals, random networks)."""
+output noise, shuffled goals, random networks), priors of known precision (the precision-ratio
+family) and the random-perturbation control."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, NamedTuple
 
 import jax
@@ -11,10 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from hexad._base import check_int
-from hexad.policy._gaussian import DiagGaussian
+from hexad.policy._gaussian import DiagGaussian, _check_gaussian
 from hexad.policy._offline import Batch
 
 __all__ = [
+    "PRECISION_RATIOS",
     "PRIOR_KINDS",
     "VelocityGoals",
     "degrade_params",
@@ -22,6 +26,9 @@ __all__ = [
     "goal_conditioned",
     "hindsight_mean",
     "make_prior",
+    "perturbation_prior",
+    "poe_prior_weight",
+    "precision_prior",
     "return_range_scale",
     "shuffle_goals_across_trajectories",
     "state_noise",
@@ -419,3 +426,126 @@ def return_range_scale(rewards, terminals, timeouts, target: float = 1000.0) -> 
     if not spread > 0:
         raise ValueError(f"rewards: expected trajectory returns that differ, got {returns}")
     return target / spread
+
+
+# --------------------------------------------------------------------------------------------
+# Priors of known precision (the precision-ratio family) and the random-perturbation control
+# --------------------------------------------------------------------------------------------
+
+#: The precision ratios ``r = lam_P / lam_A`` of the precision-ratio family
+#: (:func:`precision_prior`): below, at and above the actor's own precision.
+PRECISION_RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def _check_positive(name: str, value) -> float:
+    """``value`` as a float if it is a concrete finite number > 0, else a ValueError."""
+    real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not (real and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}: expected a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _check_noise(actor: DiagGaussian, noise) -> jax.Array:
+    z = jnp.asarray(noise)
+    if jnp.shape(z) != jnp.shape(actor.mean):
+        raise ValueError(
+            f"noise: expected the actor's shape {jnp.shape(actor.mean)} (one value per state and "
+            f"action dimension), got {jnp.shape(z)}"
+        )
+    return z
+
+
+def precision_prior(actor: DiagGaussian, noise, ratio: float, mean_error: float = 1.0):
+    """Returns the prior ``N(mu_A + mean_error s_A noise, s_A / sqrt(ratio))`` of the actor.
+
+    A prior whose precision is set on purpose: per state and action dimension its precision
+    is exactly ``ratio`` times the actor's (``lam_P = ratio lam_A``), while its mean is the
+    actor's moved by ``mean_error`` actor stds along a fixed ``noise`` (a smooth random
+    function of the state, :func:`state_noise`, with unit variance), the same for every
+    ``ratio``. The family ``ratio`` in :data:`PRECISION_RATIOS` at one ``mean_error`` isolates
+    what the precision does: the composed means of PoE and of additive blending move from
+    ``mu_A`` towards ``mu_P`` by ``w`` and by ``alpha``, with ``w =`` :func:`poe_prior_weight`
+    ``(alpha, ratio)``, so for a prior whose direction is bad PoE is the better of the two iff
+    ``ratio < 1`` (and the two coincide at ``ratio = 1``).
+
+    Args:
+      actor: the actor's Gaussians, ``[..., d]``.
+      noise: ``[..., d]`` the mean error's direction at the same states (the actor's shape).
+      ratio: the precision ratio ``lam_P / lam_A``, a finite number ``> 0``.
+      mean_error: the mean error in actor stds, a finite number ``>= 0``.
+
+    Returns:
+      a ``DiagGaussian`` of the actor's shape.
+
+    >>> a = DiagGaussian(jnp.zeros((1, 2)), jnp.full((1, 2), 2.0))
+    >>> p = precision_prior(a, jnp.ones((1, 2)), 4.0, mean_error=0.5)
+    >>> p.mean.tolist(), p.std.tolist()  # mean moved by half an actor std; std 2 / sqrt(4)
+    ([[1.0, 1.0]], [[1.0, 1.0]])
+    """
+    _check_gaussian("actor", actor)
+    z = _check_noise(actor, noise)
+    r = _check_positive("ratio", ratio)
+    real = isinstance(mean_error, numbers.Real) and not isinstance(mean_error, bool)
+    if not (real and math.isfinite(mean_error) and mean_error >= 0):
+        raise ValueError(f"mean_error: expected a finite number >= 0, got {mean_error!r}")
+    return DiagGaussian(actor.mean + mean_error * actor.std * z, actor.std / np.sqrt(r))
+
+
+def perturbation_prior(actor: DiagGaussian, prior: DiagGaussian, noise) -> DiagGaussian:
+    """Returns the random-perturbation control of ``prior``: its precision, a random direction.
+
+    ``N(mu_A + |mu_P - mu_A| sign(noise), s_P)``: at each state and action dimension the
+    control has the prior's std (so its PoE weight is the prior's) and moves the actor's mean
+    by exactly as much as the prior would, but in a direction given by the sign of a fixed
+    random ``noise`` (:func:`state_noise`) instead of by the prior's knowledge. A composition
+    that "helps" with this control rewards perturbing the actor, not the prior's information.
+
+    Args:
+      actor: the actor's Gaussians, ``[..., d]``.
+      prior: the informed prior at the same states, ``[..., d]`` (the actor's action
+        dimension).
+      noise: ``[..., d]`` at the same states (the actor's shape); its sign is the direction.
+
+    Returns:
+      a ``DiagGaussian`` of the actor's shape.
+
+    >>> a = DiagGaussian(jnp.zeros((1, 2)), jnp.ones((1, 2)))
+    >>> p = DiagGaussian(jnp.array([[0.5, -2.0]]), jnp.full((1, 2), 0.3))
+    >>> c = perturbation_prior(a, p, jnp.array([[-1.0, -1.0]]))
+    >>> c.mean.tolist(), [round(s, 3) for s in c.std[0].tolist()]
+    ([[-0.5, -2.0]], [0.3, 0.3])
+    """
+    _check_gaussian("actor", actor)
+    _check_gaussian("prior", prior)
+    da, dp = jnp.shape(actor.mean)[-1], jnp.shape(prior.mean)[-1]
+    if da != dp:
+        raise ValueError(f"prior: expected action dimension {da} (the actor's), got {dp}")
+    z = _check_noise(actor, noise)
+    sign = jnp.where(z >= 0, 1.0, -1.0)
+    shift = jnp.abs(prior.mean - actor.mean)
+    std = jnp.broadcast_to(prior.std, jnp.shape(actor.mean))
+    return DiagGaussian(actor.mean + shift * sign, std)
+
+
+def poe_prior_weight(alpha, ratio):
+    """Returns ``w = alpha r / (alpha r + 1 - alpha)``: how far PoE moves the actor's mean
+    towards the prior's, where additive blending moves it by ``alpha``.
+
+    At a common weight ``alpha`` and precision ratio ``r = lam_P / lam_A`` (the same at every
+    state, as in :func:`precision_prior`), PoE's composed mean is ``mu_A + w (mu_P - mu_A)``
+    and additive's ``mu_A + alpha (mu_P - mu_A)``; ``w < alpha`` iff ``r < 1``, so PoE trusts
+    a less precise prior less than additive does and a more precise one more. Host-side.
+
+    Args:
+      alpha: the common weight, a number in the open interval ``(0, 1)`` (at 0 and 1 the two
+        compositions coincide).
+      ratio: ``r``, a finite number ``> 0``.
+
+    >>> poe_prior_weight(0.5, 0.25), poe_prior_weight(0.5, 1.0), poe_prior_weight(0.5, 4.0)
+    (0.2, 0.5, 0.8)
+    """
+    real = isinstance(alpha, numbers.Real) and not isinstance(alpha, bool)
+    if not (real and 0 < alpha < 1):
+        raise ValueError(f"alpha: expected a number in (0, 1), got {alpha!r}")
+    r = _check_positive("ratio", ratio)
+    return float(alpha * r / (alpha * r + 1.0 - alpha))
