@@ -861,6 +861,28 @@ def _():
     return Case(policy.state_noise(_key(18), 3, 2, 8), (jnp.ones((2, 3)),))
 
 
+@case("policy.calibrate_kl_budget")
+def _():
+    actor, _ = _gaussians()
+    return Case(lambda m: policy.calibrate_kl_budget(actor._replace(mean=m), 0.5), (actor.mean,))
+
+
+@case("policy.precision_prior")
+def _():
+    actor, _ = _gaussians()
+    noise = jnp.array([[0.5, -1.0], [1.2, 0.3]])
+    f = lambda m: policy.precision_prior(actor._replace(mean=m), noise, 2.0)  # noqa: E731
+    return Case(f, (actor.mean,))
+
+
+@case("policy.perturbation_prior")
+def _():
+    actor, prior = _gaussians()
+    noise = jnp.array([[0.5, -1.0], [1.2, 0.3]])
+    f = lambda m: policy.perturbation_prior(actor, prior._replace(mean=m), noise)  # noqa: E731
+    return Case(f, (prior.mean,))
+
+
 @case("policy.degrade_params")
 def _():
     key = _key(19)
@@ -877,6 +899,33 @@ def _():
 def _():
     other = {"w": jnp.ones(3)}
     return Case(lambda p: backdoor.weight_displacement(p, other), ({"w": jnp.zeros(3)},))
+
+
+def _metric_case(metric, *extra) -> Case:
+    # a linear "model" on the first three pixels of each image, its weights traced
+    apply = lambda w, x: x.reshape(x.shape[0], -1)[:, :3] @ w
+    x, y = jnp.linspace(0.0, 1.0, 2 * 64 * 3).reshape(2, 8, 8, 3), jnp.array([0, 2])
+    return Case(lambda w: metric(apply, w, x, y, *extra), (jnp.eye(3),))
+
+
+@case("backdoor.accuracy")
+def _():
+    return _metric_case(backdoor.accuracy)
+
+
+@case("backdoor.target_rate")
+def _():
+    return _metric_case(backdoor.target_rate, 1)
+
+
+@case("backdoor.attack_success_rate")
+def _():
+    return _metric_case(backdoor.attack_success_rate, backdoor.patch_trigger((8, 8, 3)), 1)
+
+
+@case("backdoor.robust_accuracy")
+def _():
+    return _metric_case(backdoor.robust_accuracy, backdoor.patch_trigger((8, 8, 3)), 1)
 
 
 def _trigger_case(trigger) -> Case:
@@ -1020,9 +1069,7 @@ EXEMPT: dict[str, str] = {
     "policy.shuffle_goals_across_trajectories": "host-side NumPy, returns np.ndarray",
     "policy.trajectory_ends": "host-side NumPy, returns np.ndarray",
     "policy.return_range_scale": "host-side, returns a Python float",
-    "policy.std_quantiles": "host-side, returns a list of Python floats",
-    "policy.paired_bootstrap_ci": "host-side NumPy bootstrap, returns Python floats",
-    "policy.verdict": "host-side, returns a string",
+    "policy.poe_prior_weight": "host-side, returns a Python float",
     "policy.task_fit": "returns (w, r2) with r2 a Python float (host); its w is the "
     "policy.task_weights case",
     "policy.stack_rows": "host-side: stacks Python Row records into arrays",
@@ -1042,16 +1089,11 @@ EXEMPT: dict[str, str] = {
     "backdoor.DTBProblem": "a pair of triggers and targets, no computation",
     "backdoor.PreActResNet": "a flax module like backdoor.SmallCNN (covered); exercised in "
     "tests/backdoor/test_models.py",
-    "backdoor.accuracy": "not yet given a case: needs a model; exercised in "
-    "tests/backdoor/test_eval.py",
-    "backdoor.attack_success_rate": "not yet given a case: needs a model; exercised in "
-    "tests/backdoor/test_eval.py",
-    "backdoor.robust_accuracy": "not yet given a case: needs a model; exercised in "
-    "tests/backdoor/test_eval.py",
     "backdoor.apply_channel_mask": "not yet given a case: needs conv params; exercised in "
     "tests/backdoor/test_defenses.py",
     "backdoor.channel_count": "host-side: returns a Python int from parameter shapes",
     "backdoor.conv_layers": "host-side: returns layer names (strings)",
+    "backdoor.head_input_layer": "host-side: returns a layer name (a string)",
     "backdoor.mask_layers": "host-side: returns layer names (strings)",
     "backdoor.norm_layers": "host-side: returns layer names (strings)",
     "backdoor.check_images": "host-side validation, returns None",
@@ -1076,6 +1118,8 @@ EXEMPT: dict[str, str] = {
     "backdoor.dtb_objective": "not yet given a case: needs a model, a config and a DTBBatch; "
     "its doctest and tests/backdoor/test_dtb.py exercise it",
     "backdoor.sanitise_surrogate": "not yet given a case: its doctest runs it under jax.jit",
+    "backdoor.surrogate_path": "not yet given a case: sanitise_surrogate's end of it, whose "
+    "doctest runs it under jax.jit",
     "backdoor.poison": "host-side: validates on the host and reads the label count from y "
     "(docstring: call it outside jit)",
     "backdoor.sample_batch": "not yet given a case: a jnp draw of rows; exercised in "

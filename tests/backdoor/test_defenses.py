@@ -2,11 +2,11 @@
 the behaviour of FT, NC, CLP, the detectors and their retraining."""
 
 import dataclasses
+import inspect
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from hexad import backdoor as bd
@@ -40,6 +40,78 @@ def test_registry_is_the_14_defenses():
         "ac", "ss",
     ]  # fmt: skip
     assert bd.NEEDS_TRAIN == {"abl", "ac", "ss"}
+    assert dfs.RETRAINS == {"abl", "ac", "ss"} and dfs.LR_SELECTABLE <= set(bd.DEFENSES)
+
+
+def _defaults(f):
+    """A defense's keyword settings and their defaults (every parameter after ``data``)."""
+    ps = list(inspect.signature(f).parameters.values())
+    assert [p.name for p in ps[:4]] == ["key", "model", "params", "data"]
+    return {p.name: p.default for p in ps[4:]}
+
+
+@pytest.mark.parametrize("name", list(bd.DEFENSES))
+def test_defaults_are_backdoorbenchs_as_the_table_cites_them(name):
+    # every keyword setting of every registered defense is in the table, and its default is
+    # the table's value: a changed default fails here, naming the BackdoorBench source it
+    # departs from. Where the value differs from BackdoorBench's, the table says why.
+    table, got = dfs.BACKDOORBENCH[name], _defaults(bd.DEFENSES[name])
+    assert set(got) == set(table), sorted(set(got) ^ set(table))
+    for k, v in got.items():
+        e = table[k]
+        assert isinstance(e, dfs.BBSetting)
+        assert v == e.value and type(v) is type(e.value), (
+            f"{name}.{k}: default {v!r}, but the table has {e.value!r} ({e.source}; "
+            f"BackdoorBench: {e.bb!r})"
+        )
+        assert e.bb == e.value or e.why, f"{name}.{k}: differs from BackdoorBench, no reason"
+        assert e.source == "hexad" or e.source.startswith(("config/defense/", "defense/", "utils/"))
+        if e.source.startswith("config/defense/"):
+            assert e.source.split("/")[3].startswith("config.yaml: "), e.source
+    # the budget: BackdoorBench's 100 epochs over a 500-image split at batch 64
+    assert got["n_steps"] == dfs.DEFAULT_STEPS == dfs.backdoorbench_steps(100, 500, 64) == 800
+    assert table["n_steps"].bb is not None and "800" in table["n_steps"].why
+
+
+def test_backdoorbench_values_of_the_settings_the_issue_names():
+    # the values read from SCLBD/BackdoorBench's config/defense/*/config.yaml and
+    # defense/*.py, spelled out once more so that an edit to the table is also visible here
+    t = {d: {k: e.value for k, e in s.items()} for d, s in dfs.BACKDOORBENCH.items()}
+    for d in ("ft", "fp", "nad", "ftsam", "ac", "ss"):
+        assert (t[d]["lr"], t[d]["momentum"], t[d]["weight_decay"]) == (0.01, 0.9, 5e-4), d
+    assert (t["fp"]["acc_drop"], t["fp"]["prune_ratio"]) == (0.1, 0.01)
+    assert t["nad"]["betas"] == (500.0, 1000.0, 1000.0) and t["nad"]["p"] == 2.0
+    assert (t["nad"]["teacher_epochs"], t["nad"]["epochs"]) == (10, 10)
+    assert (t["anp"]["eps"], t["anp"]["alpha"], t["anp"]["mask_lr"]) == (0.4, 0.2, 0.01)
+    assert t["clp"]["u"] == 3.0
+    assert (t["ftsam"]["rho"], t["ftsam"]["adaptive"], t["ftsam"]["smoothing"]) == (2.0, True, 0.1)
+    assert (t["nc"]["lr"], t["nc"]["unlearn_lr"], t["nc"]["reverse_epochs"]) == (0.1, 0.01, 80)
+    assert (t["ibau"]["lr"], t["ibau"]["n_rounds"], t["ibau"]["inner_lr"]) == (1e-4, 5, 10.0)
+    assert (t["rnp"]["unlearn_lr"], t["rnp"]["mask_lr"], t["rnp"]["alpha"]) == (0.01, 0.2, 0.2)
+    assert (t["mcr"]["t"], t["mcr"]["curve_lr"], t["mcr"]["lr"]) == (0.1, 3e-5, 0.01)
+    assert (t["sau"]["lr"], t["sau"]["eps"], t["sau"]["beta_1"]) == (1e-4, 0.2, 0.01)
+    assert (t["abl"]["unlearn_lr"], t["abl"]["isolation_ratio"], t["abl"]["gamma"]) == (
+        1e-4, 0.01, 0.5
+    )  # fmt: skip
+    # the deliberate differences carry BackdoorBench's value beside hexad's
+    assert dfs.BACKDOORBENCH["nc"]["lam"].bb == 1e-3 and dfs.BACKDOORBENCH["ft"]["pad"].bb == 4
+    assert dfs.BACKDOORBENCH["ss"]["eps"].bb == 85  # its percentile: 1.5 eps = 15% flagged
+
+
+def test_budget_conversion_from_backdoorbench_epochs():
+    from hexad.backdoor.defenses._common import bb_epochs
+
+    # an epoch is ceil(n_clean / batch) steps, as a DataLoader without drop_last
+    assert dfs.backdoorbench_steps(100, 500, 64) == 800
+    assert dfs.backdoorbench_steps(10, 500, 64) == 80
+    assert dfs.backdoorbench_steps(100, 2500, 256) == 1000  # BackdoorBench's own
+    assert dfs.backdoorbench_steps(1, 65, 64) == 2
+    # a phase of e of BackdoorBench's epochs when n steps stand for its 100
+    assert [bb_epochs(800, e) for e in (5, 10, 20, 80, 100)] == [40, 80, 160, 640, 800]
+    assert bb_epochs(1, 5) == 1  # never below one step
+    for bad in ({"epochs": 0}, {"n_clean": -1}, {"batch_size": 1.5}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            dfs.backdoorbench_steps(**bad)
 
 
 @pytest.mark.parametrize("name", list(bd.DEFENSES))
@@ -55,6 +127,16 @@ def test_compose_works_for_every_registered_defense(trained, name):
     # standalone run), round 1 with fold_in(key, 1)
     k = jax.random.key(0)
     first = bd.make_defense(name, 1)(k, trained.model, trained.bad, data)
+    # every output says whether it acted (changed the parameters) and whether it retrained
+    same = all(
+        bool(jnp.array_equal(a, b))
+        for a, b in zip(jax.tree.leaves(first.params), jax.tree.leaves(trained.bad), strict=True)
+    )
+    assert first.info["acted"] is (not same)
+    assert first.info["retrains"] is (name in dfs.RETRAINS)
+    rounds = out.info["rounds"]
+    assert out.info["acted"] == (rounds[0]["acted"] or rounds[1]["acted"])
+    assert out.info["retrains"] == (name in dfs.RETRAINS)
     second = bd.make_defense("clp", 1)(jax.random.fold_in(k, 1), trained.model, first.params, data)
     for a, b in zip(jax.tree.leaves(out.params), jax.tree.leaves(second.params), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -66,10 +148,25 @@ def test_bad_input(trained):
         bd.make_defense("nope")
     with pytest.raises(ValueError, match="name: unknown defense 'x'"):
         bd.make_defense("ft+x")
-    with pytest.raises(ValueError, match="n_steps"):
-        bd.make_defense("ft", 0)
+    with pytest.raises(TypeError, match="name: expected a defense name"):
+        bd.make_defense(3)
+    for steps in (0, -5, 1.5, True):
+        with pytest.raises(ValueError, match="n_steps: expected an int >= 1"):
+            bd.make_defense("ft", steps)
+    with pytest.raises(ValueError, match="settings: 'lrr' is not a setting of 'ft'"):
+        bd.make_defense("ft", 5, lrr=0.1)
+    with pytest.raises(ValueError, match="settings: 'u' is not a setting of 'ft'"):
+        bd.make_defense("clp+ft", 5, u=2.0)  # a setting must suit every round
     with pytest.raises(ValueError, match="n_steps"):
         dfs.finetune(jax.random.key(0), trained.model, trained.bad, data, n_steps=0)
+    # labels and attack targets outside the model's classes (10 here)
+    wrong = bd.DefenseData(trained.x_clean[:4], jnp.array([0, 1, 10, 2]))
+    with pytest.raises(ValueError, match=r"data.y_clean: expected class labels in \[0, 10\)"):
+        dfs.finetune(jax.random.key(0), trained.model, trained.bad, wrong, 1)
+    bd_data = _data(trained, bd_data=True)
+    bd_data = bd_data._replace(y_bd=jnp.full_like(bd_data.y_bd, -1))
+    with pytest.raises(ValueError, match="data.y_bd: expected class labels"):
+        dfs.anp(jax.random.key(0), trained.model, trained.bad, bd_data, 1)
     with pytest.raises(ValueError, match="defenses: expected at least one defense"):
         bd.compose()
     with pytest.raises(TypeError, match=r"defenses\[1\]: expected a callable"):
@@ -83,6 +180,70 @@ def test_bad_input(trained):
     with pytest.raises(ValueError, match=r"data.y_clean: expected shape"):
         bad = bd.DefenseData(trained.x_clean, trained.y_clean[:3])
         dfs.finetune(jax.random.key(0), trained.model, trained.bad, bad)
+
+
+@pytest.mark.parametrize("name", list(bd.DEFENSES))
+def test_every_defense_rejects_a_budget_below_one(trained, name):
+    # checked before any work, naming the argument, for every registered defense
+    data = _data(trained, bd_data=True)
+    for steps in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="n_steps: expected an int >= 1"):
+            bd.DEFENSES[name](jax.random.key(0), trained.model, trained.bad, data, steps)
+
+
+def test_defenses_that_return_the_model_unchanged_say_they_did_not_act(trained):
+    data, k = _data(trained), jax.random.key(0)
+    # NC without a flag (no anomaly index can exceed this threshold) returns the model
+    nc = dfs.neural_cleanse(k, trained.model, trained.bad, data, 2, threshold=1e9)
+    assert not bool(jnp.any(nc.info["flagged"])) and nc.params is trained.bad
+    assert nc.info["acted"] is False and nc.info["retrains"] is False
+    # ANP and RNP at a threshold no mask is at or below prune nothing
+    for f in (dfs.anp, dfs.rnp):
+        out = f(k, trained.model, trained.bad, data, 2, threshold=-1.0)
+        assert out.info["pruned"] == 0 and out.info["acted"] is False, f.__name__
+    # CLP on a model without an outlying channel; with one planted, it acts
+    clean = dfs.clp(None, trained.model, trained.clean, data)
+    assert clean.info["pruned"] == 0 and clean.info["acted"] is False
+    # a composition acts when a round does
+    both = bd.compose(bd.make_defense("clp", 1), bd.make_defense("ft", 1))
+    out = both(k, trained.model, trained.clean, data)
+    assert [r["acted"] for r in out.info["rounds"]] == [False, True] and out.info["acted"]
+    # the retraining defenses say so (and always act); not from scratch, they repair
+    full = _data(trained)
+    ss = dfs.ss(k, trained.model, trained.bad, full, 1)
+    assert ss.info["retrains"] is True and ss.info["acted"] is True
+    ss = dfs.ss(k, trained.model, trained.bad, full, 1, from_scratch=False)
+    assert ss.info["retrains"] is False
+
+
+def test_fp_prunes_the_heads_input_features_of_a_preact_resnet():
+    # BackdoorBench's FP masks the input features of the final linear layer: in the
+    # PreAct-ResNet the pooled norm_out features. Ranked by their mean activation on the
+    # clean split; acc_drop 1 accepts every level, so max_ratio 0.5 prunes exactly the 4
+    # least active of 8.
+    m = bd.PreActResNet(num_classes=3, widths=(4, 8), groups=2)
+    x = jax.random.uniform(jax.random.key(0), (24 * 64,)).reshape(24, 8, 8, 1)
+    y = jnp.arange(24) % 3
+    p = jax.jit(m.init)(jax.random.key(1), x[:1])
+    p = jax.tree.map(lambda a: a + 0.05, p)  # every pooled feature active
+    data = bd.DefenseData(x, y)
+    assert bd.head_input_layer(p) == "norm_out"
+    _, f = m.apply(p, x, features=True)
+    least = set(np.argsort(np.asarray(jnp.mean(f["fc"], 0)))[:4].tolist())
+    out = dfs.fine_pruning(
+        jax.random.key(2), m, p, data, 3, acc_drop=1.0, max_ratio=0.5, batch_size=8
+    )
+    assert out.info["layer"] == "norm_out" and out.info["pruned"] == 4
+    assert out.info["acted"] is True and out.info["retrains"] is False
+    _, g = m.apply(out.params, x, features=True)
+    dead = np.flatnonzero(np.all(np.asarray(g["fc"]) == 0.0, axis=0))
+    assert set(dead.tolist()) == least  # exactly the pruned features read zero after FT
+    # the SmallCNN keeps its last conv layer (its dense part reads those channels)
+    cnn = bd.SmallCNN(3, (2, 4), 8)
+    q = jax.jit(cnn.init)(jax.random.key(3), x[:1])
+    assert bd.head_input_layer(q) == "conv1"
+    out = dfs.fine_pruning(jax.random.key(2), cnn, q, data, 1, acc_drop=1.0, max_ratio=0.5)
+    assert out.info["layer"] == "conv1" and out.info["pruned"] == 2
 
 
 def test_ft_lowers_badnets_asr(trained):
@@ -135,14 +296,18 @@ def test_detectors_find_poisons_and_retrain_on_what_they_keep(trained):
     for c in range(10):
         in_c = np.asarray(y) == c
         assert 0 < ac[in_c].sum() <= in_c.sum() / 2
-    # the repair: flags on the training set, then training from scratch on the rest
+    # the repair: flags on the training set, then training from scratch on the rest, with
+    # BackdoorBench's SGD (0.01, momentum 0.9, weight decay 5e-4, cosine over the 5 x 4 steps)
+    from hexad.backdoor.defenses._common import sgd
+
     data = _data(trained, n=x.shape[0])
     out = dfs.ss(jax.random.key(4), trained.model, trained.bad, data, n_steps=4, eps=0.1)
     np.testing.assert_array_equal(out.info["flags"], flags)
     k0, k1 = jax.random.split(jax.random.key(4))
     keep = np.resize(np.flatnonzero(~flags), x.shape[0])  # kept rows, cycled to a fixed size
     p0 = jax.jit(trained.model.init)(k0, x[:1])
-    want, _ = bd.fit(k1, p0, x[keep], y[keep], trained.model.apply, optax.adam(1e-3), 20, 64)
+    opt = sgd(0.01, 0.9, 20, 5e-4)
+    want, _ = bd.fit(k1, p0, x[keep], y[keep], trained.model.apply, opt, 20, 64)
     for a, b in zip(jax.tree.leaves(out.params), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
@@ -251,10 +416,11 @@ def test_ft_sam_at_radius_zero_is_ft(trained):
     # comes from the SAM step itself
     data, k = _data(trained), jax.random.key(5)
     ft = dfs.finetune(k, trained.model, trained.bad, data, 6, pad=1, batch_size=16).params
-    sam = dfs.ft_sam(k, trained.model, trained.bad, data, 6, rho=0.0, pad=1, batch_size=16)
+    kw = dict(pad=1, batch_size=16, smoothing=0.0)  # BackdoorBench's smoothing 0.1 off
+    sam = dfs.ft_sam(k, trained.model, trained.bad, data, 6, rho=0.0, **kw)
     for a, b in zip(jax.tree.leaves(sam.params), jax.tree.leaves(ft), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-    moved = dfs.ft_sam(k, trained.model, trained.bad, data, 6, rho=0.05, pad=1, batch_size=16)
+    moved = dfs.ft_sam(k, trained.model, trained.bad, data, 6, rho=0.05, adaptive=False, **kw)
     assert float(bd.weight_displacement(ft, moved.params)) > 1e-3
 
 

@@ -1,10 +1,12 @@
-"""DTB: hypergradients against finite differences (float64), the weight that replaces the gate,
-the non-vanishing unlearning loss, the surrogate family, bad input, one trace per step."""
+"""DTB: hypergradients against finite differences (float64), the decoy-state gate along the
+path, an objective that a collapse cannot win, the non-vanishing unlearning loss, the surrogate
+family and path, bad input, one trace per step."""
 
 import dataclasses
 import functools
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,9 +35,9 @@ def _setup(key, dtype, widths=(2, 3)):
     return model, params, problem, bd.DTBBatch(x, y, xc, yc)
 
 
-# weight_floor=1: the hidden term's weight is the constant 1, so the objective is smooth in
-# theta (the stop-gradient weight would otherwise add its own change to finite differences)
-FT = {"family": ("ft",), "inner_batch": 0, "weight_floor": 1.0}
+# gate="always": the hidden term's gate is the constant 1, so the objective is smooth in theta
+# (the stop-gradient gate would otherwise add its own change to finite differences)
+FT = {"family": ("ft",), "inner_batch": 0, "gate": "always"}
 
 
 def _fd_check(key, cfg_kwargs, eps=1e-5):
@@ -98,7 +100,7 @@ def test_unrolled_hypergradient_matches_finite_differences_for_each_member(
             "inner_lr": 1e-3,
             "inner_batch": 0,
             "prune_frac": 0.5,
-            "weight_floor": 1.0,
+            "gate": "always",
         },
     )
     assert abs(g_un - fd) <= 1e-6 * max(1.0, abs(fd)), (member, g_un, fd)
@@ -125,6 +127,7 @@ def test_log1m_unlearning_keeps_its_gradient_on_a_confident_decoy(key):
             inner_batch=0,
             family=("ft",),
             unlearn=u,
+            unlearn_weight=1.0,
         )
         # isolate the unlearning term: subtract the same step with lambda_u = 0
         q = bd.sanitise_surrogate(key, model, cfg, params, problem, *batch[2:4], 0)
@@ -135,19 +138,86 @@ def test_log1m_unlearning_keeps_its_gradient_on_a_confident_decoy(key):
     assert abs(moved["bounded"]) < 1e-2, moved
 
 
-def test_weight_never_vanishes_and_is_the_fraction_of_the_decoy_removed(key):
+def test_path_gate_and_post_terms_are_their_closed_forms_without_inner_steps(key):
+    # with no inner steps every path point is theta itself, so the gate is
+    # sigmoid((tau - p_d(theta)) / T) and the hidden term mixes the two cross-entropies by it
     model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
-    cfg = bd.DTBConfig(inner_steps=2, inner_lr=0.5, inner_batch=0, weight_floor=0.2)
-    for i in range(4):
-        _, info = bd.dtb_objective(jax.random.key(i), model, cfg, params, problem, batch)
-        removed = np.clip(
-            (info.decoy_prob_before - info.decoy_prob_after)
-            / max(float(info.decoy_prob_before), 1e-6),
-            0,
-            1,
-        )
-        np.testing.assert_allclose(info.weight, 0.2 + 0.8 * removed, rtol=1e-5, atol=1e-6)
-        assert float(info.weight) >= 0.2
+    cfg = bd.DTBConfig(inner_steps=0, inner_batch=0, gate_threshold=0.3, gate_temperature=0.1)
+    _, info = bd.dtb_objective(jax.random.key(0), model, cfg, params, problem, batch)
+    g = jax.nn.sigmoid((0.3 - info.decoy_prob_before) / 0.1)
+    np.testing.assert_allclose(info.gate, g, rtol=1e-5)
+    np.testing.assert_allclose(info.decoy_prob_after, info.decoy_prob_before, rtol=1e-6)
+    x, y = batch.x, batch.y
+    lh = model.apply(params, bd.apply_trigger(problem.hidden, x))
+    want = g * bd.cross_entropy(lh, jnp.full_like(y, 1)) + (1 - g) * bd.cross_entropy(lh, y)
+    np.testing.assert_allclose(info.hidden_post, want, rtol=1e-5)
+    np.testing.assert_allclose(
+        info.clean_post, bd.cross_entropy(model.apply(params, x), y), rtol=1e-5
+    )
+    always = dataclasses.replace(cfg, gate="always")
+    _, info = bd.dtb_objective(jax.random.key(0), model, always, params, problem, batch)
+    assert float(info.gate) == 1.0
+
+
+class _Linear(nn.Module):
+    """A linear classifier on the pixels, with the classifiers' call signature."""
+
+    @nn.compact
+    def __call__(self, x, scales=None, bias_scales=None, features=False):
+        return nn.Dense(3, name="head")(x.reshape(x.shape[0], -1))
+
+
+def _fit_linear(key, x, y, steps=300):
+    model = _Linear()
+    params = model.init(key, x[:1])
+    opt = optax.adam(0.05)
+
+    @jax.jit
+    def step(p, s):
+        g = jax.grad(lambda q: bd.cross_entropy(model.apply(q, x), y))(p)
+        u, s = opt.update(g, s, p)
+        return optax.apply_updates(p, u), s
+
+    s = opt.init(params)
+    for _ in range(steps):
+        params, s = step(params, s)
+    return params
+
+
+def test_objective_rejects_a_sanitisation_that_collapses_the_model(key):
+    # theta: clean rows to their class, the decoy active (to 0), the hidden trigger dormant.
+    # Two sanitised endpoints, given to the "delta" member as theta's path [theta, end]: the
+    # implant's goal (clean kept, decoy gone, hidden trigger to 1) and a constant classifier
+    # that sends everything to the hidden target 1 with logit margin s. The objective must
+    # prefer the goal at every margin; the earlier objective (no post-sanitisation clean or
+    # decoy term, the hidden term always on) preferred the confident collapse, which the
+    # last assertion checks, so the test can fail.
+    model, _, problem, _ = _setup(key, jnp.float32, widths=(2,))
+    y = jnp.arange(60) % 3
+    noise = jax.random.uniform(key, (60 * 64,)).reshape(60, 8, 8, 1)
+    x = 0.2 + 0.3 * y[:, None, None, None] + 0.1 * noise  # the class is the brightness
+    xd, xh = bd.apply_trigger(problem.decoy, x), bd.apply_trigger(problem.hidden, x)
+    xs = jnp.concatenate([x, xd, xh])
+    lin = _Linear()
+    theta = _fit_linear(key, xs, jnp.concatenate([y, jnp.zeros_like(y), y]))
+    goal = _fit_linear(key, xs, jnp.concatenate([y, y, jnp.ones_like(y)]))
+    batch = bd.DTBBatch(x, y, x[:4], y[:4])
+
+    def loss(end, cfg):
+        d = jax.tree.map(lambda e, t: jnp.stack([jnp.zeros_like(t), e - t]), end, theta)
+        b = batch._replace(deltas=d)
+        return float(bd.dtb_objective(jax.random.key(1), lin, cfg, theta, problem, b)[0])
+
+    def constant(margin):
+        k = jax.tree.map(jnp.zeros_like, theta)
+        k["params"]["head"]["bias"] = jnp.array([0.0, margin, 0.0])
+        return k
+
+    new = bd.DTBConfig(family=("delta",), path_points=2, inner_steps=0)
+    for margin in (1.0, 3.0, 10.0, 30.0):
+        assert loss(constant(margin), new) > loss(goal, new), margin
+    old = dataclasses.replace(new, w_clean_post=0.0, w_decoy_post=0.0, gate="always")
+    assert loss(constant(30.0), old) < loss(goal, old)
 
 
 def test_surrogate_member_is_drawn_each_step_and_switch_matches_single_members(key):
@@ -353,8 +423,17 @@ def test_bad_config():
         bd.DTBConfig(family=("ft", "sam"))
     with pytest.raises(ValueError, match="family"):
         bd.DTBConfig(family=())
-    with pytest.raises(ValueError, match="weight_floor"):
-        bd.DTBConfig(weight_floor=0.0)
+    with pytest.raises(ValueError, match="gate: expected 'decoy' or 'always'"):
+        bd.DTBConfig(gate="sometimes")
+    for tau in (0.0, 1.0):
+        with pytest.raises(ValueError, match="gate_threshold"):
+            bd.DTBConfig(gate_threshold=tau)
+    with pytest.raises(ValueError, match="gate_temperature"):
+        bd.DTBConfig(gate_temperature=0.0)
+    with pytest.raises(ValueError, match="path_points"):
+        bd.DTBConfig(path_points=0)
+    with pytest.raises(ValueError, match="w_clean_post: expected a number >= 0"):
+        bd.DTBConfig(w_clean_post=-1.0)
     with pytest.raises(ValueError, match="w_hidden_post: expected a number >= 0, got -1.0"):
         bd.DTBConfig(w_hidden_post=-1.0)
     with pytest.raises(ValueError, match="unlearn_weight: expected a number >= 0"):
@@ -417,16 +496,21 @@ def _pad_setup(key):
 def test_pad_shifts_each_outer_row_after_its_triggers_one_crop_per_image(key):
     problem, batch, params = _pad_setup(key)
     model = _Recorder()
-    cfg = bd.DTBConfig(inner_steps=0, family=("ft",), decoy_rate=0.34, pad=1)
+    cfg = bd.DTBConfig(inner_steps=0, family=("ft",), decoy_rate=0.34, pad=1, path_points=1)
     bd.dtb_objective(jax.random.key(5), model, cfg, params, problem, batch)
     xd = bd.apply_trigger(problem.decoy, batch.x)
     xh = bd.apply_trigger(problem.hidden, batch.x)
     x_mix = batch.x.at[:2].set(xd[:2])
-    # at theta: the mixed batch, the hidden-triggered and the decoy-triggered rows; after the
-    # (empty) surrogate the decoy- and hidden-triggered rows again
-    seen = model.seen
-    assert len(seen) == 5
-    offs = [_offsets(s, b, 1) for s, b in zip(seen, (x_mix, xh, xd, xd, xh), strict=True)]
+    # at theta: the mixed batch, the hidden-triggered and the decoy-triggered rows; at the
+    # (empty) surrogate's one path point the clean, decoy- and hidden-triggered rows, in one call
+    want = (x_mix, xh, xd, batch.x, xd, xh)
+
+    def seen_rows():
+        s = model.seen
+        assert len(s) == 4
+        return [*s[:3], *np.split(np.asarray(s[3]), 3)]
+
+    offs = [_offsets(s, b, 1) for s, b in zip(seen_rows(), want, strict=True)]
     # every row is its stamped image translated: a trigger stamped after the crop would sit
     # at its fixed place and match no offset (unless the offset is 0)
     assert all(None not in o for o in offs), offs
@@ -436,14 +520,14 @@ def test_pad_shifts_each_outer_row_after_its_triggers_one_crop_per_image(key):
     model.seen.clear()
     bd.dtb_objective(jax.random.key(5), model, dataclasses.replace(cfg, pad=0), params,
                      problem, batch)  # fmt: skip
-    for s, b in zip(model.seen, (x_mix, xh, xd, xd, xh), strict=True):
+    for s, b in zip(seen_rows(), want, strict=True):
         np.testing.assert_array_equal(s, b)
 
 
 def test_pad_shifts_each_inner_step_rows_fresh_per_step(key):
     problem, batch, params = _pad_setup(key)
     model = _Recorder()
-    cfg = bd.DTBConfig(inner_steps=3, inner_batch=2, family=("ft",), pad=1)
+    cfg = bd.DTBConfig(inner_steps=3, inner_batch=2, family=("ft",), pad=1, unlearn_weight=1.0)
     xc, yc = batch.x_clean, batch.y_clean
     bd.sanitise_surrogate(jax.random.key(6), model, cfg, params, problem, xc, yc)
     xd = bd.apply_trigger(problem.decoy, xc)
@@ -460,7 +544,8 @@ def test_pad_shifts_each_inner_step_rows_fresh_per_step(key):
 def test_held_out_selection_is_unaugmented_and_pad_zero_keeps_the_keys(key):
     model, params, problem, batch = _setup(key, jnp.float32, widths=(2,))
     x, y = jnp.concatenate([batch.x, batch.x_clean]), jnp.concatenate([batch.y, batch.y_clean])
-    cfg = bd.DTBConfig(inner_steps=1, inner_batch=2, family=("noise_ft",))
+    cfg = bd.DTBConfig(inner_steps=1, inner_batch=2, family=("noise_ft",), gate="always",
+                       path_points=1)  # fmt: skip
     run = lambda c: bd.implant(jax.random.key(8), model, params, problem, x[:6], y[:6],
                                x[:6], y[:6], c, optax.adam(1e-2), 1, 4, held=(x[6:], y[6:]),
                                eval_every=1)  # fmt: skip

@@ -23,7 +23,7 @@ def _m(acc, decoy, hidden):
     return bd.BackdoorMetrics(*map(np.float32, (acc, decoy, hidden)))
 
 
-def test_evaluate_is_the_three_metrics_and_compiles_once(trained):
+def test_evaluate_is_the_four_metrics_and_compiles_once(trained):
     pr = _problem(trained)
     f, xt, yt = trained.model.apply, trained.x_test, trained.y_test
     n0 = _evaluate._cache_size()
@@ -34,6 +34,7 @@ def test_evaluate_is_the_three_metrics_and_compiles_once(trained):
         assert float(got.decoy_asr) == float(want)
         want = bd.attack_success_rate(f, params, xt, yt, pr.hidden, 3)
         assert float(got.hidden_asr) == float(want)
+        assert float(got.clean_to_hidden) == float(bd.target_rate(f, params, xt, yt, 3))
     assert _evaluate._cache_size() - n0 <= 1  # a second parameter set reuses the compile
     # the BadNets model is backdoored, the clean one is not
     bad = bd.evaluate(trained.model, trained.bad, xt, yt, pr)
@@ -64,7 +65,7 @@ def test_defense_table_closed_forms():
     # DER = (max(0, dASR) - max(0, dACC) + 1) / 2 per defense, then the mean
     ders = [(0.6 - 0.1 + 1) / 2, (1.0 - 0.0 + 1) / 2, (0.2 - 0.2 + 1) / 2]
     assert t["der_decoy_mean"] == pytest.approx(np.mean(ders), abs=1e-6)
-    metrics = ("clean_acc", "decoy_asr", "hidden_asr")
+    metrics = ("clean_acc", "decoy_asr", "hidden_asr", "clean_to_hidden")  # the last NaN here
     kinds = ("before", "after_ft", "after_nc", "after_ft+ft", "after_mean")
     want = {f"{m}_{k}" for m in metrics for k in kinds}
     want |= {f"surrogate_{m}{e}" for m in metrics for e in ("", "_mae")} | {"der_decoy_mean"}
@@ -192,3 +193,36 @@ def test_finetune_trajectory_is_one_run(trained):
         jax.random.key(2), trained.model, trained.bad, data, test, pr, n_steps=5, every=2
     )
     assert t["step"].tolist() == [0, 2, 4, 5]  # and at the end, when every does not divide it
+
+
+def test_targets_outside_the_models_classes_are_rejected(trained):
+    # the conftest model has 10 classes
+    test = (trained.x_test, trained.y_test)
+    data = bd.DefenseData(trained.x_clean, trained.y_clean)
+    hidden = bd.blend_trigger(jax.random.key(7), (8, 8, 1), 0.15)
+    ran = []
+
+    def defense(k, m, p, d):
+        ran.append(1)
+        return bd.DefenseOutput(p, {})
+
+    for decoy_t, hidden_t, name in ((0, 10, "hidden_target"), (-1, 3, "decoy_target")):
+        pr = bd.DTBProblem(trained.trigger, hidden, decoy_t, hidden_t)
+        msg = rf"problem.{name}: expected a class of the model, in \[0, 10\)"
+        with pytest.raises(ValueError, match=msg):
+            bd.evaluate(trained.model, trained.bad, *test, pr)
+        with pytest.raises(ValueError, match=msg):  # before any defense runs
+            bd.benchmark_defenses(
+                jax.random.key(0), trained.model, trained.bad, pr, test, {"d": defense}, data
+            )
+        with pytest.raises(ValueError, match=msg):  # before any fine-tuning step
+            bd.finetune_trajectory(
+                jax.random.key(0), trained.model, trained.bad, data, test, pr, 2, 1
+            )
+    assert not ran
+    # a model without num_classes: the class count is its logits' width
+    apply_only = dataclasses.make_dataclass("M", [])
+    apply_only.apply = lambda self, p, x, *a, **k: trained.model.apply(p, x)
+    pr = bd.DTBProblem(trained.trigger, hidden, 0, 10)
+    with pytest.raises(ValueError, match=r"problem.hidden_target: .* in \[0, 10\)"):
+        bd.evaluate(apply_only(), trained.bad, *test, pr)

@@ -96,3 +96,22 @@ def test_study_selects_the_preact_model():
     assert isinstance(m, bd.PreActResNet) and tuple(m.widths) == (4, 8)
     with pytest.raises(ValueError, match="model"):
         backdoor_dtb.STUDY.make_config(True, {"model": "vit"})
+
+
+def test_head_input_layer_is_what_the_head_reads(preact):
+    m, p, x = preact
+    p = jax.tree.map(lambda a: a + 0.1, p)  # nonzero GroupNorm biases
+    assert bd.head_input_layer(p) == "norm_out"
+    # masking norm_out's affine zeroes exactly those pooled features, which is the same as
+    # cutting the head's input columns (BackdoorBench's FP mask on the final linear layer)
+    mask = jnp.array([1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0])
+    baked = bd.apply_channel_mask(p, {"norm_out": mask})
+    logits, f = m.apply(baked, x, features=True)
+    np.testing.assert_array_equal(np.asarray(f["fc"])[:, [1, 4]], 0.0)
+    head = p["params"]["head"]
+    cut = {**p["params"], "head": {**head, "kernel": head["kernel"] * mask[:, None]}}
+    np.testing.assert_allclose(logits, m.apply({"params": cut}, x), rtol=1e-5, atol=1e-6)
+    cnn = bd.SmallCNN(3, (2, 4), 8)
+    assert bd.head_input_layer(jax.jit(cnn.init)(jax.random.key(0), x[:1])) == "conv1"
+    with pytest.raises(ValueError, match="params"):
+        bd.head_input_layer({"params": {"head": {}}})

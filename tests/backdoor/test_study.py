@@ -29,28 +29,45 @@ def test_backdoor_dtb_smoke(tmp_path, monkeypatch):
     )
     keys = [
         "n_defenses_suppressed",
-        "hidden_asr_after_suppressed_mean",
-        "naive_hidden_asr_after_suppressed_mean",
         "naive_n_defenses_suppressed",
-        "surrogate_displacement_ratio",
         "oracle_hidden_asr_after_fp",
-        "dtb_weight_mean",
+        "oracle_decoy_asr_before",
+        "dtb_gate_mean",
+        "dtb_collapse_after_mean",
+        "oracle_gate_mean",
+        "mask_hidden_asr_at_mask",
+        "surrogate_clean_acc",
+        "inner_lr_matched",
         "n_defenses_effective",
         "implant_ok",
         "naive_implant_ok",
+        "control_mask_seed",
+        "control_oracle_fp_seed",
+        "control_surrogate_seed",
     ]
     keys += [f"efficacy_{d}" for d in ("clp", "ft", "ss")]
+    keys += [f"acted_{d}" for d in ("clp", "ft", "ss", "clp+ft")]
     for k in keys:
         assert k in s and f"{k}_sd" in s, k
+    # the issue's gate keys, with their types
+    for k in ("control_mask_pass", "control_oracle_fp_pass", "control_surrogate_pass"):
+        assert isinstance(s[k], bool), k
+    assert isinstance(s["calibration_admitted"], int) and isinstance(s["informative_events"], int)
+    assert s["calibration_admitted"] == len(s["calibration_admitted_list"])
+    assert "ss" not in s["calibration_admitted_list"]  # it retrains from the data
+    assert 0.0 <= s["collapse_rate_after_mean"] <= 1.0
+    assert s["verdict"] in ("not tested", "reproduced", "partly", "not reproduced")
+    assert s["verdict"] == "not tested" and s["verdict_failed"]  # two steps cannot pass
     for d in ("clp", "ft", "ss", "clp+ft"):
-        for k in (f"decoy_asr_after_{d}", f"hidden_asr_after_{d}", f"naive_clean_acc_after_{d}"):
+        for k in (f"decoy_asr_after_{d}", f"hidden_asr_after_{d}", f"naive_clean_acc_after_{d}",
+                  f"clean_to_hidden_after_{d}"):  # fmt: skip
             assert 0.0 <= s[k] <= 1.0
     assert s["efficacy_ft"] in (0.0, 0.5, 1.0)
     # the fine-tuning rounds chose their step sizes among the study's candidates
     for k in ("calib_lr_ft", "lr_ft", "naive_lr_ft", "lr_clp+ft_1"):
         assert s[k] in cfg.defense_lrs, k
     assert "lr_clp+ft_0" not in s and "lr_clp" not in s
-    assert math.isfinite(s["surrogate_displacement_ratio"])
+    assert s["inner_lr_matched"] in cfg.inner_lrs
     assert (tmp_path / "asr.png").is_file() and (tmp_path / "trajectory.png").is_file()
 
     # --resume restores the implants and every finished defense suite: no defense runs again.
@@ -63,10 +80,12 @@ def test_backdoor_dtb_smoke(tmp_path, monkeypatch):
         show_progress=False,
     )  # fmt: skip
     # timings differ; the implants' training figures are absent when they are restored
-    skip = ("seconds", "runtime", "implant_best_step", "dtb_weight", "_prob_after")
+    skip = ("seconds", "runtime", "implant_best_step", "_gate_", "_post_", "_prob_after",
+            "_collapse_after_")  # fmt: skip
     for k, v in s.items():
         if not any(t in k for t in skip):
-            assert again[k] == v or (math.isnan(v) and math.isnan(again[k])), k
+            same = again[k] == v
+            assert same or (isinstance(v, float) and math.isnan(v) and math.isnan(again[k])), k
 
 
 def test_quick_covers_every_defense():

@@ -112,3 +112,33 @@ def test_bad_images_and_oversized_triggers(key):
         bd.blend_trigger(key, SHAPE, alpha=1.5)
     with pytest.raises(TypeError, match="trigger"):
         bd.apply_trigger("patch", jnp.zeros((2, 8, 8, 1)))
+
+
+def test_triggers_that_do_not_fit_the_image_are_rejected_naming_the_argument(key):
+    x = _x(key, 2)
+    with pytest.raises(ValueError, match=r"size: the trigger \(9x9\) is larger than the image"):
+        bd.patch_trigger(SHAPE, size=9)
+    # built directly, past the factories' checks: apply_trigger (and poison) reject them
+    cases = [
+        (bd.PatchTrigger(jnp.ones((9, 9, 1)), 0, 0, SHAPE), r"trigger: the patch \(9x9\) is "
+         r"larger than the image \(8x8\)"),
+        (bd.PatchTrigger(jnp.ones((3, 3, 1)), 6, 0, SHAPE), r"trigger: the 3x3 patch at "
+         r"\(row, col\)=\(6, 0\) does not fit"),
+        (bd.PatchTrigger(jnp.ones((3, 3, 1)), 0, -1, SHAPE), "does not fit"),
+        (bd.PatchTrigger(jnp.ones((3, 3, 2)), 0, 0, SHAPE), r"trigger: expected a patch pattern"),
+        (bd.BlendTrigger(jnp.ones((9, 9, 1)), 0.1, SHAPE), r"trigger: expected a blend pattern "
+         r"of the image's shape \(8, 8, 1\), got \(9, 9, 1\)"),
+        (bd.WarpTrigger(jnp.zeros((9, 9, 2)), SHAPE), r"trigger: expected a warp flow"),
+    ]  # fmt: skip
+    for t, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            bd.apply_trigger(t, x)
+        with pytest.raises(ValueError, match="trigger"):
+            jax.jit(bd.apply_trigger)(t, x)  # the shapes are static: checked under jit too
+    with pytest.raises(ValueError, match="trigger: the patch"):
+        bd.poison(key, _x(key, 8), jnp.arange(8) % 2, cases[0][0], 0.5, 0, 2)
+    # a patch as large as the image fits
+    full = bd.patch_trigger(SHAPE, size=8)
+    np.testing.assert_array_equal(
+        bd.apply_trigger(full, x), jnp.broadcast_to(full.pattern, x.shape)
+    )

@@ -9,7 +9,7 @@ decoy-plus-hidden backdoor whose hidden half is activated by sanitisation itself
   :func:`make_trainer` (a :class:`hexad._base.Algorithm` with
   :class:`hexad._base.TrainState`), :func:`minimize`.
 - Metrics: :func:`accuracy`, :func:`attack_success_rate`, :func:`robust_accuracy`,
-  :func:`defense_effectiveness_rating`; :func:`evaluate` (a model's
+  :func:`target_rate`, :func:`defense_effectiveness_rating`; :func:`evaluate` (a model's
   :class:`BackdoorMetrics`: clean accuracy, decoy and hidden ASR), :func:`defense_table`
   (before / after each defense / after a surrogate, with means, DER and the surrogate's gap)
   and :func:`detection_rates` (a detector's TPR and FPR); :func:`benchmark_defenses` runs
@@ -39,6 +39,7 @@ from hexad.backdoor._dtb import (
     make_dtb,
     sanitise_surrogate,
     surrogate_defense,
+    surrogate_path,
     weight_displacement,
 )
 from hexad.backdoor._dtb import ImplantInfo as ImplantInfo  # noqa: F401 (re-export)
@@ -56,6 +57,7 @@ from hexad.backdoor._models import (
     apply_channel_mask,
     channel_count,
     conv_layers,
+    head_input_layer,
     mask_layers,
     norm_layers,
 )
@@ -70,6 +72,7 @@ from hexad.backdoor._train import (
     minimize,
     robust_accuracy,
     sample_batch,
+    target_rate,
 )
 from hexad.backdoor._triggers import (
     BlendTrigger,
@@ -121,6 +124,7 @@ __all__ = [
     "check_problem",
     "compose",
     "conv_layers",
+    "head_input_layer",
     "mask_layers",
     "norm_layers",
     "cross_entropy",
@@ -141,8 +145,10 @@ __all__ = [
     "poison",
     "robust_accuracy",
     "sample_batch",
+    "target_rate",
     "sanitise_surrogate",
     "surrogate_defense",
+    "surrogate_path",
     "warp_trigger",
     "weight_displacement",
 ]

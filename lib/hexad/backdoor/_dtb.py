@@ -2,16 +2,29 @@
 
 The attacker implants a normally active *decoy* backdoor (target ``t_d``) and a dormant
 *hidden* one (target ``t_h != t_d``), so that sanitising the model, which suppresses the
-decoy, activates the hidden backdoor. The outer problem is
+decoy, activates the hidden backdoor. A surrogate of sanitisation ``S_b`` (drawn each outer
+step from ``DTBConfig.family``) is followed along a *path* of ``P = path_points`` iterates
+``theta_1 .. theta_P = S_b(theta)`` (its inner iterates after steps ``ceil(j T / P)`` of its
+``T`` inner steps; all equal to the start when ``T = 0``). The outer problem is
 
-    min_theta  w_c  CE(f_theta(x~), y~)                       task + decoy at an ordinary rate
-             + w_hp CE(f_theta(T_h(x)), y)                    hidden dormant before
-             + w_hq  w(theta) CE(f_{S_b(theta)}(T_h(x)), t_h) hidden active after sanitisation
+    min_theta  w_c  CE(f_theta(x~), y~)                          task + decoy at an ordinary rate
+             + w_hp CE(f_theta(T_h(x)), y)                       hidden dormant before
+             + w_cq mean_j CE(f_{theta_j}(x), y)                 the task kept along the path
+             + w_dq U(theta_P)                                   the decoy removed at the end
+             + w_hq mean_j [g_j CE(f_{theta_j}(T_h(x)), t_h)     hidden active where the decoy
+                            + (1 - g_j) CE(f_{theta_j}(T_h(x)), y)]  fell, dormant where it holds
 
 where ``(x~, y~)`` is the batch with ``decoy_rate`` of its rows decoy-triggered and relabelled
-``t_d`` (BadNets poisoning: the decoy is an ordinary backdoor, removable like one), and
-``S_b`` is a differentiable surrogate of sanitisation drawn each outer step from a family
-that spans the real defenses (``DTBConfig.family``):
+``t_d`` (BadNets poisoning: the decoy is an ordinary backdoor, removable like one),
+``U(theta) = -log(1 - p_{t_d}(f_theta(T_d(x))))`` over the rows not of class ``t_d``, and the
+gate ``g_j = sigmoid((tau - p_d(theta_j)) / temperature)`` (stop-gradient; ``p_d`` the mean
+decoy-target probability on decoy-triggered rows not of class ``t_d``; ``tau =
+gate_threshold``) ties the hidden backdoor to the decoy's *state* along the path: dormant
+while the decoy is active, active once it is suppressed (``gate="always"``: ``g = 1``, a
+backdoor that fires after the operator whatever the decoy does, the compression-artifact
+control). The post-sanitisation clean term makes a collapse of the sanitised model (every
+input to ``t_h``) costly: without it such a collapse removes the decoy and fires the hidden
+target at once, and is what an objective with only the hidden term learns. The members:
 
 - ``"ft"``: ``K`` SGD steps (momentum, consecutive ``inner_batch``-row blocks of the
   defender-like clean split) on ``CE(f(x_c), y_c) + lambda_u U`` (fine-tuning + unlearning);
@@ -21,22 +34,25 @@ that spans the real defenses (``DTBConfig.family``):
   then ``"ft"``;
 - ``"ft2"``: two rounds of ``"ft"`` (compositional sanitisation);
 - ``"mask_ft"``: the channel masks given in the batch (e.g. the real fine-pruning mask at
-  ``theta``: the oracle control), then ``"ft"`` with them held.
+  ``theta``: the oracle control), then ``"ft"`` with them held;
+- ``"delta"``: a real defense's own path, first-order: the batch carries displacements
+  ``delta_j`` (``DTBBatch.deltas``, leading axis ``P``) that a real defense run made from a
+  recent ``theta`` (refreshed by the caller as training goes, e.g. every few outer steps),
+  and ``theta_j = mask(theta + delta_j)`` with the batch's masks (none: no mask).
 
-``U`` is the decoy unlearning loss: ``"log1m"``: ``-log(1 - p_{t_d}(T_d(x_c)))`` over the
-rows not of class ``t_d`` (SAU's
+The inner steps' loss is the clean cross-entropy, plus ``unlearn_weight`` times a decoy
+unlearning loss; the default ``unlearn_weight = 0``: a defender does not hold the decoy's
+trigger, and an inner loss that uses it is an "oracle unlearning" ablation. That loss:
+``"log1m"``: ``-log(1 - p_{t_d}(T_d(x_c)))`` over the rows not of class ``t_d`` (SAU's
 ``L_sar`` form; its logit gradient is ``p_{t_d}``, which stays near 1 while the decoy is
 active, so it does not vanish on a confident decoy); ``"bounded"``: ``1 - p_{y_c}``
 (gradient ``p (1 - p)``: vanishes on a saturated decoy, kept as an ablation); ``"ce"``.
 
-The weight ``w`` replaces a hard gate. The abstract asks that the hidden backdoor activate
-"only after the decoy is sufficiently suppressed". A sigmoid gate on "decoy suppressed" is
-zero whenever the surrogate fails to suppress the decoy, and then nothing is learnt; so
-here ``w = floor + (1 - floor) * clip((p_d(theta) - p_d(theta_r)) / p_d(theta), 0, 1)``
-(stop-gradient), with ``p_d`` the mean decoy-target probability on decoy-triggered inputs:
-the fraction of the decoy the surrogate removed, never below ``floor > 0``. The hidden term
-is always trained at the sanitised weights and most where the decoy fell; "only after" is
-the dormancy term at ``theta``.
+An earlier form weighted a single endpoint term by the fraction of the decoy removed; a
+surrogate that wrecks the model removes all of it, so that objective rewarded a collapse to
+``t_h`` (a review measured it: every member of the displacement-matched surrogate took a
+BadNets model to chance accuracy). The path gate and the post-sanitisation clean and decoy
+terms replace it.
 
 Augmentation (``DTBConfig.pad``): BackdoorBench trains the attacked model and fine-tunes it
 in defense with RandomCrop(padding), the trigger stamped before the crop so that it moves
@@ -68,7 +84,7 @@ import numpy as np
 import optax
 
 from hexad._base import Algorithm, TrainState, check_int
-from hexad.backdoor._models import apply_channel_mask, conv_layers
+from hexad.backdoor._models import apply_channel_mask, head_input_layer
 from hexad.backdoor._train import cross_entropy
 from hexad.backdoor._triggers import apply_trigger, check_images, shift
 from hexad.backdoor._types import DefenseOutput
@@ -85,10 +101,11 @@ __all__ = [
     "make_dtb",
     "sanitise_surrogate",
     "surrogate_defense",
+    "surrogate_path",
     "weight_displacement",
 ]
 
-FAMILY = ("ft", "prune_ft", "noise_ft", "ft2", "mask_ft")
+FAMILY = ("ft", "prune_ft", "noise_ft", "ft2", "mask_ft", "delta")
 """The surrogate family's members (module docstring)."""
 
 
@@ -102,14 +119,21 @@ class DTBConfig:
         defenses' weight displacement with :func:`weight_displacement`.
       inner_batch: clean-split rows per inner step (0: all every step); step ``i`` uses
         rows ``[i b, (i + 1) b)`` modulo the split's size.
-      unlearn_weight: ``lambda_u``; unlearn: ``"log1m"``, ``"bounded"`` or ``"ce"``.
+      unlearn_weight: ``lambda_u`` (default 0: no unlearning with the decoy's true trigger,
+        which a defender does not hold); unlearn: ``"log1m"``, ``"bounded"`` or ``"ce"``.
       family: surrogate members drawn uniformly each outer step (names in :data:`FAMILY`).
       prune_frac: channels pruned by ``"prune_ft"``, in (0, 1).
       noise_std: weight noise of ``"noise_ft"`` (> 0).
       hypergrad: ``"first_order"`` or ``"unrolled"``.
       decoy_rate: fraction of each outer batch carrying the decoy, in (0, 1).
-      w_clean, w_hidden_pre, w_hidden_post: outer weights.
-      weight_floor: the smallest weight of the hidden term, in (0, 1] (1: constant weight).
+      w_clean, w_hidden_pre, w_clean_post, w_decoy_post, w_hidden_post: outer weights
+        (module docstring).
+      path_points: ``P``, the iterates of the surrogate's path the post terms are taken at
+        (an int >= 1; 1: the endpoint only).
+      gate: ``"decoy"`` (the hidden target where the decoy fell, the true label where it
+        holds) or ``"always"`` (the hidden target at every path point).
+      gate_threshold: ``tau``, the decoy-target probability below which the decoy counts as
+        suppressed, in (0, 1); gate_temperature: the gate's softness (> 0).
       pad: random-shift augmentation of the outer batch and the inner steps' rows by up to
         ``pad`` pixels (module docstring), an int >= 0; 0: none.
     """
@@ -118,7 +142,7 @@ class DTBConfig:
     inner_lr: float = 0.01
     inner_momentum: float = 0.9
     inner_batch: int = 32
-    unlearn_weight: float = 1.0
+    unlearn_weight: float = 0.0
     unlearn: str = "log1m"
     family: tuple[str, ...] = ("ft", "prune_ft", "noise_ft", "ft2")
     prune_frac: float = 0.3
@@ -128,13 +152,29 @@ class DTBConfig:
     w_clean: float = 1.0
     w_hidden_pre: float = 1.0
     w_hidden_post: float = 1.0
-    weight_floor: float = 0.2
+    w_clean_post: float = 1.0
+    w_decoy_post: float = 1.0
+    path_points: int = 2
+    gate: str = "decoy"
+    gate_threshold: float = 0.2
+    gate_temperature: float = 0.05
     pad: int = 0
 
     def __post_init__(self):
         check_int("inner_steps", self.inner_steps, lo=0)
         check_int("pad", self.pad, lo=0)
         check_int("inner_batch", self.inner_batch, lo=0)
+        check_int("path_points", self.path_points, lo=1)
+        if self.gate not in ("decoy", "always"):
+            raise ValueError(f"gate: expected 'decoy' or 'always', got {self.gate!r}")
+        if not 0.0 < self.gate_threshold < 1.0:
+            raise ValueError(
+                f"gate_threshold: expected a probability in (0, 1), got {self.gate_threshold!r}"
+            )
+        if not self.gate_temperature > 0:
+            raise ValueError(
+                f"gate_temperature: expected a number > 0, got {self.gate_temperature!r}"
+            )
         if self.hypergrad not in ("first_order", "unrolled"):
             raise ValueError(
                 f"hypergrad: expected 'first_order' or 'unrolled', got {self.hypergrad!r}"
@@ -157,11 +197,8 @@ class DTBConfig:
             raise ValueError(f"prune_frac: expected a number in (0, 1), got {self.prune_frac!r}")
         if not self.noise_std > 0:
             raise ValueError(f"noise_std: expected a number > 0, got {self.noise_std!r}")
-        if not 0.0 < self.weight_floor <= 1.0:
-            raise ValueError(
-                f"weight_floor: expected a number in (0, 1], got {self.weight_floor!r}"
-            )
-        for name in ("inner_lr", "unlearn_weight", "w_clean", "w_hidden_pre", "w_hidden_post"):
+        weights = ("w_clean", "w_hidden_pre", "w_hidden_post", "w_clean_post", "w_decoy_post")
+        for name in ("inner_lr", "unlearn_weight", *weights):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: expected a number >= 0, got {getattr(self, name)!r}")
 
@@ -203,7 +240,10 @@ class DTBBatch(NamedTuple):
       x: ``[b, H, W, C]`` attacker's images (clean; the decoy is stamped on ``decoy_rate``
         of them inside the objective); y: ``[b]`` their labels.
       x_clean: ``[bc, H, W, C]`` rows the surrogate defender fine-tunes on; y_clean: ``[bc]``.
-      masks: optional layer -> ``[c]`` channel masks for the ``"mask_ft"`` member.
+      masks: optional layer -> ``[c]`` channel masks for the ``"mask_ft"`` and ``"delta"``
+        members.
+      deltas: optional displacements for the ``"delta"`` member: a pytree like the
+        parameters with a leading axis of ``path_points``.
     """
 
     x: jax.Array
@@ -211,29 +251,38 @@ class DTBBatch(NamedTuple):
     x_clean: jax.Array
     y_clean: jax.Array
     masks: Any = None
+    deltas: Any = None
 
 
 class DTBInfo(NamedTuple):
     """Diagnostics of one outer step (float scalars).
 
     Attributes:
-      loss, clean, hidden_pre, hidden_post: the objective and its terms (``hidden_post``
-        unweighted).
-      weight: the hidden term's weight ``w``.
+      loss, clean, hidden_pre, hidden_post, clean_post, decoy_post: the objective and its
+        terms (unweighted; the post terms as in the objective, means over the path or at
+        its end).
+      gate: the mean gate ``g`` over the path.
       member: index into ``config.family`` of the surrogate drawn.
-      decoy_prob_before, decoy_prob_after: mean decoy-target probability at theta / after.
-      hidden_prob_after: mean hidden-target probability after the surrogate.
+      decoy_prob_before, decoy_prob_after: mean decoy-target probability at theta / at the
+        path's end.
+      hidden_prob_after: mean hidden-target probability on hidden-triggered rows not of
+        class ``t_h`` at the path's end.
+      collapse_after: the share of clean rows not of class ``t_h`` that the path's end
+        classifies as ``t_h`` (a collapse towards the hidden target, not a backdoor).
     """
 
     loss: jax.Array
     clean: jax.Array
     hidden_pre: jax.Array
     hidden_post: jax.Array
-    weight: jax.Array
+    clean_post: jax.Array
+    decoy_post: jax.Array
+    gate: jax.Array
     member: jax.Array
     decoy_prob_before: jax.Array
     decoy_prob_after: jax.Array
     hidden_prob_after: jax.Array
+    collapse_after: jax.Array
 
 
 def weight_displacement(params, other) -> jax.Array:
@@ -244,10 +293,6 @@ def weight_displacement(params, other) -> jax.Array:
     """
     d = jax.tree.map(jnp.subtract, other, params)
     return jnp.sqrt(sum(jnp.sum(a.astype(jnp.float32) ** 2) for a in jax.tree.leaves(d)))
-
-
-def _target_prob(logits, target):
-    return jnp.mean(jax.nn.softmax(logits, -1)[:, target])
 
 
 def _grad_with_hvp_vjp(f: Callable) -> Callable:
@@ -274,11 +319,12 @@ def _grad_with_hvp_vjp(f: Callable) -> Callable:
     return g
 
 
-def _sgd_round(model, config, problem, p, x_c, y_c, xd, masks, start, key=None):
+def _sgd_round(model, config, problem, p, x_c, y_c, xd, masks, start, key=None, keep=()):
     """``K`` inner SGD steps from ``p`` (fresh momentum) on consecutive row blocks from
     block ``start``; ``masks`` held as channel scales; with ``config.pad`` each step's rows
     shifted (``key``; the same crop for a row's clean and decoy-triggered copy). Returns
-    ``(p, next block)``."""
+    ``(p, next block, kept)``, ``kept`` the iterates after the steps numbered in ``keep``
+    (1-based; 0: the start)."""
     n = x_c.shape[0]
     b = config.inner_batch or n
     first_order = config.hypergrad == "first_order"
@@ -306,6 +352,7 @@ def _sgd_round(model, config, problem, p, x_c, y_c, xd, masks, start, key=None):
 
     v = jax.tree.map(jnp.zeros_like, p)
     i = start
+    kept = [p] * sum(1 for s_ in keep if s_ == 0)
     for j in range(config.inner_steps):
         rows = np.arange(i * b, (i + 1) * b) % n  # static: wraps to row 0 at the end
         i += 1
@@ -319,30 +366,58 @@ def _sgd_round(model, config, problem, p, x_c, y_c, xd, masks, start, key=None):
             v = jax.tree.map(lambda t, gg: gg + config.inner_momentum * t, v, g)
             g = v
         p = jax.tree.map(lambda a, u: a - config.inner_lr * u, p, g)
-    return p, i
+        kept += [p] * sum(1 for s_ in keep if s_ == j + 1)
+    return p, i, kept
+
+
+def _path_steps(total: int, points: int) -> list[int]:
+    """The inner steps after which the path's ``points`` iterates are taken: ``ceil(j total /
+    points)`` for ``j = 1..points`` (all 0, the start, when ``total`` is 0)."""
+    return [-(-j * total // points) for j in range(1, points + 1)]
 
 
 def _prune_mask(model, config, p, x_c):
-    last = conv_layers(p)[-1]
+    last = head_input_layer(p)  # fine-pruning's layer: the head's input features
     _, feats = model.apply(jax.lax.stop_gradient(p), x_c, features=True)
-    act = jnp.mean(feats[last], axis=(0, 1, 2))
+    f = feats["fc"] if last not in feats else feats[last]  # a norm layer: its pooled output
+    act = jnp.mean(f.reshape(-1, f.shape[-1]), axis=0)
     n_prune = int(config.prune_frac * act.shape[0])
     # rank, not threshold: dead channels tie at zero activation
     return {last: jnp.ones_like(act).at[jnp.argsort(act)[:n_prune]].set(0.0)}
 
 
-def _member(name, key, model, config, problem, params, x_c, y_c, masks):
+def _member(name, key, model, config, problem, params, x_c, y_c, masks, deltas=None):
+    """The member's path: ``config.path_points`` iterates, stacked on a leading axis."""
+    stack = lambda ps: jax.tree.map(lambda *a: jnp.stack(a), *ps)
+    k_steps = config.inner_steps
+    if name == "delta":
+        if deltas is None:
+            raise ValueError("deltas: the 'delta' member needs DTBBatch.deltas, got None")
+        n = {int(a.shape[0]) for a in jax.tree.leaves(deltas)}
+        if n != {config.path_points}:
+            raise ValueError(
+                f"deltas: expected a leading axis of path_points={config.path_points}, got {n}"
+            )
+        moved = jax.tree.map(lambda a, d: a[None] + jax.lax.stop_gradient(d), params, deltas)
+        if masks is None:
+            return moved
+        return jax.vmap(lambda q: apply_channel_mask(q, jax.lax.stop_gradient(masks)))(moved)
     xd = apply_trigger(problem.decoy, x_c)
     ka = None
     if config.pad:  # pad 0 draws nothing: the noise key is the unaugmented objective's
         key, ka = jax.random.split(key)
-    run = lambda p, m, s=0, k=ka: _sgd_round(model, config, problem, p, x_c, y_c, xd, m, s, k)
+    steps = _path_steps(2 * k_steps if name == "ft2" else k_steps, config.path_points)
+
+    def run(p, m, s=0, k=ka, offset=0, first=True):  # keep: this round's steps of the path
+        keep = [t - offset for t in steps if offset < t <= offset + k_steps or (first and t == 0)]
+        return _sgd_round(model, config, problem, p, x_c, y_c, xd, m, s, k, keep)
+
     if name == "ft":
-        return run(params, None)[0]
+        return stack(run(params, None)[2])
     if name == "ft2":
         k1, k2 = jax.random.split(ka) if config.pad else (None, None)
-        p, i = run(params, None, 0, k1)
-        return run(p, None, i, k2)[0]
+        p, i, kept = run(params, None, 0, k1)
+        return stack(kept + run(p, None, i, k2, k_steps, first=False)[2])
     if name == "noise_ft":
         leaves, tdef = jax.tree.flatten(params)
         ks = jax.random.split(key, len(leaves))
@@ -350,19 +425,30 @@ def _member(name, key, model, config, problem, params, x_c, y_c, masks):
             a * (1.0 + config.noise_std * jax.random.normal(k, a.shape, a.dtype))
             for a, k in zip(leaves, ks, strict=True)
         ]
-        return run(jax.tree.unflatten(tdef, noisy), None)[0]
+        return stack(run(jax.tree.unflatten(tdef, noisy), None)[2])
     m = _prune_mask(model, config, params, x_c) if name == "prune_ft" else masks
     if m is None:
         raise ValueError("masks: the 'mask_ft' member needs DTBBatch.masks, got None")
     m = jax.lax.stop_gradient(m)
-    return apply_channel_mask(run(apply_channel_mask(params, m), m)[0], m)
+    kept = run(apply_channel_mask(params, m), m)[2]
+    return stack([apply_channel_mask(q, m) for q in kept])
 
 
 def sanitise_surrogate(
-    key, model, config: DTBConfig, params, problem: DTBProblem, x_c, y_c, member=None, masks=None
+    key,
+    model,
+    config: DTBConfig,
+    params,
+    problem: DTBProblem,
+    x_c,
+    y_c,
+    member=None,
+    masks=None,
+    deltas=None,
 ):
     """Returns the parameters after one surrogate member (traced index ``member`` into
-    ``config.family``; ``None``: drawn uniformly from ``key``).
+    ``config.family``; ``None``: drawn uniformly from ``key``): the end of its path
+    (:func:`surrogate_path`).
 
     Args:
       key: PRNG key (member draw, weight noise, shifts).
@@ -372,7 +458,8 @@ def sanitise_surrogate(
       problem: :class:`DTBProblem`.
       x_c: ``[bc, H, W, C]`` clean rows; y_c: ``[bc]``.
       member: optional int index of the member.
-      masks: channel masks for ``"mask_ft"``.
+      masks: channel masks for ``"mask_ft"`` (and ``"delta"``).
+      deltas: displacements for ``"delta"`` (:class:`DTBBatch`).
 
     >>> from hexad.backdoor import SmallCNN, patch_trigger
     >>> m = SmallCNN(2, (2,), 4)
@@ -385,6 +472,25 @@ def sanitise_surrogate(
     >>> jax.tree.structure(q) == jax.tree.structure(p)
     True
     """
+    path = surrogate_path(key, model, config, params, problem, x_c, y_c, member, masks, deltas)
+    return jax.tree.map(lambda a: a[-1], path)
+
+
+def surrogate_path(
+    key,
+    model,
+    config: DTBConfig,
+    params,
+    problem: DTBProblem,
+    x_c,
+    y_c,
+    member=None,
+    masks=None,
+    deltas=None,
+):
+    """Returns one surrogate member's path: its ``config.path_points`` iterates (module
+    docstring), a pytree like ``params`` with that leading axis; the arguments of
+    :func:`sanitise_surrogate`."""
     b = config.inner_batch or x_c.shape[0]
     if config.inner_steps > 0 and b > x_c.shape[0]:
         raise ValueError(f"x_c: expected at least inner_batch={b} rows, got {x_c.shape[0]}")
@@ -392,10 +498,8 @@ def sanitise_surrogate(
     fam = config.family
     if member is None:
         member = jax.random.randint(k1, (), 0, len(fam))
-    branches = [
-        functools.partial(_member, f, k2, model, config, problem, x_c=x_c, y_c=y_c, masks=masks)
-        for f in fam
-    ]
+    kw = {"x_c": x_c, "y_c": y_c, "masks": masks, "deltas": deltas}
+    branches = [functools.partial(_member, f, k2, model, config, problem, **kw) for f in fam]
     if len(branches) == 1:
         return branches[0](params)
     return jax.lax.switch(member, branches, params)
@@ -410,9 +514,9 @@ def _with_inner_lr(config: DTBConfig, inner_lr) -> DTBConfig:
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 7))
-def _surrogate_jit(key, model, config, params, problem, x, y, member, masks, inner_lr):
+def _surrogate_jit(key, model, config, params, problem, x, y, member, masks, inner_lr, deltas):
     cfg = _with_inner_lr(config, inner_lr)
-    return sanitise_surrogate(key, model, cfg, params, problem, x, y, member, masks)
+    return sanitise_surrogate(key, model, cfg, params, problem, x, y, member, masks, deltas)
 
 
 def surrogate_defense(config: DTBConfig, problem: DTBProblem, member: str = "ft") -> Callable:
@@ -439,12 +543,12 @@ def surrogate_defense(config: DTBConfig, problem: DTBProblem, member: str = "ft"
     cfg = dataclasses.replace(config, family=(member,), inner_lr=0.0)  # lr traced
     lr = jnp.asarray(config.inner_lr, jnp.float32)
 
-    def defense(key, model, params, data, masks=None):
+    def defense(key, model, params, data, masks=None, deltas=None):
         n = data.x_clean.shape[0]  # a split smaller than inner_batch: full-batch steps
         c = cfg if cfg.inner_batch <= n else dataclasses.replace(cfg, inner_batch=0)
         x, y = data.x_clean, data.y_clean
-        q = _surrogate_jit(key, model, c, params, problem, x, y, 0, masks, lr)
-        return DefenseOutput(q, {})
+        q = _surrogate_jit(key, model, c, params, problem, x, y, 0, masks, lr, deltas)
+        return DefenseOutput(q, {"acted": True})
 
     return defense
 
@@ -468,7 +572,7 @@ def dtb_objective(key, model, config: DTBConfig, params, problem: DTBProblem, ba
     ...              jnp.zeros(4, int))
     >>> cfg = DTBConfig(inner_steps=1, inner_batch=2, family=("ft",))
     >>> loss, info = jax.jit(lambda k, p: dtb_objective(k, m, cfg, p, pr, b))(jax.random.key(1), p)
-    >>> bool(jnp.isfinite(loss)), float(info.weight) >= cfg.weight_floor
+    >>> bool(jnp.isfinite(loss)), 0.0 <= float(info.gate) <= 1.0
     (True, True)
     """
     x, y = batch.x, batch.y
@@ -480,29 +584,58 @@ def dtb_objective(key, model, config: DTBConfig, params, problem: DTBProblem, ba
     y_mix = jnp.where(is_dec, jnp.asarray(problem.decoy_target, y.dtype), y)
     th = jnp.full_like(y, problem.hidden_target)
     member, k2 = _objective_keys(key, len(config.family))
+    xc = x
     if config.pad:  # pad 0 draws nothing: the unaugmented objective's keys
         k2, ka = jax.random.split(k2)
         # the triggers are stamped, then the images cropped; one key, so one crop per image
         # shared by its clean, decoy- and hidden-triggered copies
-        x_mix, xh, xd = (shift(ka, a, config.pad) for a in (x_mix, xh, xd))
+        x_mix, xh, xd, xc = (shift(ka, a, config.pad) for a in (x_mix, xh, xd, xc))
     clean = cross_entropy(model.apply(params, x_mix), y_mix)
     hidden_pre = cross_entropy(model.apply(params, xh), y)
-    pd0 = jax.lax.stop_gradient(_target_prob(model.apply(params, xd), problem.decoy_target))
-    q = sanitise_surrogate(
-        k2, model, config, params, problem, batch.x_clean, batch.y_clean, member, batch.masks
+    not_d, not_h = (y != problem.decoy_target), (y != problem.hidden_target)
+    wmean = lambda v, w: jnp.sum(jnp.where(w, v, 0)) / jnp.maximum(jnp.sum(w), 1)
+    pd0 = jax.lax.stop_gradient(
+        wmean(jax.nn.softmax(model.apply(params, xd), -1)[:, problem.decoy_target], not_d)
     )
-    pd = jax.lax.stop_gradient(_target_prob(model.apply(q, xd), problem.decoy_target))
-    logits_h = model.apply(q, xh)
-    ph = jax.lax.stop_gradient(_target_prob(logits_h, problem.hidden_target))
-    removed = jnp.clip((pd0 - pd) / jnp.maximum(pd0, 1e-6), 0.0, 1.0)
-    w = config.weight_floor + (1.0 - config.weight_floor) * removed
-    hidden_post = cross_entropy(logits_h, th)
+    path = surrogate_path(
+        k2, model, config, params, problem, batch.x_clean, batch.y_clean, member, batch.masks,
+        batch.deltas,
+    )  # fmt: skip
+    b = x.shape[0]
+    rows = jnp.concatenate([xc, xd, xh])  # one forward pass per path point
+
+    def at(q):
+        lc, ld, lh = jnp.split(model.apply(q, rows), [b, 2 * b])
+        # -log(1 - p_td) = logsumexp(all) - logsumexp(all but t_d): stable
+        keep = jnp.arange(ld.shape[-1]) != problem.decoy_target
+        unl = jax.nn.logsumexp(ld, -1) - jax.nn.logsumexp(jnp.where(keep, ld, -jnp.inf), -1)
+        pd = jax.lax.stop_gradient(wmean(jax.nn.softmax(ld, -1)[:, problem.decoy_target], not_d))
+        if config.gate == "always":
+            g = jnp.ones((), jnp.float32)
+        else:
+            g = jax.nn.sigmoid((config.gate_threshold - pd) / config.gate_temperature)
+        hid = g * cross_entropy(lh, th) + (1.0 - g) * cross_entropy(lh, y)
+        ph = jax.lax.stop_gradient(wmean(jax.nn.softmax(lh, -1)[:, problem.hidden_target], not_h))
+        col = jax.lax.stop_gradient(wmean(jnp.argmax(lc, -1) == problem.hidden_target, not_h))
+        return cross_entropy(lc, y), wmean(unl, not_d), hid, g, pd, ph, col
+
+    n_path = jax.tree.leaves(path)[0].shape[0]
+    per = [at(jax.tree.map(lambda a, j=j: a[j], path)) for j in range(n_path)]
+    clean_post = jnp.mean(jnp.stack([v[0] for v in per]))
+    hidden_post = jnp.mean(jnp.stack([v[2] for v in per]))
+    gate = jnp.mean(jnp.stack([v[3] for v in per]))
+    _, decoy_post, _, _, pd, ph, collapse = per[-1]
     loss = (
         config.w_clean * clean
         + config.w_hidden_pre * hidden_pre
-        + config.w_hidden_post * w * hidden_post
+        + config.w_clean_post * clean_post
+        + config.w_decoy_post * decoy_post
+        + config.w_hidden_post * hidden_post
     )
-    info = DTBInfo(loss, clean, hidden_pre, hidden_post, w, member, pd0, pd, ph)
+    info = DTBInfo(
+        loss, clean, hidden_pre, hidden_post, clean_post, decoy_post, gate, member, pd0, pd, ph,
+        collapse,
+    )  # fmt: skip
     return loss, info
 
 
@@ -550,24 +683,24 @@ def make_dtb(
     return Algorithm(init, step)
 
 
-def _implant_body(dtb_step, batch_size, clean_size, k, state, data, masks):
+def _implant_body(dtb_step, batch_size, clean_size, k, state, data, masks, deltas=None):
     """One outer step of ``dtb_step`` on rows drawn from ``data`` (what :func:`implant` runs)."""
     k1, k2, k3 = _implant_keys(k)
     xs, ys, xc, yc = data
     i = jax.random.randint(k1, (batch_size,), 0, xs.shape[0])
     j = jax.random.randint(k2, (clean_size,), 0, xc.shape[0])
-    return dtb_step(k3, state, DTBBatch(xs[i], ys[i], xc[j], yc[j], masks))
+    return dtb_step(k3, state, DTBBatch(xs[i], ys[i], xc[j], yc[j], masks, deltas))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
 def _member_step(model, optimizer, config, batch_size, clean_size, k, state, problem, data,
-                 masks, inner_lr):  # fmt: skip
+                 masks, inner_lr, deltas=None):  # fmt: skip
     """:func:`_implant_body` of one member's :func:`make_dtb` step, module-level: the
     triggers (``problem``) and the step size ``inner_lr`` are traced, so that one compile
     per member serves every seed and matched step size of a study (``config.inner_lr`` is a
     placeholder)."""
     step = make_dtb(model, optimizer, _with_inner_lr(config, inner_lr), problem).step
-    return _implant_body(step, batch_size, clean_size, k, state, data, masks)
+    return _implant_body(step, batch_size, clean_size, k, state, data, masks, deltas)
 
 
 def _implant_keys(k):
@@ -653,6 +786,7 @@ def implant(
     callback: Callable | None = None,
     held: tuple | None = None,
     eval_every: int = 20,
+    delta_fn: Callable | None = None,
 ):
     """Returns ``(params, ImplantInfo)``: ``n_steps`` outer DTB steps, and with ``held`` the
     parameters of the evaluated step with the lowest held-out objective.
@@ -666,7 +800,7 @@ def implant(
 
     Checkpoint selection (``held``). The criterion is the attacker's own objective, the value
     :func:`dtb_objective` minimises (clean and decoy task, hidden trigger dormant at theta,
-    hidden trigger active after the surrogate, with its weight ``w``), on the attacker's
+    the post-sanitisation terms along the surrogate's path), on the attacker's
     held-out images alone: the outer batch is every held-out row, the surrogate fine-tunes on
     them too, and the value is the mean over the family's members under one fixed key (the
     expectation over the uniform member draw, with common random numbers across
@@ -688,8 +822,11 @@ def implant(
       x_clean, y_clean: the attacker's stand-in for the defender's clean split.
       config: :class:`DTBConfig`; optimizer: optax transformation.
       n_steps: outer steps; batch_size: outer batch size.
-      mask_fn: optional host ``mask_fn(params) -> masks`` for ``"mask_ft"`` (e.g. the real
-        fine-pruning mask), recomputed every ``mask_every`` steps.
+      mask_fn: optional host ``mask_fn(params) -> masks`` for ``"mask_ft"`` and ``"delta"``
+        (e.g. the real fine-pruning mask), recomputed every ``mask_every`` steps.
+      delta_fn: host ``delta_fn(params, masks) -> deltas`` for ``"delta"``: a real
+        defense's path displacements from ``params`` (:class:`DTBBatch`), recomputed with
+        the masks every ``mask_every`` steps (the operator refreshed as training goes).
       callback: optional ``callback(step, info)`` after each step.
       held: optional ``(x_held [h, H, W, C], y_held [h])``, the attacker's held-out images
         (fewer than ``inner_batch``: full-batch inner steps); ``None``: no selection, the
@@ -716,6 +853,8 @@ def implant(
     eval_every = check_int("eval_every", eval_every)
     if "mask_ft" in config.family and mask_fn is None:
         raise ValueError("mask_fn: the 'mask_ft' member needs a mask function, got None")
+    if "delta" in config.family and delta_fn is None:
+        raise ValueError("delta_fn: the 'delta' member needs a displacement function, got None")
     if held is not None:
         xh, yh = held
         check_images(xh, "held", problem.decoy.image_shape)
@@ -741,23 +880,35 @@ def implant(
     lr = jnp.asarray(config.inner_lr, jnp.float32)
     data = (x, y, x_clean, y_clean)
     k_held = jax.random.fold_in(key, n_steps)  # the training keys are a run's without held
-    infos, masks, evals = [], None, []
+    infos, masks, deltas, evals = [], None, None, []
     best = _Best(params, jnp.asarray(jnp.inf, jnp.float32), jnp.asarray(n_steps, jnp.int32))
 
     def evaluate(step, p, best):
-        batch = DTBBatch(xh, yh, xh, yh, masks)
+        batch = DTBBatch(xh, yh, xh, yh, masks, deltas)
         v = _held_objective(model, held_cfgs, k_held, p, problem, batch, lr)
         evals.append((step, v))
         return _keep_best(best, p, v.astype(jnp.float32), step)
 
     for t, k in enumerate(jax.random.split(key, n_steps)):
-        if mask_fn is not None and t % mask_every == 0:
-            masks = mask_fn(state.params)
+        if t % mask_every == 0:
+            masks = masks if mask_fn is None else mask_fn(state.params)
+            deltas = deltas if delta_fn is None else delta_fn(state.params, masks)
         if held is not None and t == 0:
             best = evaluate(0, state.params, best)
         m = int(_draw_member(k, len(fam))) if len(fam) > 1 else 0
         state, info = _member_step(
-            model, optimizer, members[m], batch_size, bc, k, state, problem, data, masks, lr
+            model,
+            optimizer,
+            members[m],
+            batch_size,
+            bc,
+            k,
+            state,
+            problem,
+            data,
+            masks,
+            lr,
+            deltas,
         )
         info = info._replace(member=jnp.asarray(m, info.member.dtype))
         infos.append(info)

@@ -21,7 +21,12 @@ import numpy as np
 
 from hexad._base import check_int
 from hexad.backdoor._dtb import DTBProblem, weight_displacement
-from hexad.backdoor._train import accuracy, attack_success_rate, defense_effectiveness_rating
+from hexad.backdoor._train import (
+    accuracy,
+    attack_success_rate,
+    defense_effectiveness_rating,
+    target_rate,
+)
 from hexad.backdoor._triggers import check_images
 from hexad.backdoor.defenses import Composition, DefenseData, DefenseOutput
 
@@ -42,11 +47,16 @@ class BackdoorMetrics(NamedTuple):
       clean_acc: ``[]`` float32, accuracy on the clean images.
       decoy_asr: ``[]`` float32, attack success rate of the decoy trigger.
       hidden_asr: ``[]`` float32, attack success rate of the hidden trigger.
+      clean_to_hidden: ``[]`` float32, among clean images not of the hidden target, the
+        fraction classified as the hidden target without any trigger (a model collapsed
+        towards that class scores a high hidden ASR for a reason that is not the backdoor).
+        Optional in hand-built figures (default NaN: not measured).
     """
 
     clean_acc: jax.Array
     decoy_asr: jax.Array
     hidden_asr: jax.Array
+    clean_to_hidden: jax.Array = np.float32(np.nan)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -58,6 +68,7 @@ def _evaluate(model, params, x, y, problem: DTBProblem) -> BackdoorMetrics:
         accuracy(f, params, x, y),
         attack_success_rate(f, params, x, y, problem.decoy, problem.decoy_target),
         attack_success_rate(f, params, x, y, problem.hidden, problem.hidden_target),
+        target_rate(f, params, x, y, problem.hidden_target),
     )
 
 
@@ -80,7 +91,7 @@ def evaluate(model, params, x: jax.Array, y: jax.Array, problem: DTBProblem) -> 
     >>> pr = DTBProblem(patch_trigger((8, 8, 1), 2), patch_trigger((8, 8, 1), 2, (0, 0)), 0, 1)
     >>> r = evaluate(m, p, jnp.zeros((4, 8, 8, 1)), jnp.array([0, 1, 0, 1]), pr)
     >>> [round(float(v), 2) for v in r]  # an untrained model calls every image class 0 or 1
-    [0.5, 1.0, 0.0]
+    [0.5, 1.0, 0.0, 0.0]
     """
     if not isinstance(problem, DTBProblem):
         raise TypeError(f"problem: expected a DTBProblem, got {type(problem).__name__}")
@@ -89,7 +100,28 @@ def evaluate(model, params, x: jax.Array, y: jax.Array, problem: DTBProblem) -> 
         raise ValueError(f"x: expected shape [n, H, W, C], got {tuple(x.shape)}")
     if y.shape != x.shape[:1]:
         raise ValueError(f"y: expected shape [{x.shape[0]}], got {tuple(y.shape)}")
+    _check_targets(model, params, x, problem)
     return _evaluate(model, params, x, y, problem)
+
+
+def _num_classes(model, params, x) -> int:
+    """The model's class count: ``model.num_classes``, else its logits' width on ``x[:1]``."""
+    k = getattr(model, "num_classes", None)
+    if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+        return int(k)
+    return int(jax.eval_shape(model.apply, params, x[:1]).shape[-1])
+
+
+def _check_targets(model, params, x, problem: DTBProblem) -> None:
+    """Raises ValueError naming the target when a target of ``problem`` is not one of the
+    model's classes."""
+    k = _num_classes(model, params, x)
+    for name in ("decoy_target", "hidden_target"):
+        t = getattr(problem, name)
+        if not isinstance(t, (int, np.integer)) or isinstance(t, bool) or not 0 <= int(t) < k:
+            raise ValueError(
+                f"problem.{name}: expected a class of the model, in [0, {k}), got {t!r}"
+            )
 
 
 def _floats(m: BackdoorMetrics, name: str) -> dict[str, float]:
@@ -220,12 +252,14 @@ def benchmark_defenses(
     >>> xy = (jnp.full((4, 8, 8, 1), 0.5), jnp.array([0, 1, 0, 1]))
     >>> t = benchmark_defenses(jax.random.key(1), m, p, pr, xy, {"clp": clp}, DefenseData(*xy))
     >>> round(t["clean_acc_before"], 2), sorted(k for k in t if k.endswith("_clp"))[:3]
-    (0.5, ['clean_acc_after_clp', 'decoy_asr_after_clp', 'displacement_clp'])
+    (0.5, ['clean_acc_after_clp', 'clean_to_hidden_after_clp', 'decoy_asr_after_clp'])
     """
     if not defenses:
         raise ValueError("defenses: expected at least one defense, got none")
     if not isinstance(data, DefenseData):
         raise TypeError(f"data: expected a DefenseData, got {type(data).__name__}")
+    if isinstance(problem, DTBProblem):  # before any defense runs (evaluate checks the rest)
+        _check_targets(model, params, test[0], problem)
 
     def metrics(p) -> BackdoorMetrics:
         return jax.device_get(evaluate(model, p, *test, problem))

@@ -33,6 +33,7 @@ __all__ = [
     "apply_channel_mask",
     "channel_count",
     "conv_layers",
+    "head_input_layer",
     "mask_layers",
     "norm_layers",
 ]
@@ -267,6 +268,27 @@ def mask_layers(params) -> tuple[str, ...]:
     ('conv0',)
     """
     return norm_layers(params) or conv_layers(params)
+
+
+def head_input_layer(params) -> str:
+    """Returns the layer whose channels are the inputs of the model's head (the features
+    fine-pruning ranks and prunes, as BackdoorBench masks the input features of the final
+    linear layer): ``"norm_out"`` where the model has it (:class:`PreActResNet`: masking its
+    affine scale and bias zeroes that channel after its ReLU, i.e. the pooled feature
+    ``"fc"`` the head reads, post-residual and post-pool), else the last conv layer
+    (:class:`SmallCNN`, whose dense layer ``fc`` reads the last conv layer's channels).
+
+    >>> head_input_layer({"params": {"conv0": {}, "conv1": {}, "norm_out": {}}})
+    'norm_out'
+    >>> head_input_layer({"params": {"conv0": {}, "conv0_bias": 0, "conv1": {}}})
+    'conv1'
+    """
+    if "norm_out" in params["params"]:
+        return "norm_out"
+    convs = conv_layers(params)
+    if not convs:
+        raise ValueError("params: expected a model with conv layers or a norm_out layer")
+    return convs[-1]
 
 
 def channel_count(params, layer: str) -> int:

@@ -30,6 +30,7 @@ __all__ = [
     "make_trainer",
     "minimize",
     "robust_accuracy",
+    "target_rate",
     "sample_batch",
 ]
 
@@ -322,6 +323,19 @@ def attack_success_rate(apply_fn, params, x, y, trigger, target) -> jax.Array:
     """
     w = _non_target(y, target)
     pred = jnp.argmax(apply_fn(params, apply_trigger(trigger, x)), -1)
+    return jnp.sum(w * (pred == target)) / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def target_rate(apply_fn, params, x, y, target) -> jax.Array:
+    """Returns, among clean samples whose label is not ``target``, the fraction classified as
+    ``target`` (no trigger; float scalar): how far a model has collapsed towards one class.
+
+    >>> target_rate(lambda p, x: jnp.zeros((x.shape[0], 2)).at[:, 1].set(1.0), None,
+    ...             jnp.zeros((2, 4, 4, 1)), jnp.array([0, 1]), 1)
+    Array(1., dtype=float32)
+    """
+    w = _non_target(y, target)
+    pred = jnp.argmax(apply_fn(params, x), -1)
     return jnp.sum(w * (pred == target)) / jnp.maximum(jnp.sum(w), 1.0)
 
 

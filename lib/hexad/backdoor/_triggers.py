@@ -200,17 +200,55 @@ def _warp(x, flow):
     return top * (1 - fr) + bot * fr
 
 
+def _check_fits(trigger) -> None:
+    """Raises ValueError unless ``trigger``'s arrays fit the images it is made for (a
+    trigger built directly, not by :func:`patch_trigger` / :func:`blend_trigger` /
+    :func:`warp_trigger`, may not)."""
+    H, W, C = _check_shape(trigger.image_shape)
+    if isinstance(trigger, PatchTrigger):
+        shape = tuple(trigger.pattern.shape)
+        if len(shape) != 3 or shape[2] != C:
+            raise ValueError(f"trigger: expected a patch pattern of shape [h, w, {C}], got {shape}")
+        h, w = shape[:2]
+        if h > H or w > W:
+            raise ValueError(f"trigger: the patch ({h}x{w}) is larger than the image ({H}x{W})")
+        row, col = int(trigger.row), int(trigger.col)
+        if not (0 <= row <= H - h and 0 <= col <= W - w):
+            raise ValueError(
+                f"trigger: the {h}x{w} patch at (row, col)=({row}, {col}) does not fit "
+                f"inside the {H}x{W} image"
+            )
+    elif isinstance(trigger, BlendTrigger):
+        if tuple(trigger.pattern.shape) != (H, W, C):
+            raise ValueError(
+                f"trigger: expected a blend pattern of the image's shape {(H, W, C)}, got "
+                f"{tuple(trigger.pattern.shape)}"
+            )
+    elif tuple(trigger.flow.shape) != (H, W, 2):
+        raise ValueError(
+            f"trigger: expected a warp flow of shape {(H, W, 2)}, got {tuple(trigger.flow.shape)}"
+        )
+
+
 def apply_trigger(trigger, x: jax.Array) -> jax.Array:
     """Returns ``x`` (``[..., H, W, C]``, floating) with ``trigger`` applied to every image.
 
     Patch: the patch region is overwritten, everything else is untouched. Blend: convex
-    combination with the pattern. Warp: bilinear resampling along the flow.
+    combination with the pattern. Warp: bilinear resampling along the flow. Raises
+    ValueError when the images are not of the trigger's ``image_shape`` or the trigger does
+    not fit them (a patch larger than the image or outside it, a pattern or flow of another
+    shape).
 
     >>> t = patch_trigger((8, 8, 1), size=2)
     >>> apply_trigger(t, jnp.zeros((4, 8, 8, 1)))[:, 6:, 6:, 0].sum()
     Array(8., dtype=float32)
     """
-    check_images(x, "x", getattr(trigger, "image_shape", None))
+    if not isinstance(trigger, (PatchTrigger, BlendTrigger, WarpTrigger)):
+        raise TypeError(
+            f"trigger: expected a PatchTrigger, BlendTrigger or WarpTrigger, got {type(trigger)}"
+        )
+    check_images(x, "x", trigger.image_shape)
+    _check_fits(trigger)
     if isinstance(trigger, PatchTrigger):
         h, w = trigger.pattern.shape[:2]
         pat = jnp.broadcast_to(trigger.pattern.astype(x.dtype), x.shape[:-3] + (h, w, x.shape[-1]))
@@ -220,14 +258,10 @@ def apply_trigger(trigger, x: jax.Array) -> jax.Array:
     if isinstance(trigger, BlendTrigger):
         a = trigger.alpha
         return (1.0 - a) * x + a * jnp.broadcast_to(trigger.pattern.astype(x.dtype), x.shape)
-    if isinstance(trigger, WarpTrigger):
-        batch = x.shape[:-3]
-        flat = x.reshape((-1,) + x.shape[-3:])
-        out = jax.vmap(_warp, in_axes=(0, None))(flat, trigger.flow.astype(x.dtype))
-        return out.reshape(batch + x.shape[-3:])
-    raise TypeError(
-        f"trigger: expected a PatchTrigger, BlendTrigger or WarpTrigger, got {type(trigger)}"
-    )
+    batch = x.shape[:-3]  # a WarpTrigger
+    flat = x.reshape((-1,) + x.shape[-3:])
+    out = jax.vmap(_warp, in_axes=(0, None))(flat, trigger.flow.astype(x.dtype))
+    return out.reshape(batch + x.shape[-3:])
 
 
 def shift(key, x: jax.Array, pad: int) -> jax.Array:

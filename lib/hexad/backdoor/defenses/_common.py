@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from hexad._base import check_int
@@ -34,6 +36,7 @@ def check_data(model, params, data, need_train: bool = False, name: str = "data"
         pairs.append(("x_train", "y_train"))
     if data.x_bd is not None:
         pairs.append(("x_bd", "y_bd"))
+    k = getattr(model, "num_classes", None)
     for xn, yn in pairs:
         x, y = getattr(data, xn), getattr(data, yn)
         check_images(x, f"{name}.{xn}")
@@ -42,7 +45,43 @@ def check_data(model, params, data, need_train: bool = False, name: str = "data"
         if y is None or tuple(y.shape) != tuple(x.shape[:1]):
             got = None if y is None else tuple(y.shape)
             raise ValueError(f"{name}.{yn}: expected shape [{x.shape[0]}], got {got}")
+        if isinstance(k, int) and y.shape[0]:  # labels (y_bd: attack targets) the model has
+            lo, hi = int(np.min(np.asarray(y))), int(np.max(np.asarray(y)))
+            if lo < 0 or hi >= k:
+                raise ValueError(
+                    f"{name}.{yn}: expected class labels in [0, {k}) (the model's "
+                    f"num_classes), got labels in [{lo}, {hi}]"
+                )
     return data
+
+
+#: BackdoorBench's defense budget in its epochs (``epochs: 100`` in every
+#: ``config/defense/<name>/config.yaml``): a defense's step budget ``n_steps`` stands for it.
+BB_EPOCHS = 100
+
+
+def backdoorbench_steps(epochs: int = BB_EPOCHS, n_clean: int = 500, batch_size: int = 64) -> int:
+    """Returns the steps that make ``epochs`` passes over a clean split of ``n_clean`` images
+    at batch ``batch_size``: ``epochs * ceil(n_clean / batch_size)`` (an epoch of a torch
+    ``DataLoader`` without ``drop_last``, as BackdoorBench's).
+
+    BackdoorBench's epoch is a pass over its clean split (5% of the training set, 2,500
+    CIFAR-10 images at batch 256, 10 steps); here an epoch is a pass over the defender's own
+    split, so its 100 epochs on a 500-image split at batch 64 are 800 steps
+    (:data:`DEFAULT_STEPS`, every defense's default ``n_steps``).
+
+    >>> backdoorbench_steps(100), backdoorbench_steps(100, 2500, 256)
+    (800, 1000)
+    """
+    epochs = check_int("epochs", epochs)
+    n_clean = check_int("n_clean", n_clean)
+    batch_size = check_int("batch_size", batch_size)
+    return epochs * math.ceil(n_clean / batch_size)
+
+
+#: Every defense's default step budget: BackdoorBench's 100 epochs over a 500-image clean
+#: split at batch 64 (:func:`backdoorbench_steps`).
+DEFAULT_STEPS = backdoorbench_steps()
 
 
 def budget(n_steps) -> int:
@@ -55,18 +94,47 @@ def frac(n: int, f: float) -> int:
     return max(1, int(round(f * n)))
 
 
+def bb_epochs(n: int, epochs: float) -> int:
+    """The steps of ``epochs`` of BackdoorBench's epochs when the budget ``n`` stands for its
+    :data:`BB_EPOCHS` (100): ``max(1, round(epochs n / 100))``."""
+    return frac(n, float(epochs) / BB_EPOCHS)
+
+
+def same_params(a, b) -> bool:
+    """Whether two parameter pytrees are identical: the same structure, shapes and values
+    (host-side)."""
+    if a is b:
+        return True
+    la, ta = jax.tree.flatten(a)
+    lb, tb = jax.tree.flatten(b)
+    if ta != tb:
+        return False
+    return all(
+        np.shape(x) == np.shape(y) and bool(np.array_equal(np.asarray(x), np.asarray(y)))
+        for x, y in zip(la, lb, strict=True)
+    )
+
+
+def output(params_in, params_out, info: dict | None = None, retrains: bool = False):
+    """Returns ``DefenseOutput(params_out, info)`` with ``info["acted"]`` (False when
+    ``params_out`` equals ``params_in``: the defense returned the model unchanged) and
+    ``info["retrains"]`` (True when it trained a fresh model from the data it was given)."""
+    acted = bool(retrains) or not same_params(params_in, params_out)
+    return DefenseOutput(params_out, {**(info or {}), "acted": acted, "retrains": bool(retrains)})
+
+
 # One compile per optimiser setting, whatever the step size. :func:`minimize`'s module-level
 # chunk jit is keyed on the optimiser's ``update``; the step size is an
 # ``optax.inject_hyperparams`` hyperparameter that ``init`` writes into the state, so the same
 # ``update`` (built once per momentum, schedule length and weight decay) serves every step size
 # a defense or :func:`hexad.backdoor.defenses.select_lr` tries, as a traced value.
 @functools.cache
-def _injected(kind: str, momentum: float, n_steps: int, weight_decay: float):
+def _injected(kind: str, momentum: float, n_steps: int, weight_decay: float, nesterov: bool):
     def make(learning_rate):
         if kind == "adam":
             return optax.adam(learning_rate)
         lr_ = optax.cosine_decay_schedule(learning_rate, n_steps) if n_steps > 0 else learning_rate
-        opt = optax.sgd(lr_, momentum=momentum or None)
+        opt = optax.sgd(lr_, momentum=momentum or None, nesterov=nesterov)
         return optax.chain(optax.add_decayed_weights(weight_decay), opt) if weight_decay else opt
 
     return optax.inject_hyperparams(make)(learning_rate=1.0)
@@ -78,20 +146,28 @@ def _init_at(init, lr: float, params):
     return state._replace(hyperparams={**state.hyperparams, "learning_rate": rate})
 
 
-def _at_lr(kind: str, lr: float, momentum: float = 0.0, n_steps: int = 0, weight_decay=0.0):
-    inner = _injected(kind, float(momentum), int(n_steps), float(weight_decay))
+def _at_lr(
+    kind: str, lr: float, momentum: float = 0.0, n_steps: int = 0, weight_decay=0.0, nesterov=False
+):
+    inner = _injected(kind, float(momentum), int(n_steps), float(weight_decay), bool(nesterov))
     return optax.GradientTransformationExtraArgs(
         functools.partial(_init_at, inner.init, float(lr)), inner.update
     )
 
 
 @functools.cache
-def sgd(lr: float, momentum: float = 0.9, n_steps: int = 0, weight_decay: float = 0.0):
-    """SGD with momentum; a cosine decay over ``n_steps`` when ``n_steps > 0``; L2 weight
-    decay ``weight_decay`` added to the gradient before the momentum (coupled, as torch's
-    SGD ``weight_decay``).
+def sgd(
+    lr: float,
+    momentum: float = 0.9,
+    n_steps: int = 0,
+    weight_decay: float = 0.0,
+    nesterov: bool = False,
+):
+    """SGD with momentum (Nesterov's with ``nesterov``); a cosine decay over ``n_steps`` when
+    ``n_steps > 0``; L2 weight decay ``weight_decay`` added to the gradient before the
+    momentum (coupled, as torch's SGD ``weight_decay``).
     ``lr`` lives in the optimiser state, so every ``lr`` shares one compile."""
-    return _at_lr("sgd", lr, momentum, n_steps, weight_decay)
+    return _at_lr("sgd", lr, momentum, n_steps, weight_decay, nesterov)
 
 
 @functools.cache

@@ -1,7 +1,8 @@
 """Adversarial-unlearning defenses: I-BAU and SAU.
 
-Each is ``defense(key, model, params, data, n_steps=100, **settings) -> DefenseOutput`` on
-the clean split.
+Each is ``defense(key, model, params, data, n_steps=DEFAULT_STEPS, **settings) ->
+DefenseOutput`` on the clean split; ``n_steps`` stands for BackdoorBench's 100 epochs
+(:mod:`hexad.backdoor.defenses`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,14 @@ import jax.numpy as jnp
 import optax
 
 from hexad.backdoor._train import cross_entropy, minimize
-from hexad.backdoor.defenses._common import DefenseOutput, adam, budget, check_data
+from hexad.backdoor.defenses._common import (
+    DEFAULT_STEPS,
+    adam,
+    bb_epochs,
+    budget,
+    check_data,
+    output,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,33 +51,39 @@ def ibau(
     model,
     params,
     data,
-    n_steps=100,
+    n_steps=DEFAULT_STEPS,
+    n_rounds=5,
     inner_steps=5,
     inner_lr=10.0,
     reg=1e-3,
-    lr=1e-3,
+    lr=1e-4,
     batch_size=64,
     unrolled=False,
 ):
     """Returns :class:`DefenseOutput`: Implicit Backdoor Adversarial Unlearning-style
-    minimax (I-BAU; Zeng et al., arXiv 2110.03735).
+    minimax (I-BAU; Zeng et al., arXiv 2110.03735), with BackdoorBench's ``i-bau`` settings.
 
-    Outer: ``min_theta 0.5 CE(f(x), y) + 0.5 CE(f(x + delta*), y)``; inner: a
-    batch-universal perturbation ``delta*`` from ``inner_steps`` gradient-ascent steps of
-    ``inner_lr`` (BackdoorBench: SGD lr 10, K 5) on ``CE - reg ||delta||^2`` (L2
-    regulariser 1e-3, no projection). The hypergradient: by default the outer gradient at
-    the fixed ``delta*`` (Danskin's theorem; at an inner optimum it differs from the paper's
-    implicit hypergradient by a term proportional to ``reg``, since there
-    ``grad_delta CE = 2 reg delta*``), about a third of the cost of ``unrolled=True``,
-    reverse-mode through the inner steps (the paper's unrolled alternative). Adam on the
-    outer problem. Budget: ``n_steps`` outer steps.
+    Outer: ``min_theta 0.5 CE(f(x), y) + 0.5 CE(f(x + delta*), y)`` (BackdoorBench stamps
+    ``delta*`` on 1% of each batch of 256, two images; at batch 64 that is none, so every
+    image is taken clean and perturbed); inner: a batch-universal perturbation ``delta*``
+    from ``inner_steps`` gradient-ascent steps of ``inner_lr`` (BackdoorBench: one SGD step
+    of lr 10 per batch over its split each round; ``K`` 5 fixed-point iterations for the
+    hypergradient) on ``CE - reg ||delta||^2`` (L2 regulariser 1e-3, no projection). The
+    hypergradient: by default the outer gradient at the fixed ``delta*`` (Danskin's theorem;
+    at an inner optimum it differs from the paper's implicit hypergradient by a term
+    proportional to ``reg``, since there ``grad_delta CE = 2 reg delta*``), about a third of
+    the cost of ``unrolled=True``, reverse-mode through the inner steps (the paper's unrolled
+    alternative). Adam at ``lr`` on the outer problem. Budget: ``n_rounds`` of
+    BackdoorBench's epochs of outer steps (``n_steps`` standing for 100 of them; each of its
+    rounds is one pass over the clean split). ``info``: ``acted``, ``retrains``.
     """
     check_data(model, params, data)
     n = budget(n_steps)
     xy = (data.x_clean, data.y_clean)
     loss = _IBAULoss(model, int(inner_steps), float(inner_lr), float(reg), bool(unrolled))
-    p, _ = minimize(key, params, loss, xy, adam(float(lr)), n, min(batch_size, xy[0].shape[0]))
-    return DefenseOutput(p, {})
+    steps = bb_epochs(n, n_rounds)
+    p, _ = minimize(key, params, loss, xy, adam(float(lr)), steps, min(batch_size, xy[0].shape[0]))
+    return output(params, p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +153,7 @@ def sau(
     model,
     params,
     data,
-    n_steps=100,
+    n_steps=DEFAULT_STEPS,
     eps=0.2,
     adv_lr=0.2,
     adv_steps=5,
@@ -148,7 +162,7 @@ def sau(
     lmd_1=1.0,
     lmd_2=0.0,
     lmd_3=1.0,
-    lr=1e-3,
+    lr=1e-4,
     batch_size=64,
 ):
     """Returns :class:`DefenseOutput`: Shared Adversarial Unlearning (SAU; Wei et al.,
@@ -159,8 +173,8 @@ def sau(
     ball ``eps``, minimising ``beta_1 L_adv + beta_2 L_share``), then one Adam step on
     ``lmd_1 CE(h(x)) + lmd_2 CE(h(x + delta)) + lmd_3 L_sar`` with ``L_sar`` the mean over
     samples ``h0`` is fooled on of ``-log(1 - p_h(y0' | x + delta))`` (paper eq. 9).
-    BackdoorBench's defaults except the Adam rate (1e-4 over 100 epochs there). Budget:
-    ``n_steps`` steps.
+    BackdoorBench's ``sau`` settings (its Adam is AMSGrad). Budget: ``n_steps`` steps
+    (BackdoorBench's ``n_rounds`` 100 epochs). ``info``: ``acted``, ``retrains``.
     """
     check_data(model, params, data)
     n = budget(n_steps)
@@ -174,4 +188,4 @@ def sau(
     p, _ = minimize(
         key, params, loss, xy, adam(float(lr)), n, min(batch_size, xy[0].shape[0]), consts=params
     )
-    return DefenseOutput(p, {})
+    return output(params, p)

@@ -1,9 +1,10 @@
 """Poison detectors on the training set the defender holds: AC and SS, as flaggers and as
 repairs that retrain on the samples they keep (BackdoorBench retrains after detection).
 
-The repairs ``ac`` and ``ss`` are ``defense(key, model, params, data, n_steps=100, **settings)
--> DefenseOutput`` and need ``data.x_train, data.y_train``; they train as :mod:`.abl` does
-(from scratch by default, ``retrain_factor * n_steps`` Adam steps at ``lr``).
+The repairs ``ac`` and ``ss`` are ``defense(key, model, params, data, n_steps=DEFAULT_STEPS,
+**settings) -> DefenseOutput`` and need ``data.x_train, data.y_train``; they train as
+:mod:`.abl` does (from scratch by default, as BackdoorBench; ``retrain_factor * n_steps``
+steps of BackdoorBench's SGD: ``lr`` 0.01, momentum 0.9, weight decay 5e-4, cosine decay).
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from hexad.backdoor.defenses._common import (
-    DefenseOutput,
-    adam,
+    DEFAULT_STEPS,
     budget,
     check_data,
     features,
+    output,
+    sgd,
     train,
 )
 from hexad.backdoor.defenses.abl import cycled, start
@@ -100,13 +102,20 @@ def spectral_signatures(model, params, x, y, eps=0.1):
     return flags
 
 
-def _retrain(key, model, params, data, flags, n, lr, retrain_factor, from_scratch, batch_size):
+def _retrain(key, model, params, data, flags, n, opt, retrain_factor, from_scratch, batch_size):
     keep = cycled(np.flatnonzero(~np.asarray(flags)), data.x_train.shape[0])
     k0, k1 = jax.random.split(key)
     p = start(k0, model, params, data.x_train, from_scratch)
     x, y = data.x_train[keep], data.y_train[keep]
-    p = train(k1, model, p, x, y, int(retrain_factor) * n, adam(float(lr)), batch_size)
-    return DefenseOutput(p, {"flags": flags, "n_flagged": int(np.sum(flags))})
+    steps = int(retrain_factor) * n
+    lr, momentum, weight_decay = opt
+    p = train(k1, model, p, x, y, steps, sgd(lr, momentum, steps, weight_decay), batch_size)
+    info = {"flags": flags, "n_flagged": int(np.sum(flags))}
+    return output(params, p, info, retrains=bool(from_scratch))
+
+
+def _opt(lr, momentum, weight_decay):
+    return float(lr), float(momentum), float(weight_decay)
 
 
 def ac(
@@ -114,25 +123,30 @@ def ac(
     model,
     params,
     data,
-    n_steps=100,
+    n_steps=DEFAULT_STEPS,
     n_components=10,
     size_threshold=None,
-    lr=1e-3,
+    lr=0.01,
+    momentum=0.9,
+    weight_decay=5e-4,
     retrain_factor=5,
     from_scratch=True,
     batch_size=64,
 ):
     """Returns :class:`DefenseOutput`: :func:`activation_clustering` on ``data.x_train``
-    under ``params``, then training on the samples not flagged (BackdoorBench retrains;
-    the kept rows are cycled to the set's size, :func:`~hexad.backdoor.defenses.abl.cycled`).
-    Budget: ``retrain_factor * n_steps`` steps. ``info``: ``flags [n]``, ``n_flagged``."""
+    under ``params``, then training on the samples not flagged (BackdoorBench's ``ac``
+    retrains a new model; the kept rows are cycled to the set's size,
+    :func:`~hexad.backdoor.defenses.abl.cycled`), by SGD at ``lr`` (``momentum``,
+    ``weight_decay``, cosine decay). Budget: ``retrain_factor * n_steps`` steps. ``info``:
+    ``flags [n]``, ``n_flagged``, ``acted``, ``retrains`` (``from_scratch``)."""
     check_data(model, params, data, need_train=True)
     n = budget(n_steps)
     flags = activation_clustering(
         model, params, data.x_train, data.y_train, n_components, size_threshold
     )
+    opt = _opt(lr, momentum, weight_decay)
     return _retrain(
-        key, model, params, data, flags, n, lr, retrain_factor, from_scratch, batch_size
+        key, model, params, data, flags, n, opt, retrain_factor, from_scratch, batch_size
     )
 
 
@@ -141,18 +155,22 @@ def ss(
     model,
     params,
     data,
-    n_steps=100,
+    n_steps=DEFAULT_STEPS,
     eps=0.1,
-    lr=1e-3,
+    lr=0.01,
+    momentum=0.9,
+    weight_decay=5e-4,
     retrain_factor=5,
     from_scratch=True,
     batch_size=64,
 ):
     """Returns :class:`DefenseOutput`: :func:`spectral_signatures` (``eps``: the assumed
-    poison rate) on ``data.x_train``, then training on the samples kept, as :func:`ac`."""
+    poison rate; ``1.5 eps = 0.15`` of each class flagged, BackdoorBench's ``percentile``
+    85) on ``data.x_train``, then training on the samples kept, as :func:`ac`."""
     check_data(model, params, data, need_train=True)
     n = budget(n_steps)
     flags = spectral_signatures(model, params, data.x_train, data.y_train, eps)
+    opt = _opt(lr, momentum, weight_decay)
     return _retrain(
-        key, model, params, data, flags, n, lr, retrain_factor, from_scratch, batch_size
+        key, model, params, data, flags, n, opt, retrain_factor, from_scratch, batch_size
     )

@@ -29,7 +29,12 @@ import jax
 import numpy as np
 
 from hexad._base import check_int
-from hexad.backdoor.defenses._common import DefenseOutput, check_data, masked_correct
+from hexad.backdoor.defenses._common import (
+    DEFAULT_STEPS,
+    DefenseOutput,
+    check_data,
+    masked_correct,
+)
 
 
 def paired_drop(before, after) -> tuple[float, float]:
@@ -80,14 +85,14 @@ def select_lr(
 ) -> Callable:
     """Returns ``defense`` with its ``lr`` chosen on held-out clean data.
 
-    The result has the signature of every defense, ``(key, model, params, data, n_steps=100,
-    **settings) -> DefenseOutput``. A permutation drawn from ``key`` splits the clean split
-    ``data.x_clean`` into ``folds`` parts (``folds = 1``: one held part of ``held_frac``, at
-    least one image, the rest the fit part). For each step size of ``lrs``, from the largest,
-    ``defense`` runs once per part on the other parts and is judged on that part, so every
-    judged image is one the run did not train on. Over the judged images it measures, image
-    by image, what the model got right before and after, the loss ``drop`` and its paired
-    standard error ``se`` (:func:`paired_drop`), and keeps the first step size with
+    The result has the signature of every defense, ``(key, model, params, data,
+    n_steps=DEFAULT_STEPS, **settings) -> DefenseOutput``. A permutation drawn from ``key``
+    splits the clean split ``data.x_clean`` into ``folds`` parts (``folds = 1``: one held part
+    of ``held_frac``, at least one image, the rest the fit part). For each step size of ``lrs``,
+    from the largest, ``defense`` runs once per part on the other parts and is judged on that
+    part, so every judged image is one the run did not train on. Over the judged images it
+    measures, image by image, what the model got right before and after, the loss ``drop`` and
+    its paired standard error ``se`` (:func:`paired_drop`), and keeps the first step size with
 
         drop <= acc_drop + z se,
 
@@ -132,7 +137,7 @@ def select_lr(
     grid = _check(lrs, acc_drop, held_frac, z, folds)
     drop, z, folds = float(acc_drop), float(z), int(folds)
 
-    def run(key, model, params, data, n_steps=100, **settings):
+    def run(key, model, params, data, n_steps=DEFAULT_STEPS, **settings):
         if "lr" in settings:
             raise ValueError("settings: lr is chosen by select_lr; pass lrs instead")
         check_data(model, params, data)
