@@ -26,6 +26,7 @@ import json
 import math
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -65,8 +66,9 @@ class Claim:
     ``experiments/_verdicts.py`` ("reproduced", "not reproduced", "no advantage",
     "undecided"), "partly" for a rule with two sub-claims, or "not measured"; it may raise
     ``KeyError`` for a missing figure and ``ValueError`` for figures no verdict can use.
-    ``reads`` names the runs (``"study"`` or ``"study/part"``) whose validity checks and
-    provenance the verdict carries.
+    A study run in parts is in ``summaries`` merged (:func:`merge_parts`) and each part as
+    ``"study/part"``. ``reads`` names the runs (``"study"`` or ``"study/part"``) whose
+    validity checks and provenance the verdict carries.
     """
 
     text: str
@@ -166,19 +168,23 @@ def _prefmh(summaries: Summaries) -> tuple[str, str]:
 
 def _cvxclust(summaries: Summaries) -> tuple[str, str]:
     s = summaries["cvxclust_phase"]
-    tuned, fixed = int(s["synergy_cells_tuned"]), int(s["synergy_cells_fixed"])
-    bad, eig = int(s["uncertified_solves"]), float(s["max_min_eig_violation"])
-    surrogate = {r: _cvxclust_synergy(s, r, "linear") for r in ("fixed", "tuned")}
-    listed = _cvxclust_uncertified(s)
-    which = f" ({', '.join(sorted(listed))})" if listed else ""
+    if "synergy_cells_fixed_holm" not in s:  # a run of the protocol before issue 51
+        return "not tested", (
+            "cvxclust_phase: the committed run predates the pre-stated rule (issue 51): its "
+            "joint program ran at eps far below n/K, where the features cannot act, and its "
+            "synergy had no paired test; rerun it"
+        )
+    # the study decides with the shared module (experiments._verdicts.mcnemar, Holm over the
+    # run's cells); the report states its figures and keeps its outcome
     reason = (
-        f"cvxclust_phase: {tuned} synergy cell(s) with every program tuned on the same grid, "
-        f"{fixed} with the weights fixed in advance ({int(s['trials'])} trials per cell; "
-        f"{bad} uncertified solve(s){which}, most negative eigenvalue of a PSD-hard solve "
-        f"{eig:.2g}); by the same rule the linear-reward surrogate in place of the joint "
-        f"program has {surrogate['tuned']} tuned and {surrogate['fixed']} fixed"
+        f"cvxclust_phase (eps fixed at {_fmt(s['eps_fixed'])} n/K; {int(s['trials_near'])} "
+        f"draws per cell near the graph threshold, {int(s['trials'])} elsewhere): "
+        f"{int(s['synergy_cells_fixed'])} synergy cell(s) by the one-sided McNemar test "
+        f"against both parts, {int(s['synergy_cells_fixed_holm'])} surviving Holm, "
+        f"{int(s['candidate_cells_fixed'])} candidate(s) by the rates; under exact recovery: "
+        f"{s['verdict_exact']}; with every arm tuned on separate draws: {s['verdict_tuned']}"
     )
-    return ("reproduced" if tuned > 0 else "not reproduced"), reason
+    return str(s["verdict"]), reason
 
 
 def _cvxclust_uncertified(s: Mapping[str, Any]) -> set[str]:
@@ -189,7 +195,9 @@ def _cvxclust_uncertified(s: Mapping[str, Any]) -> set[str]:
 
 
 def _cvxclust_certified(s: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
-    if "uncertified_solves" not in s:
+    # the rebuilt study (issue 51) keeps a cell with an uncertified compared solve out of its
+    # synergy count itself; its uncertified counts include the tuning draws' solves
+    if "uncertified_solves" not in s or "synergy_cells_fixed_holm" in s:
         return []
     listed = _cvxclust_uncertified(s)
     if not s.get("uncertified_by_program") and int(s["uncertified_solves"]) > len(
@@ -202,21 +210,6 @@ def _cvxclust_certified(s: Mapping[str, Any], config: Mapping[str, Any]) -> list
     if bad := sorted(listed & set(CVXCLUST_COMPARED)):
         return [f"a solve of a compared program ({', '.join(bad)}) is not certified"]
     return []
-
-
-def _cvxclust_synergy(s: Mapping[str, Any], regime: str, joint: str) -> int:
-    """The phase study's synergy cells with program ``joint`` as the joint one: its rate
-    >= 0.5, graph and node <= 0.3, its Wilson lower bound above both of their upper bounds."""
-    g = {p: s[f"{regime}_{p}_recovery"] for p in ("graph", "node", joint)}
-    lo, hi = s[f"{regime}_{joint}_lo"], {p: s[f"{regime}_{p}_hi"] for p in ("graph", "node")}
-    return sum(
-        g[joint][a][i][j] >= 0.5
-        and max(g["graph"][a][i][j], g["node"][a][i][j]) <= 0.3
-        and lo[a][i][j] > max(hi["graph"][a][i][j], hi["node"][a][i][j])
-        for a in range(len(g[joint]))
-        for i in range(len(g[joint][a]))
-        for j in range(len(g[joint][a][i]))
-    )
 
 
 def _planetoid_table(s: Mapping[str, Any]) -> list[str]:
@@ -242,19 +235,22 @@ def _planetoid_table(s: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-#: The phase study's programs, in the order of its tables, and those its synergy rule compares.
+#: The programs, in the order of the tables (the phase study's joint without its graph, from
+#: issue 51 on), and those the earlier synergy rule compared.
 CVXCLUST_PROGRAMS = ("joint", "graph", "node", "linear")
+CVXCLUST_PHASE_PROGRAMS = ("joint", "graph", "joint_nograph", "node", "linear")
 CVXCLUST_COMPARED = ("joint", "graph", "node")
 
 
 def _cvxclust_table(s: Mapping[str, Any]) -> list[str]:
     """Per regime and panel, the recovery rates on the ``dpq`` x ``sep`` grid."""
     dpq, sep = s["dpq_grid"], s["sep_grid"]
-    names = " / ".join(CVXCLUST_PROGRAMS)
+    programs = [p for p in CVXCLUST_PHASE_PROGRAMS if f"fixed_{p}_recovery" in s]
+    names = " / ".join(programs)
     lines = []
     for regime in ("fixed", "tuned"):
         syn = {tuple(c) for c in s[f"synergy_cell_list_{regime}"]}
-        rates = [s[f"{regime}_{p}_recovery"] for p in CVXCLUST_PROGRAMS]
+        rates = [s[f"{regime}_{p}_recovery"] for p in programs]
         for a, panel in enumerate(s["panels"]):
             lines += [
                 f"Recovery rate, {regime} weights, panel `{panel}`: {names} (rows `dpq`, "
@@ -273,85 +269,465 @@ def _cvxclust_table(s: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _verdict_keys(summaries: Summaries, study: str, prefix: str) -> tuple[str, str]:
-    s = summaries[study]
-    keys = sorted(k for k in s if k.startswith(prefix))
-    if not keys:
-        raise KeyError(prefix)
-    vals = {k[len(prefix) :]: str(s[k]) for k in keys}
-    # "not tested: ..." / "excluded: ...": the rule's precondition did not hold for that row.
-    reason = f"{study}: " + ", ".join(f"{k} {v.split(':')[0]}" for k, v in vals.items())
-    tested = [v for v in vals.values() if v.split(":")[0] in ("holds", "fails", "undecided")]
-    held = [v for v in tested if v == "holds"]
-    if not tested:
-        return "not tested", reason + " (no row met the rule's precondition)"
-    if len(held) == len(tested):
-        return "reproduced", reason
-    if not held and "fails" not in tested:
-        return "undecided", reason
-    return ("partly" if held else "not reproduced"), reason
+#: The PoE / KL studies' pre-stated practical margins, in return units: ``margin_per_step`` x
+#: ``episode_steps`` of the full study (each run's own ``margin`` is shown beside its figures).
+POLICY_MARGINS = {
+    "policy_pointmaze": "3 return points (PointMaze: 0.01 per step x 300 steps, 1% of the return "
+    "of staying at the goal all episode)",
+    "policy_locomotion": "50 return points (locomotion: 0.05 per step x 1000 steps)",
+}
+
+#: How the policy studies read the shared module's outcomes (experiments/_policy.py): a bound
+#: holds when shown; a difference holds when shown beyond 0, and "no advantage" refutes it.
+_POLICY_AS_CLAIM = {
+    "reproduced": "holds",
+    "not reproduced": "fails",
+    "no advantage": "fails",
+    "undecided": "undecided",
+}
+_POLICY_TOO_FEW = "fewer than two paired units"  # experiments._policy.TOO_FEW
 
 
-def _ceiling(summaries: Summaries) -> tuple[str, str]:
-    s = summaries["policy_locomotion"]
-    oracle = {  # level -> {prior: its oracle-alpha cell}
-        lv: {q: str(s[f"{lv}cell_oracle_{q}"]) for q in s.get(f"{lv}cells", {})}
-        for lv in ("medium_expert_", "medium_replay_")
-    }
-    reason = "policy_locomotion (oracle-alpha cells): " + "; ".join(
-        f"{lv.rstrip('_')} " + ", ".join(f"{q} {c.split(':')[0]}" for q, c in cs.items())
-        for lv, cs in oracle.items()
+@dataclass(frozen=True)
+class _Decided:
+    """A policy claim or figure: ``verdict`` ("holds" / "fails" / "undecided" / "not tested:
+    <why>"; "" for a figure), the mean, the interval at ``level`` and the shared module's word."""
+
+    verdict: str
+    mean: float
+    low: float
+    high: float
+    level: float
+    outcome: str
+
+    def ci(self) -> str:
+        return f"{self.mean:+.3g} [{self.low:+.3g}, {self.high:+.3g}]"
+
+
+def _policy_word(verdict: str) -> str:
+    """A cell's verdict for the page, a failed gate's reason in parentheses."""
+    head, _, why = verdict.partition(": ")
+    return f"{head} ({why})" if why else head
+
+
+def _policy_settings(summaries: Summaries, study: str) -> dict[str, list[Mapping[str, Any]]]:
+    """A policy study's settings, each with its parts' summaries: the part folders (``render``
+    keeps each as ``study/part``; ``<setting>-seed<k>`` and ``seed<k>`` are seed groups of one
+    setting), or the whole run. Parts of different settings (locomotion's envs) share their
+    key names, so their merged summary cannot be read."""
+    parts = {k.partition("/")[2]: s for k, s in summaries.items() if k.startswith(f"{study}/")}
+    if not parts:
+        return {"": [summaries[study]]}
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for part, s in sorted(parts.items()):
+        out.setdefault(re.sub(r"(^|-)seed\d+$", "", part), []).append(s)
+    return out
+
+
+def _policy_old(where: str, parts: Sequence[Mapping[str, Any]]) -> str:
+    """Why a run of the protocol before issue 52 (no ``stat_unit``) is not tested; "" if none."""
+    if all("stat_unit" in s for s in parts):
+        return ""
+    return (
+        f"{where}: the committed run predates the rebuilt rules (issue 52: margins in return "
+        "units, bounds and paired intervals from experiments/_verdicts.py, priors of known "
+        "precision), so it carries none of their verdicts; rerun it"
     )
-    tested = {
-        lv: [c for c in cs.values() if not c.startswith("excluded")] for lv, cs in oracle.items()
-    }
-    if not tested["medium_expert_"] or not tested["medium_replay_"]:
-        return "not tested", reason + " (excluded: the actor does not beat the zero action)"
-    capped = "help" not in tested["medium_expert_"]
-    responsive = "help" in tested["medium_replay_"]
-    if capped and responsive:
-        return "reproduced", reason
-    return ("partly" if capped or responsive else "not reproduced"), reason
+
+
+def _policy_units(parts: Sequence[Mapping[str, Any]], name: str) -> list[float]:
+    """``name``'s paired units over seed-group parts: a part's per-seed means (``stat_unit``
+    "seed"), or a one-seed part's test episodes reduced to their mean, its seed's unit."""
+    out: list[float] = []
+    for s in parts:
+        d = [float(x) for x in s[f"{name}_diffs"]]
+        out += d if s["stat_unit"] == "seed" else [statistics.fmean(d)]
+    return out
+
+
+def _policy_why(parts: Sequence[Mapping[str, Any]], key: str) -> list[str]:
+    """The gates that failed in any part: a cell not tested in one part is not tested joined."""
+    why = [
+        w.strip()
+        for s in parts
+        if str(s[key]).startswith("not tested")
+        for w in str(s[key]).partition(":")[2].split("; ")
+    ]
+    return [w for w in dict.fromkeys(why) if w and w != _POLICY_TOO_FEW]
+
+
+def _policy_claim(parts: Sequence[Mapping[str, Any]], name: str) -> _Decided:
+    """Claim ``name``: the study's own verdict for one part; for seed-group parts, their units
+    joined and decided again by the claim's rule (``<name>_rule``) at its margin."""
+    s, alpha = parts[0], float(parts[0]["stat_alpha"])
+    if len(parts) == 1:
+        keys = ("mean", "ci_low", "ci_high", "ci_level")
+        return _Decided(str(s[f"verdict_{name}"]), *(float(s[f"{name}_{k}"]) for k in keys),
+                        str(s[f"{name}_outcome"]))  # fmt: skip
+    rule, direction = str(s[f"{name}_rule"]).split()
+    bound = rule.startswith("bound")
+    why = _policy_why(parts, f"verdict_{name}")
+    v = (_verdicts.noninferior if bound else _verdicts.decide)(
+        _policy_units(parts, name),
+        margin=float(s[f"{name}_margin"]),
+        direction=direction,  # type: ignore[arg-type]
+        alpha=alpha,
+        failed=why,
+    )
+    lo, hi = (v.eq_low, v.eq_high) if bound else (v.ci_low, v.ci_high)
+    verdict = _POLICY_AS_CLAIM.get(v.outcome) or "not tested: " + "; ".join(why)
+    return _Decided(verdict, v.effect_mean, lo, hi, 1 - (2 if bound else 1) * alpha, v.outcome)
+
+
+def _policy_figure(
+    parts: Sequence[Mapping[str, Any]], name: str, direction: str = "greater"
+) -> _Decided:
+    """Figure ``name`` (a mean paired difference, its (1 - alpha) t interval and outcome at
+    the margin): the study's for one part, decided again on the joined units otherwise."""
+    s, alpha = parts[0], float(parts[0]["stat_alpha"])
+    if len(parts) == 1:
+        low, high = float(s[f"{name}_ci_low"]), float(s[f"{name}_ci_high"])
+        return _Decided("", float(s[name]), low, high, 1 - alpha, str(s[f"{name}_outcome"]))
+    v = _verdicts.decide(
+        _policy_units(parts, name),
+        margin=float(s["margin"]),
+        direction=direction,  # type: ignore[arg-type]
+        alpha=alpha,
+    )
+    return _Decided("", v.effect_mean, v.ci_low, v.ci_high, 1 - alpha, v.outcome)
+
+
+def _policy_combine(verdicts: Sequence[str]) -> str:
+    """One report verdict from cells ("holds" / "fails" / "undecided" / "not tested: ..." or
+    the report's own words): not tested if none was tested; reproduced if every tested one
+    holds; partly if some hold (or are partly); not reproduced if none holds and some fail;
+    undecided if none holds and none fails."""
+    tested = [v for v in verdicts if not v.startswith("not tested")]
+    if not tested:
+        return "not tested"
+    held = [v for v in tested if v in ("holds", "reproduced")]
+    if len(held) == len(tested):
+        return "reproduced"
+    if held or "partly" in tested:
+        return "partly"
+    return "not reproduced" if {"fails", "not reproduced"} & set(tested) else "undecided"
+
+
+def _policy_head(where: str, parts: Sequence[Mapping[str, Any]], what: str) -> str:
+    s = parts[0]
+    if len(parts) > 1:
+        units = f"per-seed means of {sum(int(p['n_seeds']) for p in parts)} seeds"
+        units += f" joined from {len(parts)} parts"
+    elif s["stat_unit"] == "seed":
+        units = f"per-seed means of {s['n_seeds']} seeds"
+    else:
+        units = f"the {s['n_test']} test episodes of one seed"
+    return f"{where} ({what}; margin {_fmt(float(s['margin']))} in return; units: {units})"
+
+
+def _policy_list(cells: Sequence[tuple[str, _Decided]], outcome: bool = False) -> str:
+    """The tested cells with their intervals, then the untested ones grouped by reason."""
+    shown, skipped = [], {}
+    for label, c in cells:
+        if c.verdict.startswith("not tested"):
+            skipped.setdefault(c.verdict.partition(":")[2].strip(), []).append(label)
+        else:
+            word = f"{c.verdict} ({c.outcome})" if outcome else c.verdict
+            shown.append(f"{label} {word} {c.ci()}")
+    text = ", ".join(shown) or "no cell tested"
+    return text + "".join(f"; not tested ({w}): {', '.join(ls)}" for w, ls in skipped.items())
+
+
+def _policy_prior_claim(kind: str, what: str, outcome: bool = False) -> Callable:
+    """Graceful degradation / additive below PoE: per prior of ``priors`` and space."""
+
+    def decide(summaries: Summaries) -> tuple[str, str]:
+        verdicts, texts = [], []
+        for setting, parts in _policy_settings(summaries, "policy_pointmaze").items():
+            where = f"policy_pointmaze {setting}".strip()
+            if old := _policy_old(where, parts):
+                verdicts.append("not tested")
+                texts.append(old)
+                continue
+            s = parts[0]
+            cells = [(f"{q} {sp}", _policy_claim(parts, f"{kind}_{q}_{sp}"))
+                     for sp in s["spaces"] for q in s["priors"]]  # fmt: skip
+            verdicts += [c.verdict for _, c in cells]
+            level = f"{cells[0][1].level:.0%}" if cells else "?"
+            head = _policy_head(where, parts, f"{what}, mean [{level} interval]")
+            texts.append(f"{head}: {_policy_list(cells, outcome)}")
+        return _policy_combine(verdicts), "; ".join(texts)
+
+    return decide
+
+
+def _policy_prediction(parts: Sequence[Mapping[str, Any]], sp: str, figs: dict) -> str:
+    """The precision-ratio prediction of one space on joined parts (the study's rule)."""
+    why = _policy_why(parts, f"precision_ratio_prediction_{sp}")
+    if 1.0 in figs and figs[1.0].outcome in ("reproduced", "not reproduced"):
+        why.append("the r = 1 control (PoE and additive coincide) differs")
+    if why:
+        return "not tested: " + "; ".join(dict.fromkeys(why))
+    rest = [f.outcome for r, f in figs.items() if r != 1.0]
+    if rest and all(o == "reproduced" for o in rest):
+        return "holds"
+    return "fails" if "not reproduced" in rest else "undecided"
+
+
+def _policy_precision(summaries: Summaries) -> tuple[str, str]:
+    verdicts, texts = [], []
+    for setting, parts in _policy_settings(summaries, "policy_pointmaze").items():
+        where = f"policy_pointmaze {setting}".strip()
+        if old := _policy_old(where, parts):
+            verdicts.append("not tested")
+            texts.append(old)
+            continue
+        s, per, items = parts[0], [], []
+        for sp in s["spaces"]:
+            figs = {
+                float(r): _policy_figure(
+                    parts, f"precision_contrast_r{float(r):g}_{sp}", "less" if r < 1 else "greater"
+                )
+                for r in s["precision_ratios"]
+            }
+            pred = (
+                str(s[f"precision_ratio_prediction_{sp}"])
+                if len(parts) == 1
+                else _policy_prediction(parts, sp, figs)
+            )
+            per.append(pred)
+            items.append(
+                f"{sp} {_policy_word(pred)}: "
+                + ", ".join(f"r = {r:g} {f.ci()} {f.outcome}" for r, f in figs.items())
+            )
+        if len(parts) == 1:
+            overall = str(s["precision_ratio_prediction"])
+        else:  # the study's combination over spaces: a failed space fails it
+            tested = [v for v in per if not v.startswith("not tested")]
+            overall = (
+                "not tested: no space passed its gates" if not tested
+                else "fails" if "fails" in tested
+                else "holds" if all(v == "holds" for v in tested)
+                else "undecided"
+            )  # fmt: skip
+        verdicts.append(overall)
+        level = f"{1 - float(s['stat_alpha']):.0%}"
+        head = _policy_head(where, parts, f"additive - PoE at weight 0.5, mean [{level} interval]")
+        texts.append(f"{head}: prediction {_policy_word(overall)}; " + "; ".join(items))
+    return _policy_combine(verdicts), "; ".join(texts)
+
+
+def _policy_selector(summaries: Summaries) -> tuple[str, str]:
+    verdicts, texts = [], []
+    for setting, parts in _policy_settings(summaries, "policy_pointmaze").items():
+        where = f"policy_pointmaze {setting}".strip()
+        if old := _policy_old(where, parts):
+            verdicts.append("not tested")
+            texts.append(old)
+            continue
+        items = []
+        for sp in parts[0]["spaces"]:
+            c = _policy_claim(parts, f"selector_{sp}")
+            reg = {
+                k: _policy_figure(parts, f"{k}_regret_{sp}") for k in ("selector", "fixed", "actor")
+            }
+            d = _policy_figure(parts, f"selector_minus_fixed_{sp}")
+            verdicts.append(c.verdict)
+            items.append(
+                f"{sp} {_policy_word(c.verdict)}: PoE-KL - oracle {c.ci()} ({c.level:.0%}), "
+                f"regret ({d.level:.0%}) of the KL selector {reg['selector'].ci()}, of fixed "
+                f"alpha {reg['fixed'].ci()}, of the actor alone {reg['actor'].ci()}, selector - "
+                f"fixed {d.ci()} {d.outcome}"
+            )
+        head = _policy_head(where, parts, "regret against the oracle alpha in [0.1, 0.9]")
+        texts.append(f"{head}: " + "; ".join(items))
+    return _policy_combine(verdicts), "; ".join(texts)
+
+
+def _policy_ceiling_cell(capped: str, responsive: str) -> str:
+    """One (env, space): both hold, exactly one, both fail, neither tested, else undecided."""
+    held = [capped, responsive].count("holds")
+    if held:
+        return "reproduced" if held == 2 else "partly"
+    if capped == responsive == "fails":
+        return "not reproduced"
+    if capped.startswith("not tested") and responsive.startswith("not tested"):
+        return "not tested"
+    return "undecided"
+
+
+def _policy_ceiling(summaries: Summaries) -> tuple[str, str]:
+    verdicts, texts = [], []
+    for setting, parts in _policy_settings(summaries, "policy_locomotion").items():
+        env = str(parts[0].get("env") or setting or "?")
+        if old := _policy_old(f"policy_locomotion {env}", parts):
+            verdicts.append("not tested")
+            texts.append(old)
+            continue
+        if not all(s["data_admissible"] is True for s in parts):
+            verdicts.append("not tested")
+            steps = ", ".join(dict.fromkeys(_fmt(s["data_steps"]) for s in parts))
+            texts.append(f"policy_locomotion {env}: not tested (its data has {steps} SAC steps, "
+                         "below 100k)")  # fmt: skip
+            continue
+        items = []
+        for sp in parts[0]["spaces"]:
+            cap = _policy_claim(parts, f"capped_medium_expert_{sp}")
+            resp = _policy_claim(parts, f"responsive_medium_replay_{sp}")
+            cell = _policy_ceiling_cell(cap.verdict, resp.verdict)
+            verdicts.append(cell)
+            pre = ", ".join(
+                f"{lv} {_policy_figure(parts, f'good_prior_minus_actor_{lv}_{sp}').outcome} / "
+                f"{_policy_figure(parts, f'control_minus_actor_{lv}_{sp}').outcome}"
+                for lv in ("medium_expert", "medium_replay")
+            )
+            items.append(
+                f"{sp} {cell}: capped (medium-expert) {cap.ci()} ({cap.level:.0%}) "
+                f"{_policy_word(cap.verdict)}, responsive (medium-replay) {resp.ci()} "
+                f"({resp.level:.0%}) {_policy_word(resp.verdict)}, preconditions (good prior "
+                f"alone - actor / control - actor): {pre}"
+            )
+        what = "PoE at the good prior's oracle alpha - actor, mean [interval]"
+        texts.append(
+            f"{_policy_head(f'policy_locomotion {env}', parts, what)}: " + "; ".join(items)
+        )
+    return _policy_combine(verdicts), "; ".join(texts)
+
+
+_POLICY_PAIRED = (
+    "paired per test episode (the same seed, start and goal under both arms), the units the "
+    "per-seed means with two or more seeds"
+)
+_POLICY_COMBINE = (
+    "reproduced if every tested cell holds, partly if some hold, not reproduced if none holds "
+    "and some fail, undecided if none holds and none fails, not tested if none was tested"
+)
+_POLICY_JOIN = (
+    "a study run in seed-group parts is decided on their units joined (a one-seed part's "
+    "episodes as their mean) by the same rule, margin and level, and a cell not tested in any "
+    "part is not tested; a run from before the rebuilt rules (issue 52) is not tested"
+)
+_POLICY_GATES = (
+    "tested only where the actor beats the zero action on the selection episodes and the prior "
+    "alone is decidedly worse than the actor (its own bound at -margin shown not to hold)"
+)
+
+POLICY_RULES = {
+    "graceful": Rule(
+        "experiments/policy_pointmaze.py's pre-stated rule, per prior Q of the run's `priors` "
+        "and likelihood space (pretanh, action): graceful_Q_space holds if PoE at the KL-budget "
+        "weight loses less than the margin against the actor alone, (PoE-KL - actor) > -margin "
+        "by experiments._verdicts.noninferior (the 90% t interval's lower end above -margin), "
+        f"fails if that interval lies below -margin, {_POLICY_PAIRED}; {_POLICY_GATES}. Over "
+        f"the cells: {_POLICY_COMBINE}; {_POLICY_JOIN}",
+        POLICY_MARGINS["policy_pointmaze"],
+    ),
+    "additive": Rule(
+        "experiments/policy_pointmaze.py's pre-stated rule, per prior Q and likelihood space: "
+        "additive_below_poe_Q_space holds if (additive - PoE) at the common weight 0.5 is below "
+        "0 by experiments._verdicts.decide (the 95% t interval below 0, after TOST at the "
+        'margin: a difference shown within the margin is "no advantage" and fails, as does '
+        f"one shown above 0), {_POLICY_PAIRED}; {_POLICY_GATES}. Over the cells: "
+        f"{_POLICY_COMBINE}; {_POLICY_JOIN}",
+        POLICY_MARGINS["policy_pointmaze"],
+    ),
+    "precision": Rule(
+        "experiments/policy_pointmaze.py's pre-stated prediction on the precision-ratio prior "
+        "family (the actor's mean moved by 2 actor stds along one fixed random direction, with "
+        "precision exactly r times the actor's at every state, r in the run's "
+        "`precision_ratios`): (additive - PoE) at the common weight 0.5 is claimed below 0 for "
+        "every r < 1 and above 0 for every r > 1, each by experiments._verdicts.decide (95% t "
+        f"interval, TOST at the margin first), {_POLICY_PAIRED}. Per space it holds if every "
+        "r != 1 is shown on its predicted side, fails if any is shown on the other side, and is "
+        "undecided otherwise; not tested unless the actor beats the zero action, the family's "
+        "mean alone is decidedly worse than the actor and the r = 1 control (where PoE and "
+        "additive coincide) is not decidedly non-zero. Over both spaces (the study's "
+        "`precision_ratio_prediction`): fails if one fails, holds if every tested one holds, "
+        "undecided otherwise, read as reproduced / not reproduced / undecided / not tested; "
+        f"{_POLICY_JOIN}",
+        POLICY_MARGINS["policy_pointmaze"],
+    ),
+    "selector": Rule(
+        "experiments/policy_pointmaze.py's pre-stated rule: a rule's regret is (the return of "
+        "PoE at the oracle alpha among the alphas in [0.1, 0.9], chosen on selection episodes) "
+        "- (the rule's return), averaged over the run's priors; per likelihood space, "
+        "selector_space holds if the KL selector's regret is below the margin, (PoE-KL - "
+        "oracle) > -margin by experiments._verdicts.noninferior (90% t interval), "
+        f"{_POLICY_PAIRED}; tested where the actor beats the zero action. The KL budget is "
+        "calibrated per space without reward (half the actor's own median KL between two data "
+        "states). Shown beside it with 95% t intervals: the regrets of the rules without "
+        "search (PoE at fixed alpha 0.5, the actor alone) and selector - fixed (the fixed "
+        "rule's regret minus the selector's: positive when the selector's return is higher), "
+        f"with its outcome by decide at the margin. Over both spaces: {_POLICY_COMBINE}; "
+        f"{_POLICY_JOIN}",
+        POLICY_MARGINS["policy_pointmaze"],
+    ),
+    "ceiling": Rule(
+        "experiments/policy_locomotion.py's pre-stated rule, per env (one part each: "
+        "HalfCheetah, Hopper, Walker2d) and likelihood space: capped, the good prior at its "
+        "oracle alpha helps the medium-expert actor by less than the margin, (PoE - actor) < "
+        "+margin by experiments._verdicts.noninferior (the 90% t interval's upper end: "
+        "non-superiority), tested only if the good prior alone does not decidedly beat that "
+        "actor (a competent actor); responsive, it helps the medium-replay actor, the 95% t "
+        "interval of the same difference above 0 by decide (after TOST at the margin), tested "
+        "only if the good prior alone decidedly beats that actor (the prior knows better); both "
+        "only where the actor beats the zero action and the random-perturbation control (the "
+        "good prior's precision and step in a random direction, at the same alpha) does not "
+        f"help; the differences are {_POLICY_PAIRED}. Per (env, space): reproduced if both "
+        "hold, partly if exactly one holds, not reproduced if both fail, not tested if neither "
+        "was tested, undecided "
+        "otherwise; every cell of an env whose data is below 100k SAC steps (`data_admissible` "
+        "false) is not tested. Over (env, space): reproduced if every tested cell is, partly "
+        "if some are reproduced or partly, not reproduced if none is and some are not "
+        f"reproduced, undecided otherwise; {_POLICY_JOIN}",
+        POLICY_MARGINS["policy_locomotion"],
+    ),
+}
 
 
 DTB_MARGIN = _verdicts.MARGINS["dtb"]
 
 DTB_RULE = Rule(
-    "the hidden ASR after the defenses that suppressed the decoy (keeping the clean accuracy), "
-    "DTB - the naive two-backdoor model, over seeds; the summary keeps each arm's mean and sd, "
-    "not per-seed pairs, so the spread of the difference is bounded by the sum of the two sds "
-    "(true for any correlation). Not reproduced if DTB's hidden ASR is < 0.1 (it does not "
-    "wake); else no advantage if TOST puts the difference within the margin, reproduced if the "
-    f"{1 - ALPHA:.0%} t interval lies above 0 and the ASR is >= 0.5 (partly if < 0.5), not "
-    "reproduced if it lies below 0, undecided otherwise; not measured when no defense "
-    "suppressed the decoy",
-    f"±{DTB_MARGIN} in attack success rate",
+    "the study's pre-stated rule (experiments/backdoor_dtb.py, experiments._backdoor.verdict): "
+    "not tested unless calibration admits >= 6 model-repair defenses (each removes BadNets on "
+    ">= 2 of 3 seeds), the mask, FP-oracle and surrogate controls pass on >= 2 of 3 seeds, "
+    "the implant is usable (decoy ASR >= 0.9, hidden ASR <= 0.05 before any defense) and "
+    ">= 10 informative events (an admitted defense acted, suppressed the decoy keeping the "
+    "clean accuracy, and sent <= 5% of clean images to the hidden target); then reproduced if "
+    "the median hidden ASR over the events is >= 0.5 and beats the naive model's after the "
+    "same events (paired over events, BCa interval from 10 pairs), partly if >= 0.2, not "
+    "reproduced below",
+    f"±{DTB_MARGIN} in attack success rate (DTB vs naive, paired over events)",
 )
 
 
 def _dtb(summaries: Summaries) -> tuple[str, str]:
     s = summaries["backdoor_dtb"]
-    key = "hidden_asr_after_suppressed_mean"
-    ours, naive = float(s[key]), float(s[f"naive_{key}"])
-    sd = float(s[f"{key}_sd"]) + float(s[f"naive_{key}_sd"])
-    n_sup = float(s["n_defenses_suppressed"])  # a mean over seeds
+    if "verdict_failed" not in s:  # a run of the protocol before issue 50
+        return "not tested", (
+            "backdoor_dtb: the committed run predates the study's positive controls and "
+            "calibration gate (issue 50); rerun it"
+        )
+    from experiments import _backdoor  # the study's own rule, on the shared statistics module
+
+    verdict, failed, cmp = _backdoor.verdict(s)
+    h = s["events_hidden_asr"]
     reason = (
-        f"backdoor_dtb: hidden ASR after the defenses that suppressed the decoy and kept the "
-        f"clean accuracy ({n_sup:.2g} a seed on average) {ours:.3f} vs the naive model's "
-        f"{naive:.3f}"
+        f"backdoor_dtb: {s['calibration_admitted']} defenses admitted, controls mask "
+        f"{_pass(s['control_mask_pass'])}, FP oracle {_pass(s['control_oracle_fp_pass'])}, "
+        f"surrogate {_pass(s['control_surrogate_pass'])}; {len(h)} informative events"
     )
-    if n_sup == 0 or math.isnan(ours):
-        return "not measured", reason + ": no defense suppressed the decoy"
-    n = int(s["n_seeds_run"])
-    v = _verdicts.decide_stats(
-        ours - naive, sd, n, margin=DTB_MARGIN, direction="greater", alpha=ALPHA
-    )
-    reason += f"; DTB - naive: {v.figures('ASR')}"
-    if ours < 0.1:  # it does not wake, whatever the comparison says
-        return "not reproduced", reason
-    if v.outcome == "reproduced":
-        return ("reproduced" if ours >= 0.5 else "partly"), reason
-    return v.outcome, reason
+    if h:
+        reason += f", median hidden ASR {statistics.median(h):.3f}"
+    if cmp is not None:
+        reason += f"; DTB - naive over the events: {cmp.figures('ASR')}"
+    if failed:
+        reason += "; failed: " + "; ".join(failed)
+    return verdict, reason
+
+
+def _pass(ok: Any) -> str:
+    return "passed" if ok is True else "failed"
 
 
 #: The stall goal (issue 47): the blocked time's overhead over the host copy of the state, in ms.
@@ -456,14 +832,6 @@ def _rwefm_reads(study: str, prefix: str) -> tuple[str, ...]:
     return (f"{study}/{prefix.rstrip('_')}",) if prefix else (study,)
 
 
-_POLICY_RULE = (
-    "reproduced if the study's pre-stated {what} holds for every prior that is decidedly worse "
-    "than the actor alone (the others are not tested); undecided if none holds and none fails; "
-    "partly if some hold. {cells}"
-)
-# the policy studies decide each cell themselves, with their own intervals and margins
-_POLICY_CELLS = "Each cell's verdict, interval and margin are the study's (experiments/_policy.py)"
-
 PAPERS = (
     Paper(
         "rwefm",
@@ -513,9 +881,14 @@ PAPERS = (
             Claim(
                 "Graph and node information jointly recover communities where neither alone does.",
                 Rule(
-                    "reproduced if the phase study finds at least one synergy cell with every "
-                    "program tuned on the same grid (joint rate >= 0.5, both single sources "
-                    "<= 0.3, their Wilson intervals, computed by the study, apart)"
+                    "the phase study's pre-stated rule (experiments/cvxclust_phase.py): with "
+                    "the joint program's weights fixed in advance (eps = 10 n/K), reproduced if "
+                    "at least one synergy cell survives Holm over the run's cells (joint "
+                    "recovery rate >= 0.5, the graph program and the joint program without its "
+                    "graph each <= 0.3, one-sided exact McNemar p < 0.05 against each on the "
+                    "same draws, every compared solve certified); undecided if the rates point "
+                    "to synergy somewhere without that test; not tested if the graph program "
+                    "fails its own positive control (recovery < 0.25 at the largest dpq)"
                 ),
                 _cvxclust,
                 ("cvxclust_phase",),
@@ -532,35 +905,35 @@ PAPERS = (
         (
             Claim(
                 "Composition degrades gracefully under a bad prior.",
-                Rule(_POLICY_RULE.format(what="graceful-degradation rule", cells=_POLICY_CELLS)),
-                lambda s: _verdict_keys(s, "policy_pointmaze", "verdict_graceful_"),
+                POLICY_RULES["graceful"],
+                _policy_prior_claim("graceful", "PoE-KL - actor"),
                 ("policy_pointmaze",),
             ),
             Claim(
                 "Under a bad prior, precision-blind additive blending does worse than PoE at "
                 "the same weight.",
-                Rule(_POLICY_RULE.format(what="additive-below-PoE contrast", cells=_POLICY_CELLS)),
-                lambda s: _verdict_keys(s, "policy_pointmaze", "verdict_additive_below_poe_"),
+                POLICY_RULES["additive"],
+                _policy_prior_claim("additive_below_poe", "additive - PoE at weight 0.5", True),
+                ("policy_pointmaze",),
+            ),
+            Claim(
+                "PoE beats additive blending exactly when the prior is less precise than the "
+                "actor (r < 1).",
+                POLICY_RULES["precision"],
+                _policy_precision,
                 ("policy_pointmaze",),
             ),
             Claim(
                 "The KL-budget selector picks a near-oracle weight without test-time search.",
-                Rule(
-                    "reproduced if every prior's pre-stated selector rule holds; undecided if "
-                    f"none holds and none fails; partly if some hold. {_POLICY_CELLS}"
-                ),
-                lambda s: _verdict_keys(s, "policy_pointmaze", "verdict_selector_"),
+                POLICY_RULES["selector"],
+                _policy_selector,
                 ("policy_pointmaze",),
             ),
             Claim(
-                "A competent (medium-expert) actor can only be hurt by composition; a weaker "
-                "(medium-replay) one responds to it.",
-                Rule(
-                    "reproduced if on HalfCheetah no medium-expert cell is Help with PoE at the "
-                    "selection-chosen alpha and some medium-replay cell is; partly if one of "
-                    "the two; not tested where the actor does not beat the zero action"
-                ),
-                _ceiling,
+                "A competent (medium-expert) actor cannot be helped by composition beyond the "
+                "margin; a weaker (medium-replay) one is helped.",
+                POLICY_RULES["ceiling"],
+                _policy_ceiling,
                 ("policy_locomotion",),
             ),
         ),
@@ -692,21 +1065,12 @@ CHECKS: Mapping[str, tuple[Gate, ...]] = {
              _cvxclust_certified),
     ),
     "backdoor_dtb": (
+        # the study's own gates (calibration, the three positive controls, a usable implant,
+        # enough informative events) are part of its rule (_dtb); a collapsed implant is
+        # checked here as well, for runs of either protocol
         _key_gate(
             "implant_ok", lambda v: v == 1, "= 1",
             "every seed's implant kept its clean accuracy >= 0.5",
-        ),
-        _key_gate(
-            "n_defenses_effective", lambda v: v > 0, "> 0",
-            "the positive control: some defense removes BadNets",
-        ),
-        # experiments/backdoor_dtb.py names the oracle (DTB trained against fine-pruning's own
-        # operator) "the control for whether this model can carry the effect at all": if even
-        # it does not wake under fine-pruning (the rule's waking level, hidden ASR 0.1), the
-        # study cannot show the claim either way.
-        _key_gate(
-            "oracle_hidden_asr_after_fp", lambda v: v >= 0.1, ">= 0.1",
-            "the positive control: the oracle DTB's hidden backdoor wakes under fine-pruning",
         ),
     ),
     "cachex_bench": (
@@ -922,6 +1286,8 @@ def render(paper: Paper) -> str:
         summaries[study] = {}
         for run in runs[study]:
             summaries[study] = merge_parts(summaries[study], run.summary)
+            if run.part:  # each part's own summary too, for rules that join parts themselves
+                summaries[run.name] = dict(run.summary)
             provs[run.name] = _provenance(run, paper.code)
         if len(runs[study]) > 1 or runs[study][0].part:
             commits = {provs[r.name].commit for r in runs[study]}

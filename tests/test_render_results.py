@@ -158,70 +158,76 @@ def test_a_run_failing_its_validity_check_renders_not_tested(tmp_path, monkeypat
     assert page.index("## Verdicts") < page.index("## Rules") < page.index("## Runs")
 
 
-def test_dtb_rule_bounds_the_spread_of_the_difference_and_needs_a_suppressing_defense():
-    def verdict(ours, naive, sd=0.01, n_sup=1.0, seeds=3):
-        k = "hidden_asr_after_suppressed_mean"
-        s = {k: ours, f"{k}_sd": sd, f"naive_{k}": naive, f"naive_{k}_sd": sd,
-             "n_defenses_suppressed": n_sup, "n_seeds_run": seeds}  # fmt: skip
-        return render._dtb({"backdoor_dtb": s})[0]
-
-    # difference 0.6, sd bound 0.02, n 3: 95% interval 0.6 -/+ 4.303 * 0.02 / sqrt(3)
-    assert verdict(0.61, 0.01) == "reproduced"
-    assert verdict(0.21, 0.01) == "partly"
-    assert verdict(0.2, 0.19) == "no advantage"  # within +-0.05 of the naive model
-    assert verdict(0.011, 0.01) == "not reproduced"  # it does not wake (below 0.1)
-    assert verdict(0.09, 0.01, sd=0.001) == "not reproduced"  # decided above, but below 0.1
-    assert verdict(0.2, 0.6) == "not reproduced"  # decided below the naive model
-    assert verdict(0.3, 0.01, sd=0.5) == "undecided"
-    assert verdict(float("nan"), 0.01, n_sup=0.0) == "not measured"
+def _dtb_summary(hidden, naive=0.01, **kw):
+    n = len(hidden)
+    s = {"calibration_admitted": 7, "control_mask_pass": True, "control_oracle_fp_pass": True,
+         "control_surrogate_pass": True, "implant_usable": True, "informative_events": n,
+         "events_hidden_asr": list(hidden),
+         "events_naive_hidden_asr": [naive + 0.001 * i for i in range(n)],
+         "verdict_failed": []}  # fmt: skip
+    return s | kw
 
 
-def _phase(tuned=1, uncertified=(), eig=0.0, count=None):
+def test_dtb_rule_is_the_studys_pre_stated_rule():
+    verdict = lambda s: render._dtb({"backdoor_dtb": s})
+    wake = [0.8 + 0.01 * i for i in range(12)]
+    assert verdict(_dtb_summary(wake))[0] == "reproduced"
+    # woken as often, but no more than the naive model's: only partly
+    assert verdict(_dtb_summary(wake, naive=0.85))[0] == "partly"
+    assert verdict(_dtb_summary([0.3 + 0.01 * i for i in range(12)]))[0] == "partly"
+    assert verdict(_dtb_summary([0.05] * 12))[0] == "not reproduced"
+    # every gate is checked, and the reason names the failed one
+    for gate, bad in (("calibration_admitted", 5), ("control_mask_pass", False),
+                      ("control_oracle_fp_pass", False), ("control_surrogate_pass", False),
+                      ("implant_usable", False)):  # fmt: skip
+        v, why = verdict(_dtb_summary(wake, **{gate: bad}))
+        assert v == "not tested", gate
+        assert "failed:" in why, gate
+    v, why = verdict(_dtb_summary(wake[:9]))
+    assert v == "not tested" and "informative events 9 < 10" in why
+    # a run of the protocol before the controls existed is not tested
+    old = {"hidden_asr_after_suppressed_mean": 0.6, "n_defenses_suppressed": 2.0}
+    assert verdict(old)[0] == "not tested"
+
+
+def _phase(verdict="reproduced", holm=1, uncertified=()):
     grid = [[[0.9, 0.1], [0.2, 0.0]]]  # [panel][dpq][sep]
-    s = {"dpq_grid": [0.3, 0.5], "sep_grid": [2.0, 4.0], "panels": ["K2_d1"], "trials": 20,
-         "synergy_cells_tuned": tuned, "synergy_cells_fixed": 0,
-         "synergy_cell_list_tuned": [["K2_d1", 0.3, 2.0]] * tuned, "synergy_cell_list_fixed": [],
-         "uncertified_solves": len(uncertified) if count is None else count,
+    s = {"dpq_grid": [0.3, 0.5], "sep_grid": [2.0, 4.0], "panels": ["K2_d1"], "trials": 15,
+         "trials_near": 40, "eps_fixed": 10.0, "synergy_cells_fixed": holm,
+         "synergy_cells_fixed_holm": holm, "candidate_cells_fixed": holm,
+         "synergy_cells_tuned": 0, "synergy_cell_list_fixed": [["K2_d1", 0.3, 2.0]] * holm,
+         "synergy_cell_list_tuned": [], "verdict": verdict, "verdict_exact": "not reproduced",
+         "verdict_tuned": "undecided", "uncertified_solves": len(uncertified),
          "uncertified_list": [[p, "K2_d1", 0.3, 2.0, 1.0] for p in uncertified],
-         "max_min_eig_violation": eig}  # fmt: skip
+         "max_min_eig_violation": 0.0}  # fmt: skip
     for regime in ("fixed", "tuned"):
-        for p in render.CVXCLUST_PROGRAMS:
+        for p in render.CVXCLUST_PHASE_PROGRAMS:
             s[f"{regime}_{p}_recovery"] = grid
-            s[f"{regime}_{p}_lo"] = [[[0.7, 0.0], [0.05, 0.0]]]
-            s[f"{regime}_{p}_hi"] = [[[0.97, 0.3], [0.4, 0.16]]]
     return s
 
 
-def test_cvxclust_rule_needs_certified_solves_and_table_marks_synergy():
+def test_cvxclust_claim_is_the_studys_rule_and_table_marks_synergy():
     claim = render.PAPERS_BY_SLUG["cvxclust"].claims[0]
 
     def verdict(s):
         run = render.Run("cvxclust_phase", "", {}, s)
-        return render.decide(claim, {"cvxclust_phase": s}, [run])[0]
+        return render.decide(claim, {"cvxclust_phase": s}, [run])
 
-    assert verdict(_phase()) == "reproduced"
-    assert verdict(_phase(tuned=0)) == "not reproduced"
-    assert verdict(_phase(uncertified=("joint",))) == "not tested"
-    assert verdict(_phase(uncertified=("linear",), count=21)) == "not tested"  # not all listed
-    full = _phase(uncertified=("linear",), count=29)
-    full["uncertified_by_program"] = {"linear": 29, "joint": 0}  # the complete count
-    assert verdict(full) == "reproduced"
-    full["uncertified_by_program"]["joint"] = 1
-    assert verdict(full) == "not tested"
-    # the surrogate is not one of the compared programs; the eigenvalue is reported
-    assert verdict(_phase(uncertified=("linear", "linear"), eig=-1e-5)) == "reproduced"
-    # the same rule with another joint program: every program has the same grid here, so the
-    # singles are at 0.9 too and no cell qualifies; with low singles the 0.9 cell does
-    s = _phase()
-    assert render._cvxclust_synergy(s, "tuned", "linear") == 0
-    for p in ("graph", "node"):
-        s[f"tuned_{p}_recovery"] = [[[0.1, 0.1], [0.2, 0.0]]]
-        s[f"tuned_{p}_hi"] = [[[0.3, 0.3], [0.4, 0.16]]]
-    assert render._cvxclust_synergy(s, "tuned", "linear") == 1
+    assert verdict(_phase())[0] == "reproduced"
+    assert verdict(_phase("undecided", holm=0))[0] == "undecided"
+    assert verdict(_phase("not tested", holm=0))[0] == "not tested"
+    # uncertified solves keep a cell out of the study's own count; the report does not also
+    # gate the rebuilt study on them (its count includes the tuning draws' solves)
+    assert verdict(_phase(uncertified=("joint",)))[0] == "reproduced"
+    assert "McNemar" in verdict(_phase())[1]
+    # a run of the earlier protocol is not tested, whatever it found
+    old = {k: v for k, v in _phase().items() if k != "synergy_cells_fixed_holm"}
+    assert verdict(old)[0] == "not tested"
     rows = [line for line in render._cvxclust_table(_phase()) if line.startswith("| 0.")]
     assert len(rows) == 4  # two regimes x two dpq rows
-    bold = "**0.90 / 0.90 / 0.90 / 0.90**"
-    assert bold in rows[2] and bold not in rows[0]  # tuned lists the cell, fixed does not
+    bold = "**0.90 / 0.90 / 0.90 / 0.90 / 0.90**"  # five programs, the no-graph joint among them
+    assert bold in rows[0] and bold not in rows[2]  # fixed lists the cell, tuned does not
+    assert "joint_nograph" in render._cvxclust_table(_phase())[0]
 
 
 def test_planetoid_table_has_a_row_per_program_and_skips_absent_data_sets():
@@ -239,18 +245,233 @@ def test_planetoid_table_has_a_row_per_program_and_skips_absent_data_sets():
     assert not any("cora" in line for line in lines)
 
 
-def test_policy_rules_read_the_studys_own_cell_verdicts():
-    def verdict(**cells):
-        s = {f"verdict_graceful_{k}": v for k, v in cells.items()}
-        return render._verdict_keys(
-            {"policy_pointmaze": s}, "policy_pointmaze", "verdict_graceful_"
-        )[0]
+# The policy studies' paired differences, by rule, that the shared module decides each way at
+# the margin 3: the claim shown ("holds"), shown against ("fails"), neither ("undecided").
+_POLICY_DIFFS = {
+    "bound greater": {"holds": [0.1, -0.2, 0.0, 0.3, -0.1], "fails": [-10, -11, -9.5, -10.5, -10],
+                      "undecided": [-3, 0, -6, 1, -7]},
+    "difference less": {"holds": [-5, -6, -5.5, -6.5, -5], "fails": [5, 6, 5.5, 6.5, 5],
+                        "undecided": [-3, 2, -6, 4, -1]},
+}  # fmt: skip
+_AS_CLAIM = {"reproduced": "holds", "not reproduced": "fails", "no advantage": "fails",
+             "undecided": "undecided"}  # fmt: skip
 
-    assert verdict(a="holds", b="holds", c="not tested: the prior is not worse") == "reproduced"
-    assert verdict(a="holds", b="undecided") == "partly"
-    assert verdict(a="undecided", b="undecided") == "undecided"  # nothing decided either way
-    assert verdict(a="fails", b="undecided") == "not reproduced"
-    assert verdict(a="not tested: x", b="excluded: y") == "not tested"
+
+def _policy_diffs(rule, verdict, margin=3.0):
+    """Differences the rule decides as ``verdict`` ("not tested: ..." as "holds", gated)."""
+    flip = {"bound less": "bound greater", "difference greater": "difference less"}
+    word = "holds" if verdict.startswith("not tested") else verdict
+    d = _POLICY_DIFFS[flip.get(rule, rule)][word]
+    return [(-x if rule in flip else x) * margin / 3.0 for x in d]
+
+
+def _pclaim(name, verdict="holds", rule="bound greater", diffs=None, margin=3.0):
+    """A claim's keys as experiments/_policy.py's ``Claims.claim`` writes them."""
+    kind, direction = rule.split()
+    diffs = _policy_diffs(rule, verdict, margin) if diffs is None else diffs
+    why = [verdict.partition(": ")[2]] if verdict.startswith("not tested") else []
+    fn = render._verdicts.noninferior if kind == "bound" else render._verdicts.decide
+    v = fn(diffs, margin=margin, direction=direction, alpha=0.05, failed=why)
+    lo, hi = (v.eq_low, v.eq_high) if kind == "bound" else (v.ci_low, v.ci_high)
+    keys = {"ci_low": lo, "ci_high": hi, "ci_level": 0.9 if kind == "bound" else 0.95,
+            "margin": margin, "mean": v.effect_mean, "outcome": v.outcome,
+            "seeds_needed": v.seeds_needed, "diffs": list(diffs), "rule": rule}  # fmt: skip
+    verdict = _AS_CLAIM.get(v.outcome) or f"not tested: {why[0]}"
+    return {f"verdict_{name}": verdict} | {f"{name}_{k}": x for k, x in keys.items()}
+
+
+def _pfig(name, diffs=(1.0, 2.0, 1.5, 0.5, 1.0), direction="greater", margin=3.0):
+    """A figure's keys as ``Claims.figure`` writes them."""
+    v = render._verdicts.decide(list(diffs), margin=margin, direction=direction)
+    return {name: v.effect_mean, f"{name}_ci_low": v.ci_low, f"{name}_ci_high": v.ci_high,
+            f"{name}_outcome": v.outcome, f"{name}_diffs": list(diffs)}  # fmt: skip
+
+
+def _pm_summary(verdicts=(), priors=("good", "bad"), spaces=("pretanh", "action"),
+                prediction=("holds",) * 3, ratios=(0.5, 1.0, 2.0), **keys):  # fmt: skip
+    """A rebuilt policy_pointmaze summary: every claim holds unless ``verdicts`` (claim name ->
+    verdict) says otherwise; ``prediction``: the study's precision_ratio_prediction per space,
+    then over both."""
+    v = dict(verdicts)
+    s = {"priors": list(priors), "spaces": list(spaces), "precision_ratios": list(ratios),
+         "margin": 3.0, "stat_alpha": 0.05, "stat_unit": "seed", "n_seeds": 5, "n_test": 20,
+         "precision_ratio_prediction": prediction[-1]}  # fmt: skip
+    for i, sp in enumerate(spaces):
+        for q in priors:
+            s |= _pclaim(f"graceful_{q}_{sp}", v.get(f"graceful_{q}_{sp}", "holds"))
+            name = f"additive_below_poe_{q}_{sp}"
+            s |= _pclaim(name, v.get(name, "holds"), "difference less")
+        s |= _pclaim(f"selector_{sp}", v.get(f"selector_{sp}", "holds"))
+        for k in ("selector_regret", "fixed_regret", "actor_regret", "selector_minus_fixed"):
+            s |= _pfig(f"{k}_{sp}")
+        for r in ratios:
+            d = _policy_diffs("difference less" if r < 1 else "difference greater", "holds")
+            name, side = f"precision_contrast_r{r:g}_{sp}", "less" if r < 1 else "greater"
+            s |= _pfig(name, d if r != 1 else [0.0] * 5, side)
+        s[f"precision_ratio_prediction_{sp}"] = prediction[i]
+    return s | keys
+
+
+def _policy(claim):
+    return next(c for c in render.PAPERS_BY_SLUG["policy"].claims if c.text.startswith(claim))
+
+
+def _pdecide(claim, **summaries):
+    return render.decide(_policy(claim), {k.replace("__", "/"): s for k, s in summaries.items()})
+
+
+GATE = "not tested: the prior alone is not decidedly worse than the actor"
+
+
+def test_policy_claims_combine_the_studys_cell_verdicts():
+    def graceful(**v):
+        return _pdecide("Composition degrades", policy_pointmaze=_pm_summary(
+            {f"graceful_{k}": x for k, x in v.items()}))  # fmt: skip
+
+    assert graceful()[0] == "reproduced"
+    assert graceful(good_pretanh=GATE, bad_action=GATE)[0] == "reproduced"  # untested cells
+    assert graceful(good_pretanh="undecided")[0] == "partly"
+    both = {f"{q}_{sp}": "undecided" for q in ("good", "bad") for sp in ("pretanh", "action")}
+    assert graceful(**both)[0] == "undecided"
+    assert graceful(**both | {"bad_action": "fails"})[0] == "not reproduced"
+    verdict, reason = graceful(**{k: GATE for k in both})
+    assert verdict == "not tested" and "no cell tested" in reason
+    assert "not tested (the prior alone is not decidedly worse than the actor): good" in reason
+    verdict, reason = graceful(good_pretanh=GATE)
+    assert "mean [90% interval]; margin 3 in return; units: per-seed means of 5 seeds" in reason
+    assert "bad pretanh holds +0.02 [-0.163, +0.203]" in reason  # the bound's 90% interval
+    # additive below PoE: a difference within the margin is "no advantage", which fails it
+    tiny = [0.1, -0.1, 0.05, 0.0, -0.05]
+    s = _pm_summary() | _pclaim("additive_below_poe_bad_action", rule="difference less", diffs=tiny)
+    verdict, reason = _pdecide("Under a bad prior", policy_pointmaze=s)
+    assert verdict == "partly" and "bad action fails (no advantage) +0 [-0.0982, +0.0982]" in reason
+    assert "good pretanh holds (reproduced) -5.6" in reason
+
+
+def test_precision_ratio_prediction_reads_the_studys_verdict_and_shows_each_ratio():
+    def prediction(*p):
+        return _pdecide("PoE beats additive", policy_pointmaze=_pm_summary(prediction=p))
+
+    assert prediction("holds", "holds", "holds")[0] == "reproduced"
+    assert prediction("holds", "fails", "fails")[0] == "not reproduced"
+    assert prediction("undecided", "holds", "undecided")[0] == "undecided"
+    gate = "not tested: the family's mean alone is not decidedly worse than the actor"
+    verdict, reason = prediction(gate, gate, "not tested: no space or actor level passed its gates")
+    assert verdict == "not tested"
+    assert "pretanh not tested (the family's mean alone is not decidedly worse" in reason
+    assert "r = 0.5 -5.6 [-6.41, -4.79] reproduced" in reason  # r < 1: additive - PoE < 0
+    assert "r = 2 +5.6 [+4.79, +6.41] reproduced" in reason and "r = 1 +0 [+0, +0]" in reason
+
+
+def test_kl_selector_claim_shows_its_regret_beside_the_rules_without_search():
+    def selector(**v):
+        s = _pm_summary({f"selector_{k}": x for k, x in v.items()})
+        return _pdecide("The KL-budget selector", policy_pointmaze=s)
+
+    verdict, reason = selector()
+    assert verdict == "reproduced"
+    assert "pretanh holds: PoE-KL - oracle +0.02 [-0.163, +0.203] (90%)" in reason
+    regret = "+1.2 [+0.492, +1.91]"
+    assert f"regret (95%) of the KL selector {regret}, of fixed alpha {regret}" in reason
+    assert f"of the actor alone {regret}, selector - fixed {regret} no advantage" in reason
+    gated = "not tested: the actor does not beat the zero action"
+    assert selector(action=gated)[0] == "reproduced"
+    assert selector(action="fails", pretanh=gated)[0] == "not reproduced"
+    assert selector(action="undecided")[0] == "partly"
+    assert selector(action=gated, pretanh=gated)[0] == "not tested"
+
+
+def _loco_summary(env, capped="holds", responsive="holds", admissible=True, **keys):
+    s = {"env": env, "spaces": ["pretanh"], "levels": ["medium", "medium_replay", "medium_expert"],
+         "margin": 50.0, "stat_alpha": 0.05, "stat_unit": "seed", "n_seeds": 3, "n_test": 10,
+         "data_admissible": admissible, "data_steps": 100_000 if admissible else 5000}  # fmt: skip
+    s |= _pclaim("capped_medium_expert_pretanh", capped, "bound less", margin=50.0)
+    s |= _pclaim("responsive_medium_replay_pretanh", responsive, "difference greater", margin=50)
+    for lv in ("medium_expert", "medium_replay"):
+        s |= _pfig(f"good_prior_minus_actor_{lv}_pretanh", margin=50.0)
+        s |= _pfig(f"control_minus_actor_{lv}_pretanh", margin=50.0)
+    return s | keys
+
+
+def test_competence_ceiling_rule_per_env_and_space():
+    cell = render._policy_ceiling_cell
+    nt = "not tested: the good prior alone beats the actor: not competent on this task"
+    assert cell("holds", "holds") == "reproduced"
+    assert cell("holds", "fails") == cell(nt, "holds") == "partly"
+    assert cell("fails", "fails") == "not reproduced"
+    assert cell(nt, nt) == "not tested"
+    assert cell("fails", "undecided") == cell("fails", nt) == cell("undecided", nt) == "undecided"
+
+    def ceiling(*envs):  # one part per env, as the study is run
+        return _pdecide("A competent", **{f"policy_locomotion__{s['env']}": s for s in envs})
+
+    verdict, reason = ceiling(_loco_summary("Hopper-v5"))
+    assert verdict == "reproduced"
+    assert "policy_locomotion Hopper-v5 (" in reason and "margin 50 in return" in reason
+    assert "capped (medium-expert) -0.333 [-3.39, +2.72] (90%) holds, responsive" in reason
+    assert "preconditions (good prior alone - actor / control - actor): medium_expert " in reason
+    # the envs' parts share key names: each is read from its own part
+    verdict, reason = ceiling(_loco_summary("Hopper-v5"), _loco_summary("Walker2d-v5", "fails"))
+    assert verdict == "partly" and "Walker2d-v5" in reason and "Hopper-v5" in reason
+    small = _loco_summary("HalfCheetah-v5", admissible=False)
+    verdict, reason = ceiling(_loco_summary("Hopper-v5"), small)
+    assert verdict == "reproduced"  # the env with too little data is not tested
+    assert "HalfCheetah-v5: not tested (its data has 5000 SAC steps, below 100k)" in reason
+    assert ceiling(_loco_summary("Hopper-v5", admissible=False))[0] == "not tested"
+    assert ceiling(_loco_summary("Hopper-v5", "fails", "fails"))[0] == "not reproduced"
+    # a whole-study folder (one env) is read as it is
+    assert _pdecide("A competent", policy_locomotion=_loco_summary("Hopper-v5"))[0] == "reproduced"
+
+
+def test_policy_runs_of_the_old_protocol_are_not_tested():
+    # the committed runs before issue 52: old keys, no stat_unit
+    pm = {"verdict_graceful_good": "holds", "action_verdict_graceful_good": "fails",
+          "verdict_selector_good": "holds", "margin": 2.1}  # fmt: skip
+    loco = {"env": "HalfCheetah-v5", "medium_expert_cell_oracle_good": "help"}
+    summaries = {"policy_pointmaze": pm, "policy_locomotion": loco}
+    for claim in render.PAPERS_BY_SLUG["policy"].claims:
+        verdict, reason = render.decide(claim, summaries)
+        assert verdict == "not tested", claim.text
+        assert "predates the rebuilt rules (issue 52" in reason and "rerun it" in reason
+    # one env rerun, one not: the old one is not tested, the new one decides
+    verdict, reason = _pdecide("A competent", policy_locomotion__halfcheetah=loco,
+                               policy_locomotion__hopper=_loco_summary("Hopper-v5"))  # fmt: skip
+    assert verdict == "reproduced" and "policy_locomotion HalfCheetah-v5: the committed" in reason
+
+
+def test_policy_seed_parts_are_joined_and_decided_again(tmp_path, monkeypatch):
+    # Two seed groups of policy_pointmaze (--seed 0 and --seed 2, n_seeds=2): graceful's
+    # per-seed units -1, +0.5 and +1, -1.5 are each undecided at the margin 3 (90% interval
+    # -0.25 -/+ 6.31 SE), joined -0.25 -/+ 2.35 * 0.595 = [-1.65, +1.15]: the bound holds.
+    one = {"priors": ["good"], "spaces": ["pretanh"], "prediction": ("holds", "holds"),
+           "n_seeds": 2}  # fmt: skip
+    a = _pm_summary(**one) | _pclaim("graceful_good_pretanh", diffs=[-1.0, 0.5])
+    b = _pm_summary(**one) | _pclaim("graceful_good_pretanh", diffs=[1.0, -1.5])
+    assert a["verdict_graceful_good_pretanh"] == b["verdict_graceful_good_pretanh"] == "undecided"
+    verdict, reason = _pdecide("Composition", policy_pointmaze__seed0=a, policy_pointmaze__seed2=b)
+    assert verdict == "reproduced"
+    assert "units: per-seed means of 4 seeds joined from 2 parts" in reason
+    assert "good pretanh holds -0.25 [-1.65, +1.15]" in reason
+    # through the page: each part is kept beside the merged summary
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    monkeypatch.setattr(render, "OUT", tmp_path / "out")
+    _write(tmp_path / "policy_pointmaze" / "seed0", a)
+    _write(tmp_path / "policy_pointmaze" / "seed2", b)
+    page = render.render(render.PAPERS_BY_SLUG["policy"])
+    row = next(line for line in page.splitlines() if line.startswith("| Composition degrades"))
+    assert "**reproduced**" in row and "joined from 2 parts" in row
+    row = next(line for line in page.splitlines() if line.startswith("| PoE beats additive"))
+    assert "**reproduced**" in row  # re-derived from the joined contrasts
+    row = next(line for line in page.splitlines() if line.startswith("| A competent"))
+    assert "**not measured**" in row  # no locomotion run here
+    # a cell not tested in one part is not tested joined; a one-seed part is one unit
+    gated = a | _pclaim("graceful_good_pretanh", GATE, diffs=[-1.0, 0.5])
+    verdict, reason = _pdecide("Composition", policy_pointmaze__seed0=gated,
+                               policy_pointmaze__seed2=b)  # fmt: skip
+    assert verdict == "not tested" and "not tested (the prior alone is not decidedly" in reason
+    parts = [{"stat_unit": "episode", "x_diffs": [1.0, 2.0, 3.0]},
+             {"stat_unit": "seed", "x_diffs": [4.0, 5.0]}]  # fmt: skip
+    assert render._policy_units(parts, "x") == [2.0, 4.0, 5.0]
 
 
 def test_rwefm_on_a_torus_is_decided_against_the_periodic_feature_arm():
@@ -291,12 +512,10 @@ def test_cachex_stall_rule_is_the_overhead_over_the_copy():
     assert render._cachex({"cachex_bench": s})[0] == "reproduced"
 
 
-def test_dtb_is_not_tested_when_its_oracle_control_does_not_wake():
-    ok = {"implant_ok": 1, "n_defenses_effective": 2, "oracle_hidden_asr_after_fp": 0.6}
-    run = render.Run("backdoor_dtb", "", {}, ok)
+def test_dtb_is_not_tested_when_an_implant_collapsed():
+    run = render.Run("backdoor_dtb", "", {}, {"implant_ok": 1})
     assert render._failed_checks(run) == []
-    bad = render.Run("backdoor_dtb", "", {}, ok | {"oracle_hidden_asr_after_fp": 0.0045})
+    bad = render.Run("backdoor_dtb", "", {}, {"implant_ok": 0.5})
     assert render._failed_checks(bad) == [
-        "`oracle_hidden_asr_after_fp` = 0.0045, not >= 0.1 (the positive control: the oracle "
-        "DTB's hidden backdoor wakes under fine-pruning)"
+        "`implant_ok` = 0.5, not = 1 (every seed's implant kept its clean accuracy >= 0.5)"
     ]
