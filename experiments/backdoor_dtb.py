@@ -67,9 +67,10 @@ everything below 0.2, so every outcome is named).
 
 Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [--set k=v ...]
           [--resume]
-Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, budget 6) 14 minutes as
-          measured on 2 cores shared with three other jobs (load about 6), mostly compilation
-          (once per defense, data shape, surrogate member and implant arm); not yet timed on
+Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, two surrogate members,
+          budget 6): with four members 14 minutes as measured on 2 cores shared with three
+          other jobs (load about 6), mostly compilation (once per defense, data shape,
+          surrogate member and implant arm); not yet timed on
           idle cores. The full study (3 seeds, budget 800) is not yet timed at this protocol;
           from single stages timed on the same shared cores (BadNets 1,500 steps about 2 min;
           each defense at 800 steps 0.5-2 min, so a suite of 17 about 20 min; the oracle arm
@@ -193,11 +194,12 @@ class Config:
                            optax.sgd(self.lr, momentum=self.momentum))  # fmt: skip
 
 
-# quick is a smoke run, compile-bound: the norm-free CNN compiles about twice as fast
+# quick is a smoke run, compile-bound: the norm-free CNN compiles about twice as fast, and two
+# surrogate members (each compiles its own implant step) stand for the four
 QUICK = {"n_seeds": 2, "size": 16, "n_per_class": 200, "model": "cnn", "widths": (8, 16),
          "hidden": 32, "train_steps": 200, "warm_steps": 100, "dtb_steps": 60, "inner_steps": 3,
          "defense_steps": 6, "compositions": ("ft+ft",), "inner_lrs": (0.003, 0.01),
-         "oracle_every": 30}  # fmt: skip
+         "oracle_every": 30, "family": ("ft", "prune_ft")}  # fmt: skip
 
 
 def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
