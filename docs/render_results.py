@@ -710,6 +710,9 @@ def _dtb(summaries: Summaries) -> tuple[str, str]:
         )
     from experiments import _backdoor  # the study's own rule, on the shared statistics module
 
+    parts = [v for k, v in summaries.items() if k.startswith("backdoor_dtb/")]
+    if len(parts) > 1:  # seed parts: the gates, events and verdict over all of their seeds
+        s = _backdoor.join_parts(parts)
     verdict, failed, cmp = _backdoor.verdict(s)
     h = s["events_hidden_asr"]
     reason = (

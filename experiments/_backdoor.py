@@ -574,10 +574,15 @@ def surrogate_control(out: dict[str, float], sur: dict[str, float]) -> dict[str,
 
 def summarise(per_seed: list[dict], defenses: list[str], compositions: list[str]) -> dict:
     """The study's summary: the means over seeds (:func:`aggregate`), the controls over seeds,
-    the calibration gate, the informative events and the pre-stated :func:`verdict`."""
+    the calibration gate, the informative events and the pre-stated :func:`verdict`; with
+    ``seed_rows``, each seed's own figures, so that a study run in seed parts (``--set
+    n_seeds=1 --seed k``, one folder each) is summarised again from all of its seeds
+    (:func:`join_parts`)."""
     names = [*defenses, *compositions]
     out = aggregate(per_seed)
     out["defenses"] = names
+    out["defenses_calibrated"] = list(defenses)
+    out["seed_rows"] = [dict(r) for r in per_seed]  # a run in seed parts is re-summarised
     out["n_seeds_run"] = float(len(per_seed))
     need = SEED_SHARE * len(per_seed) - 1e-9
     for c in ("mask", "oracle_fp", "surrogate"):
@@ -600,3 +605,14 @@ def summarise(per_seed: list[dict], defenses: list[str], compositions: list[str]
             "events_vs_naive_outcome": cmp.outcome,
         }
     return out
+
+
+def join_parts(parts: list[dict]) -> dict:
+    """The summary of a study run in seed parts: :func:`summarise` over every part's
+    ``seed_rows`` (the parts must have run the same defenses)."""
+    rows = [r for p in parts for r in p["seed_rows"]]
+    calibrated = parts[0]["defenses_calibrated"]
+    names = parts[0]["defenses"]
+    if any(p["defenses"] != names for p in parts):
+        raise ValueError("parts: expected parts that ran the same defenses")
+    return summarise(rows, list(calibrated), [n for n in names if n not in calibrated])

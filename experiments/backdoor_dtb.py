@@ -79,7 +79,9 @@ Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, two surrogat
           ``--resume``.
           With ``--resume`` the implants are restored from their checkpoints and each
           finished defense suite from its figures, so a run can be spread over several
-          sittings.
+          sittings; or run it in seed parts (``--set n_seeds=1 --seed k --out
+          results/backdoor_dtb/seed<k>``, k = 0, 1, 2), which the report summarises again
+          from all of their seeds (``seed_rows``; ``experiments._backdoor.join_parts``).
 summary.json (means over ``n_seeds`` seeds; every numeric key also as ``<key>_sd``):
   the gates: ``verdict``, ``verdict_failed`` (the failed gates, in words), ``control_mask_pass``,
   ``control_oracle_fp_pass``, ``control_surrogate_pass`` (bools over seeds) with per-seed
@@ -100,7 +102,8 @@ summary.json (means over ``n_seeds`` seeds; every numeric key also as ``<key>_sd
   clean_to_hidden}_after_<d>``, ``acted_<d>``, ``n_defenses_suppressed``; the implants'
   training figures over their last 20% of steps, ``<arm>_{gate,clean_post,decoy_post,
   decoy_prob_after,hidden_prob_after,collapse_after}_mean`` and ``<arm>_implant_best_step``
-  (absent when restored by ``--resume``); ``defenses``, ``runtime_s``.
+  (absent when restored by ``--resume``); ``defenses``, ``defenses_calibrated``,
+  ``seed_rows`` (each seed's own figures), ``runtime_s``.
 metrics.jsonl: per seed, each stage's and defense's seconds, then the seed's figures; the
   trajectory rows. Plots: ``asr.png`` (hidden vs decoy ASR per defense), ``trajectory.png``.
 """
