@@ -68,14 +68,14 @@ everything below 0.2, so every outcome is named).
 Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [--set k=v ...]
           [--resume]
 Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, two surrogate members,
-          budget 6): with four members 14 minutes as measured on 2 cores shared with three
-          other jobs (load about 6), mostly compilation (once per defense, data shape,
-          surrogate member and implant arm); not yet timed on
-          idle cores. The full study (3 seeds, budget 800) is not yet timed at this protocol;
-          from single stages timed on the same shared cores (BadNets 1,500 steps about 2 min;
-          each defense at 800 steps 0.5-2 min, so a suite of 17 about 20 min; the oracle arm
-          one real FP run per ``oracle_every`` steps, about 10 runs of 1.5 min) a seed takes
-          about an hour and a half, the study four to five hours: run it over sittings with
+          budget 6) 137 s on 2 idle CPU cores from an empty cache (``make demo`` in a fresh
+          clone), mostly compilation (once per defense, data shape, surrogate member and
+          implant arm). The full study (3 seeds, budget 800) is not yet timed at this
+          protocol; from single stages timed on 2 cores shared with other jobs (BadNets
+          1,500 steps about 2 min; each defense at 800 steps 0.5-2 min, so a suite of 17
+          about 20 min; the oracle arm one real FP run per ``oracle_every`` steps, about 10
+          runs of 1.5 min) a seed takes about an hour and a half, the study four to five
+          hours: run it over sittings with
           ``--resume``.
           With ``--resume`` the implants are restored from their checkpoints and each
           finished defense suite from its figures, so a run can be spread over several
