@@ -187,31 +187,6 @@ def _cvxclust(summaries: Summaries) -> tuple[str, str]:
     return str(s["verdict"]), reason
 
 
-def _cvxclust_uncertified(s: Mapping[str, Any]) -> set[str]:
-    """The programs with an uncertified solve (from the first 20 listed when the study did not
-    count them per program)."""
-    per = s.get("uncertified_by_program")
-    return {p for p, c in per.items() if c} if per else {str(e[0]) for e in s["uncertified_list"]}
-
-
-def _cvxclust_certified(s: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
-    # the rebuilt study (issue 51) keeps a cell with an uncertified compared solve out of its
-    # synergy count itself; its uncertified counts include the tuning draws' solves
-    if "uncertified_solves" not in s or "synergy_cells_fixed_holm" in s:
-        return []
-    listed = _cvxclust_uncertified(s)
-    if not s.get("uncertified_by_program") and int(s["uncertified_solves"]) > len(
-        s["uncertified_list"]
-    ):
-        return [
-            "`uncertified_solves` counts more solves than it lists: which programs they "
-            "belong to is unknown"
-        ]
-    if bad := sorted(listed & set(CVXCLUST_COMPARED)):
-        return [f"a solve of a compared program ({', '.join(bad)}) is not certified"]
-    return []
-
-
 def _planetoid_table(s: Mapping[str, Any]) -> list[str]:
     """Per data set and program: test accuracy (no label counts as wrong), coverage, accuracy
     on the covered nodes, the grid value chosen on validation and whether that solve is
@@ -236,10 +211,10 @@ def _planetoid_table(s: Mapping[str, Any]) -> list[str]:
 
 
 #: The programs, in the order of the tables (the phase study's joint without its graph, from
-#: issue 51 on), and those the earlier synergy rule compared.
+#: issue 51 on). The phase study certifies its compared solves itself: a cell with an
+#: uncertified one does not count towards synergy.
 CVXCLUST_PROGRAMS = ("joint", "graph", "node", "linear")
 CVXCLUST_PHASE_PROGRAMS = ("joint", "graph", "joint_nograph", "node", "linear")
-CVXCLUST_COMPARED = ("joint", "graph", "node")
 
 
 def _cvxclust_table(s: Mapping[str, Any]) -> list[str]:
@@ -333,6 +308,25 @@ def _policy_old(where: str, parts: Sequence[Mapping[str, Any]]) -> str:
         "units, bounds and paired intervals from experiments/_verdicts.py, priors of known "
         "precision), so it carries none of their verdicts; rerun it"
     )
+
+
+def _policy_runs(
+    summaries: Summaries,
+    study: str,
+    verdicts: list[str],
+    texts: list[str],
+    label: Callable[[str, Sequence[Mapping[str, Any]]], str] = lambda setting, parts: setting,
+):
+    """Yields ``(where, parts)`` for each setting of ``study`` run under the rebuilt rules; a
+    setting of the earlier protocol adds "not tested" and its reason to ``verdicts`` and
+    ``texts`` instead."""
+    for setting, parts in _policy_settings(summaries, study).items():
+        where = f"{study} {label(setting, parts)}".strip()
+        if old := _policy_old(where, parts):
+            verdicts.append("not tested")
+            texts.append(old)
+            continue
+        yield where, parts
 
 
 def _policy_units(parts: Sequence[Mapping[str, Any]], name: str) -> list[float]:
@@ -443,12 +437,7 @@ def _policy_prior_claim(kind: str, what: str, outcome: bool = False) -> Callable
 
     def decide(summaries: Summaries) -> tuple[str, str]:
         verdicts, texts = [], []
-        for setting, parts in _policy_settings(summaries, "policy_pointmaze").items():
-            where = f"policy_pointmaze {setting}".strip()
-            if old := _policy_old(where, parts):
-                verdicts.append("not tested")
-                texts.append(old)
-                continue
+        for where, parts in _policy_runs(summaries, "policy_pointmaze", verdicts, texts):
             s = parts[0]
             cells = [(f"{q} {sp}", _policy_claim(parts, f"{kind}_{q}_{sp}"))
                      for sp in s["spaces"] for q in s["priors"]]  # fmt: skip
@@ -476,12 +465,7 @@ def _policy_prediction(parts: Sequence[Mapping[str, Any]], sp: str, figs: dict) 
 
 def _policy_precision(summaries: Summaries) -> tuple[str, str]:
     verdicts, texts = [], []
-    for setting, parts in _policy_settings(summaries, "policy_pointmaze").items():
-        where = f"policy_pointmaze {setting}".strip()
-        if old := _policy_old(where, parts):
-            verdicts.append("not tested")
-            texts.append(old)
-            continue
+    for where, parts in _policy_runs(summaries, "policy_pointmaze", verdicts, texts):
         s, per, items = parts[0], [], []
         for sp in s["spaces"]:
             figs = {
@@ -519,12 +503,7 @@ def _policy_precision(summaries: Summaries) -> tuple[str, str]:
 
 def _policy_selector(summaries: Summaries) -> tuple[str, str]:
     verdicts, texts = [], []
-    for setting, parts in _policy_settings(summaries, "policy_pointmaze").items():
-        where = f"policy_pointmaze {setting}".strip()
-        if old := _policy_old(where, parts):
-            verdicts.append("not tested")
-            texts.append(old)
-            continue
+    for where, parts in _policy_runs(summaries, "policy_pointmaze", verdicts, texts):
         items = []
         for sp in parts[0]["spaces"]:
             c = _policy_claim(parts, f"selector_{sp}")
@@ -558,17 +537,12 @@ def _policy_ceiling_cell(capped: str, responsive: str) -> str:
 
 def _policy_ceiling(summaries: Summaries) -> tuple[str, str]:
     verdicts, texts = [], []
-    for setting, parts in _policy_settings(summaries, "policy_locomotion").items():
-        env = str(parts[0].get("env") or setting or "?")
-        if old := _policy_old(f"policy_locomotion {env}", parts):
-            verdicts.append("not tested")
-            texts.append(old)
-            continue
+    env = lambda setting, parts: str(parts[0].get("env") or setting or "?")
+    for where, parts in _policy_runs(summaries, "policy_locomotion", verdicts, texts, env):
         if not all(s["data_admissible"] is True for s in parts):
             verdicts.append("not tested")
             steps = ", ".join(dict.fromkeys(_fmt(s["data_steps"]) for s in parts))
-            texts.append(f"policy_locomotion {env}: not tested (its data has {steps} SAC steps, "
-                         "below 100k)")  # fmt: skip
+            texts.append(f"{where}: not tested (its data has {steps} SAC steps, below 100k)")
             continue
         items = []
         for sp in parts[0]["spaces"]:
@@ -588,9 +562,7 @@ def _policy_ceiling(summaries: Summaries) -> tuple[str, str]:
                 f"alone - actor / control - actor): {pre}"
             )
         what = "PoE at the good prior's oracle alpha - actor, mean [interval]"
-        texts.append(
-            f"{_policy_head(f'policy_locomotion {env}', parts, what)}: " + "; ".join(items)
-        )
+        texts.append(f"{_policy_head(where, parts, what)}: " + "; ".join(items))
     return _policy_combine(verdicts), "; ".join(texts)
 
 
@@ -1062,10 +1034,6 @@ CHECKS: Mapping[str, tuple[Gate, ...]] = {
             "the exact MH reference mixed (experiments/prefmh_mixture.py): a chain compared "
             "with an unmixed reference says nothing about exactness",
         ),
-    ),
-    "cvxclust_phase": (
-        Gate("every solve of the compared programs (joint, graph, node) certified",
-             _cvxclust_certified),
     ),
     "backdoor_dtb": (
         # the study's own gates (calibration, the three positive controls, a usable implant,

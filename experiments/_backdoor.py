@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import _verdicts
 from hexad import backdoor as bd
 
 ASR_OK, ACC_LOSS_OK = 0.2, 0.05  # a defense removes a backdoor: ASR below, accuracy kept
@@ -166,31 +167,19 @@ def surrogate_figures(key, model, params, s: Setup, cfg: bd.DTBConfig) -> dict[s
     return {k: float(np.mean([f[k] for f in figs])) for k in figs[0]}
 
 
-def pruned_mask(params, layer: str):
-    """The 0/1 mask of ``layer``'s channels that a baked-in mask zeroed in ``params`` (a
-    channel whose affine scale and bias, or kernel and bias, are all exactly 0)."""
-    p = params["params"]
-    if "scale" in p[layer]:
-        live = (p[layer]["scale"] != 0) | (p[layer]["bias"] != 0)
-    else:
-        k = p[layer]["kernel"]
-        live = jnp.any(k.reshape(-1, k.shape[-1]) != 0, axis=0) | (p[f"{layer}_bias"] != 0)
-    return {layer: live.astype(jnp.float32)}
-
-
 def fp_operator(key, model, data, n_steps: int):
     """Returns ``op(params) -> (masks, deltas)``: the real fine-pruning defense
     (:func:`hexad.backdoor.make_defense`, BackdoorBench's settings, ``n_steps``) run on
-    ``params`` with ``data``, as the oracle's inner step: its mask (read off its output) and
+    ``params`` with ``data``, as the oracle's inner step: its mask (``info["mask"]``) and
     the displacements of its two-point path, the pruned model (0) and its end (the output
     less the pruned model), as :class:`hexad.backdoor.DTBBatch` carries them."""
     fp = bd.make_defense("fp", n_steps)
 
-    def op(params, masks=None):
-        out = fp(key, model, params, data).params
-        m = pruned_mask(out, bd.head_input_layer(params))
+    def op(params):
+        out = fp(key, model, params, data)
+        m = out.info["mask"]
         start = bd.apply_channel_mask(params, m)
-        end = jax.tree.map(jnp.subtract, out, start)
+        end = jax.tree.map(jnp.subtract, out.params, start)
         deltas = jax.tree.map(lambda e: jnp.stack([jnp.zeros_like(e), e]), end)
         return m, deltas
 
@@ -252,8 +241,6 @@ def admitted_defenses(per_seed: list[dict], names: list[str]) -> list[str]:
 def verdict(summary: dict[str, Any]) -> tuple[str, list[str], Any]:
     """The pre-stated verdict (experiments/backdoor_dtb.py docstring) from a summary's keys:
     ``(verdict, failed gates, the paired comparison with the naive model or None)``."""
-    from experiments import _verdicts
-
     failed = []
     if summary["calibration_admitted"] < MIN_ADMITTED:
         failed.append(f"calibration admitted {summary['calibration_admitted']} < {MIN_ADMITTED}")

@@ -212,7 +212,7 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
     names = [*cfg.defenses, *cfg.compositions]
     lrs = cfg.defense_lrs or None  # (): BackdoorBench's fixed step sizes
     defs = {n: bd.make_defense(n, cfg.defense_steps, lrs) for n in names}
-    defs.setdefault("fp", bd.make_defense("fp", cfg.defense_steps, lrs))  # the FP control's
+    fp = defs.get("fp") or bd.make_defense("fp", cfg.defense_steps, lrs)  # the FP control's
 
     def bench(p, ds, tag):
         def log(name, _, seconds):
@@ -251,7 +251,7 @@ def _seed(cfg: Config, ctx, images, opt, seed: int, first: bool) -> dict:
     mask = fixed["mask"] if "mask" in fixed else fp_op(models["warm"])[0]
     out |= _backdoor.mask_control(s, models, mask)
     with stage("oracle_fp"):
-        out |= _backdoor.oracle_control(bench(models["oracle"], {"fp": defs["fp"]}, "oracle_fp"))
+        out |= _backdoor.oracle_control(bench(models["oracle"], {"fp": fp}, "oracle_fp"))
     with stage("surrogate_control"):  # the DTB implant's own surrogate on test images
         sur = _backdoor.surrogate_figures(keys[6], model, models["dtb"], s, dcfg)
     out |= _backdoor.surrogate_control(out, sur)

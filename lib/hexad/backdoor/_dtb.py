@@ -84,7 +84,7 @@ import numpy as np
 import optax
 
 from hexad._base import Algorithm, TrainState, check_int
-from hexad.backdoor._models import apply_channel_mask, head_input_layer
+from hexad.backdoor._models import apply_channel_mask, head_activation, head_input_layer
 from hexad.backdoor._train import cross_entropy
 from hexad.backdoor._triggers import apply_trigger, check_images, shift
 from hexad.backdoor._types import DefenseOutput
@@ -379,8 +379,7 @@ def _path_steps(total: int, points: int) -> list[int]:
 def _prune_mask(model, config, p, x_c):
     last = head_input_layer(p)  # fine-pruning's layer: the head's input features
     _, feats = model.apply(jax.lax.stop_gradient(p), x_c, features=True)
-    f = feats["fc"] if last not in feats else feats[last]  # a norm layer: its pooled output
-    act = jnp.mean(f.reshape(-1, f.shape[-1]), axis=0)
+    act = head_activation(feats, last)
     n_prune = int(config.prune_frac * act.shape[0])
     # rank, not threshold: dead channels tie at zero activation
     return {last: jnp.ones_like(act).at[jnp.argsort(act)[:n_prune]].set(0.0)}

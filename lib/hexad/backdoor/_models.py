@@ -291,6 +291,15 @@ def head_input_layer(params) -> str:
     return convs[-1]
 
 
+def head_activation(feats, layer: str) -> jax.Array:
+    """``[c]``: the mean over images (and positions) of the channels of ``layer`` that the
+    head reads (``layer`` from :func:`head_input_layer`; ``feats`` a model's ``features=True``
+    output): for a normalisation layer (``norm_out``) the pooled ``"fc"`` features, for a conv
+    layer its own post-ReLU output. Fine-pruning ranks channels by it."""
+    f = feats[layer] if layer.startswith("conv") else feats["fc"]
+    return jnp.mean(f.reshape(-1, f.shape[-1]), axis=0)
+
+
 def channel_count(params, layer: str) -> int:
     """Returns the number of channels of ``layer`` (a conv or a normalisation layer)."""
     p = params["params"][layer]

@@ -24,6 +24,7 @@ from hexad.backdoor._models import (
     apply_channel_mask,
     channel_count,
     conv_layers,
+    head_activation,
     head_input_layer,
     mask_layers,
 )
@@ -67,14 +68,6 @@ def _select(model, params, values, data, threshold, acc_drop):
     return mk(best), best
 
 
-def _head_activation(feats, layer: str):
-    """``[c]``: the mean over images (and positions) of the channels of ``layer`` that the
-    head reads: for a normalisation layer (``norm_out``) the pooled ``"fc"`` features, for a
-    conv layer its own post-ReLU output."""
-    f = feats[layer] if layer.startswith("conv") else feats["fc"]
-    return jnp.mean(f.reshape(-1, f.shape[-1]), axis=0)
-
-
 def fine_pruning(
     key,
     model,
@@ -103,7 +96,8 @@ def fine_pruning(
     judges on its test set, which the defender here does not hold; at most ``max_ratio`` of
     the channels). The pruned model is then fine-tuned (:func:`finetune`, masks held and
     baked in). Budget: ``n_steps`` fine-tuning steps. ``info``: ``pruned`` (channels
-    pruned), ``layer`` (the layer pruned), ``acted``, ``retrains``.
+    pruned), ``layer`` (the layer pruned), ``mask`` (``{layer: [c]}``, 0 where pruned),
+    ``acted``, ``retrains``.
     """
     check_data(model, params, data)
     n = budget(n_steps)
@@ -113,7 +107,7 @@ def fine_pruning(
         raise ValueError(f"max_ratio: expected a number in [0, 1], got {max_ratio!r}")
     layer = head_input_layer(params)
     _, feats = features(model, params, data.x_clean)
-    order = np.argsort(np.asarray(_head_activation(feats, layer)))
+    order = np.argsort(np.asarray(head_activation(feats, layer)))
     c = order.shape[0]
     acc = lambda m: float(
         masked_accuracy(model, params, {layer: jnp.asarray(m)}, data.x_clean, data.y_clean)
@@ -127,6 +121,7 @@ def fine_pruning(
         if acc(trial) < (1.0 - acc_drop) * base:
             break
         mask = trial
+    masks = {layer: jnp.asarray(mask)}
     out = finetune(
         key,
         model,
@@ -138,9 +133,10 @@ def fine_pruning(
         weight_decay=weight_decay,
         pad=pad,
         batch_size=batch_size,
-        masks={layer: jnp.asarray(mask)},
+        masks=masks,
     )
-    return output(params, out.params, {"pruned": int((mask == 0).sum()), "layer": layer})
+    info = {"pruned": int((mask == 0).sum()), "layer": layer, "mask": masks}
+    return output(params, out.params, info)
 
 
 @dataclasses.dataclass(frozen=True)
