@@ -3,25 +3,27 @@
 Rows:
 
 - ``backdoor/dtb first-order K=5``: one outer DTB step (first-order hypergradient, 5 inner
-  steps of clean fine-tuning + log1m decoy unlearning, SGD with momentum 0.9, the ``"ft"``
-  member of the surrogate family, so that every step does the same work) on the model and
+  steps of clean fine-tuning without unlearning, ``DTBConfig``'s default, SGD with momentum
+  0.9, the ``"ft"`` member of the surrogate family, so that every step does the same work;
+  the post-sanitisation terms at ``P = 2`` path points) on the model and
   data the DTB study's defaults use: 16x16 RGB shapes (``load_shapes_rgb``), the GroupNorm
   ``PreActResNet`` of widths 16-32-32 (4 groups), outer batch 64, inner batch 32. Peer: one
   plain clean training step of the same model and optimiser (optax adam) on the same batch,
   timed in the same run; the ratio says how many clean steps one bi-level step costs.
-  Bound (equivalent work), in clean steps (a forward pass counted 1/3 of a step, its
-  backward 2/3): ``K + 11/3``. The K inner steps each run forward and backward on the inner
-  batch of clean rows plus as many decoy-stamped rows (the outer batch's size: one clean
-  step each); the outer objective takes three forward passes at the original parameters
-  (the decoy-mixed, hidden-triggered and decoy-triggered batches) and backward through two
-  of them (7/3), and two forward passes at the adapted parameters with one backward (4/3).
+  Bound (equivalent work), in clean steps of the outer batch (a forward pass counted 1/3 of
+  a step, its backward 2/3): ``K r + 7/3 + 3 P``, ``r`` = the inner step's rows over the
+  outer batch's (its 32 clean rows, doubled with decoy unlearning: 1/2 here). The K inner
+  steps each run forward and backward on their rows (``r``); the outer objective takes three
+  forward passes at the original parameters (the decoy-mixed, hidden-triggered and
+  decoy-triggered batches) and backward through two of them (7/3), and at each path point
+  one forward and one backward pass over the clean, decoy- and hidden-triggered rows (3).
   It is a serial count: XLA:CPU runs the independent passes of one outer step concurrently
   on the cores, which one plain step cannot, so a fraction above 1 is possible and means
   the step is at its pass count.
 - ``backdoor/dtb unrolled K=5``: the same with the exact unrolled (second-order) hypergradient.
-  Bound: ``3 K + 11/3`` clean steps: each inner step's forward and backward (1) and, in the
-  reverse sweep, its vjp, a Hessian-vector product at twice a gradient's cost (2), plus the
-  outer passes as above.
+  Bound: ``3 K r + 7/3 + 3 P`` clean steps: each inner step's forward and backward (``r``)
+  and, in the reverse sweep (one for all path points), its vjp, a Hessian-vector product at
+  twice a gradient's cost (``2 r``), plus the outer passes as above.
 - ``backdoor/defense eval``: (full mode only) the 14 defenses of ``hexad.backdoor.DEFENSES``
   at budget 100 on the quick model (8x8 digits, widths 8-16), with a 70-image clean split and
   the 1400-image training set (ABL, AC, SS); goal: under 10 minutes on CPU. Not jitted as a
@@ -43,7 +45,14 @@ from hexad.data.images import load_digits, load_shapes_rgb
 from kernels._harness import Case
 
 K = 5
-PASS_BOUND = {"first_order": K + 11 / 3, "unrolled": 3 * K + 11 / 3}
+
+
+def pass_bound(cfg: bd.DTBConfig, batch: int) -> float:
+    """The bound's pass count of one outer step of ``cfg`` at outer batch ``batch``, in clean
+    steps (module docstring)."""
+    r = (2 if cfg.unlearn_weight else 1) * (cfg.inner_batch or batch) / batch
+    inner = (1 if cfg.hypergrad == "first_order" else 3) * cfg.inner_steps * r
+    return inner + 7 / 3 + 3 * cfg.path_points
 
 
 def _step_cases(hypergrad: str, size: int = 16, batch: int = 64):
@@ -61,7 +70,7 @@ def _step_cases(hypergrad: str, size: int = 16, batch: int = 64):
     batch_ = bd.DTBBatch(x[:batch], y[:batch], x[batch : 2 * batch], y[batch : 2 * batch])
     trainer = bd.make_trainer(model, opt, params=p0)
     clean = (x[:batch], y[:batch])
-    work = PASS_BOUND[hypergrad]
+    work = pass_bound(cfg, batch)
     return Case(
         name=f"backdoor/dtb {hypergrad.replace('_', '-')} K={K}",
         fn=dtb.step,
