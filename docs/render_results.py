@@ -12,8 +12,9 @@ Nothing on the pages is typed by hand.
   computes a spread of its own.
 - A claim reads its runs' own validity checks (``CHECKS``: converged solves, exactness
   counters, positive controls): a failed one makes it "not tested", with the reason.
-- A run is "stale" when a commit after the run's provenance commit touched its method's code
-  (``Paper.code``) or its study module (``experiments/<study>.py``); "provenance unknown" when
+- A run is "stale" when a commit after the run's provenance commit changed its method's code
+  (``Paper.code``) or its study module (``experiments/<study>.py``): docstrings and comments
+  do not count, so a documentation edit leaves a run current; "provenance unknown" when
   the commit is missing, unknown to git, or git is unavailable.
 
 Run: ``python docs/render_results.py`` (``make docs`` runs it first).
@@ -21,6 +22,7 @@ Run: ``python docs/render_results.py`` (``make docs`` runs it first).
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import math
@@ -1110,11 +1112,55 @@ def _provenance(run: Run, code: Sequence[str]) -> Provenance:
     after = _git("merge-base", "--is-ancestor", last[1], full[1])
     if after is not None and after[0] == 0:
         return Provenance(commit, date, "current", "current: no code change since the run" + dirty)
-    count = _git("rev-list", "--count", f"{full[1]}..{last[1]}", "--", *paths)
-    n = f" ({count[1]} of them touch it)" if count and count[0] == 0 else ""
-    span = f"{commit[:7]}..{last[1][:7]}"
-    text = f"stale: code changed after the run, commits {span}{n}{dirty}"
-    return Provenance(commit, date, "stale", text, span)
+    since = _git("rev-list", f"{full[1]}..HEAD", "--", *paths)
+    if since is None or since[0] != 0:
+        return unknown("git rev-list failed")
+    code = [c for c in since[1].split() if _code_changed(f"{c}^", c, paths)]
+    if not code:
+        text = "current: only docstrings or comments changed since the run"
+        return Provenance(commit, date, "current", text + dirty)
+    span = f"{commit[:7]}..{code[0][:7]}"
+    text = f"stale: code changed after the run, commits {span} ({len(code)} of them change it)"
+    return Provenance(commit, date, "stale", text + dirty, span)
+
+
+def _code_of(rev: str, path: str) -> str | None:
+    """``path`` at ``rev`` as far as running it goes: for Python, the syntax tree without its
+    docstrings and bare string statements (comments never reach it); other files verbatim;
+    None where the file does not exist there."""
+    shown = _git("show", f"{rev}:{path}")
+    if shown is None or shown[0] != 0:
+        return None
+    return code_fingerprint(shown[1]) if path.endswith(".py") else shown[1]
+
+
+def code_fingerprint(source: str) -> str:
+    """What of a Python source can change behaviour: its syntax tree with every statement
+    that is only a string literal (docstrings) removed; the source itself if it does not
+    parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+            kept = [
+                s for s in body
+                if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                        and isinstance(s.value.value, str))
+            ]  # fmt: skip
+            node.body = kept or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def _code_changed(a: str, b: str, paths: Sequence[str]) -> bool:
+    """Whether a file under ``paths`` runs differently at ``b`` than at ``a`` (a change to
+    docstrings or comments alone does not count)."""
+    names = _git("diff", "--name-only", a, b, "--", *paths)
+    if names is None or names[0] != 0:
+        return True  # cannot tell: say changed, never claim a run current
+    return any(_code_of(a, p) != _code_of(b, p) for p in names[1].split("\n") if p)
 
 
 def _fmt(v: Any) -> str:
@@ -1332,8 +1378,8 @@ def _runs_table(
         f"`{last.commit[:7]}` ({last.date})"
     )
     lines = [
-        f"{span}. A run is stale when a later commit touched its method's code ({code}) or its "
-        "study module (`experiments/<study>.py`).",
+        f"{span}. A run is stale when a later commit changed its method's code ({code}) or its "
+        "study module (`experiments/<study>.py`); docstrings and comments do not count.",
         "",
         "| run | commit | date | code since the run |",
         "| --- | --- | --- | --- |",

@@ -119,7 +119,7 @@ def test_a_run_older_than_its_methods_code_renders_stale(tmp_path, monkeypatch):
         pytest.skip("git or this repository's history is not available (a shallow clone?)")
     row, page = _prefmh_row(tmp_path, monkeypatch, _prefmh_summary(), OLD)
     assert "**reproduced** (stale: code changed after the run, commits 6af8c23.." in row
-    assert "| `prefmh_mixture` | `6af8c23` |" in page and "of them touch it" in page
+    assert "| `prefmh_mixture` | `6af8c23` |" in page and "of them change it" in page
     # a run at HEAD is current (nothing after it touched the code)
     head = _git("rev-parse", "HEAD")
     render._git.cache_clear()
