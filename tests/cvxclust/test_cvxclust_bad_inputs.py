@@ -76,3 +76,13 @@ def test_validated_solvers_still_jit():
     p = cc.FusionProblem.create(np.array([[0.0], [1.0]]), np.array([[0, 1]]), np.ones(1), 1.0)
     out = jax.jit(cc.FusionSolver(max_iters=200))(p)
     assert bool(out.converged)
+
+
+@pytest.mark.parametrize("n", [-1, 0, 1, 2.0, True, "4"])
+def test_a_node_count_that_is_not_an_int_of_at_least_two_is_named(n):
+    # n = -1 used to fail on the edge ids ("must lie in [0, -1)"), n = 2.0 inside NumPy
+    with pytest.raises(ValueError, match="n: expected the number of nodes"):
+        cc.adjacency_from_edges(EDGES, n)
+    with pytest.raises(ValueError, match="n: expected the number of nodes"):
+        cc.check_edges(EDGES, n)
+    assert cc.adjacency_from_edges(EDGES, np.int64(4)).shape == (4, 4)

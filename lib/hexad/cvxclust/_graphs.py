@@ -76,6 +76,8 @@ def check_edges(edges, n: int, weights=None) -> tuple[np.ndarray, np.ndarray | N
     Raises ValueError for a wrong shape, ids out of ``[0, n)``, self loops, or negative /
     non-finite weights. Duplicated edges are allowed (their weights add up in the penalty).
     """
+    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 2:
+        raise ValueError(f"n: expected the number of nodes, an int >= 2, got {n!r}")
     e = np.asarray(edges)
     if e.ndim != 2 or e.shape[1] != 2 or e.shape[0] == 0:
         raise ValueError(f"edges: expected a non-empty [E, 2] int array, got shape {e.shape}")
