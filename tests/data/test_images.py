@@ -1,4 +1,10 @@
-"""Image loaders: digits, procedural classes, CIFAR-10 binary and GTSRB PPM/CSV on tiny files."""
+"""Image loaders: digits, procedural classes, CIFAR-10 binary and GTSRB PPM/CSV on tiny files;
+the PPM reader's checks in front of Pillow."""
+
+import io
+import os
+import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,3 +174,125 @@ def test_shapes_rgb_cache_with_bad_labels_is_regenerated(tmp_path, monkeypatch, 
     assert d.y.dtype == np.int32
     with np.load(path, allow_pickle=False) as f:  # the cache now holds the regenerated labels
         np.testing.assert_array_equal(f["y"], good.y)
+
+
+_RGB = bytes([255, 0, 0, 0, 0, 255])
+
+
+def test_write_ppm_writes_the_netpbm_layout_with_pillow(tmp_path):
+    img = np.random.default_rng(0).integers(0, 256, (3, 10, 3), dtype=np.uint8)[:, ::2]
+    images.write_ppm(tmp_path / "a.ppm", img)  # a strided view: written in row-major order
+    assert (tmp_path / "a.ppm").read_bytes() == b"P6\n5 3\n255\n" + np.ascontiguousarray(
+        img
+    ).tobytes()
+    np.testing.assert_array_equal(images.read_ppm(tmp_path / "a.ppm"), img)
+    for bad in (img.astype(np.float32), img[..., :2], np.zeros((0, 4, 3), np.uint8)):
+        with pytest.raises(ValueError, match="img: expected a"):
+            images.write_ppm(tmp_path / "b.ppm", bad)
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        (b"P6\n2 1\n255\n" + _RGB, [255, 0, 0, 0, 0, 255]),
+        (b"P6\t2\r1\x0b255\n" + _RGB + b"trailing", [255, 0, 0, 0, 0, 255]),
+        (b"P6\n# a\n2 # b\n# c\n 1\n255\n" + _RGB, [255, 0, 0, 0, 0, 255]),
+        (b"P6\n2 1\n15\n" + bytes([15, 5, 0, 0, 15, 5]), [15, 5, 0, 0, 15, 5]),
+        # as stored: Pillow alone would give round(1000 / 65535 * 255) = 4
+        (b"P6\n1 1\n65535\n" + np.array([1000, 65535, 0], ">u2").tobytes(), [1000, 65535, 0]),
+    ],
+    ids=["plain", "whitespace", "comments", "maxval15", "16bit"],
+)
+def test_read_ppm_returns_the_samples_as_stored(tmp_path, data, expected):
+    (tmp_path / "a.ppm").write_bytes(data)
+    img = images.read_ppm(tmp_path / "a.ppm")
+    assert img.dtype == (np.uint16 if max(expected) > 255 else np.uint8)
+    assert img.reshape(-1).tolist() == expected
+
+
+BAD_PPMS = {
+    "plus_sign": (b"P6\n+2 1\n255\n" + _RGB, "malformed PPM header"),
+    "underscore": (b"P6\n2 1\n2_55\n" + _RGB, "malformed PPM header"),
+    "comment_inside_a_number": (b"P6\n2#c\n1\n255\n" + _RGB, "malformed PPM header"),  # Pillow: 21
+    "comment_after_magic": (b"P6#c\n2 1\n255\n" + _RGB, "malformed PPM header"),
+    "comment_after_maxval": (b"P6\n2 1\n255#c\n" + _RGB, "malformed PPM header"),
+    "eleven_digits": (b"P6\n00000000002 1\n255\n" + _RGB, "malformed PPM header"),
+    "no_raster_gap": (b"P6 2 1 255" + _RGB, "malformed PPM header"),
+    "header_cut": (b"P6\n2 1\n", "malformed PPM header"),
+    "plain_P3": (b"P3\n2 1\n255\n255 0 0 0 0 255\n", "not a binary PPM"),
+    "png": (b"\x89PNG\r\n\x1a\n" + bytes(16), "not a binary PPM"),
+    "maxval_0": (b"P6\n2 1\n0\n" + _RGB, "bad PPM header"),
+    "maxval_65536": (b"P6\n1 1\n65536\n" + bytes(6), "bad PPM header"),
+    "width_0": (b"P6\n0 1\n255\n", "bad PPM header"),
+    "truncated": (b"P6\n2 1\n255\n" + _RGB[:5], r"truncated \(5 raster bytes, expected 6\)"),
+    "truncated_16bit": (b"P6\n1 1\n1000\n" + bytes(5), r"truncated \(5 raster bytes, expected 6\)"),
+    # a size far beyond the file: refused before anything is allocated for it
+    "huge_size": (b"P6\n9999999 9999999\n255\n" + _RGB, "truncated"),
+    "above_maxval": (b"P6\n2 1\n15\n" + bytes([15, 5, 0, 0, 16, 5]), "above its PPM maxval 15"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_PPMS))
+def test_read_ppm_checks_the_file_before_pillow_sees_it(tmp_path, monkeypatch, name):
+    import PIL.Image
+
+    seen = []
+    real_open = PIL.Image.open
+
+    def spy(fp, *args, **kwargs):
+        seen.append((fp, kwargs.get("formats")))
+        return real_open(fp, *args, **kwargs)
+
+    monkeypatch.setattr(PIL.Image, "open", spy)
+    data, match = BAD_PPMS[name]
+    (tmp_path / "bad.ppm").write_bytes(data)
+    with pytest.raises(ValueError, match=match):
+        images.read_ppm(tmp_path / "bad.ppm")
+    assert seen == []
+    # a good file reaches Pillow as bytes, never as a path, and only its PPM plugin is tried
+    images.write_ppm(tmp_path / "good.ppm", np.zeros((2, 2, 3), np.uint8))
+    images.read_ppm(tmp_path / "good.ppm")
+    assert len(seen) == 1 and isinstance(seen[0][0], io.BytesIO) and seen[0][1] == ["PPM"]
+
+
+def test_read_ppm_refuses_what_is_not_a_regular_file(tmp_path):
+    with pytest.raises(ValueError, match="not a regular file"):
+        images.read_ppm(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        images.read_ppm(tmp_path / "missing.ppm")
+    if Path("/dev/null").exists():  # a device: refused as such, not read
+        with pytest.raises(ValueError, match="not a regular file"):
+            images.read_ppm("/dev/null")
+    if hasattr(os, "mkfifo"):  # opening a FIFO with no writer would block
+        os.mkfifo(tmp_path / "fifo.ppm")
+        errors = []
+
+        def read():
+            try:
+                images.read_ppm(tmp_path / "fifo.ppm")
+            except ValueError as e:
+                errors.append(str(e))
+
+        t = threading.Thread(target=read, daemon=True)
+        t.start()
+        t.join(timeout=10)
+        assert not t.is_alive(), "read_ppm blocked on a FIFO"
+        assert len(errors) == 1 and "not a regular file" in errors[0]
+
+
+def test_reading_images_never_unpickles(tmp_path, monkeypatch):
+    import pickle
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("unpickling")
+
+    for name in ("load", "loads", "Unpickler"):
+        monkeypatch.setattr(pickle, name, refuse)
+    folder = tmp_path / "00001"
+    folder.mkdir()
+    images.write_ppm(folder / "a.ppm", np.full((2, 2, 3), 7, np.uint8))
+    (folder / "GT-00001.csv").write_text(
+        "Filename;Width;Height;Roi.X1;Roi.Y1;Roi.X2;Roi.Y2;ClassId\na.ppm;2;2;0;0;1;1;1\n"
+    )
+    assert images.read_ppm(folder / "a.ppm").sum() == 7 * 12
+    np.testing.assert_allclose(images.load_gtsrb(tmp_path, size=2).x, 7 / 255, rtol=1e-6)

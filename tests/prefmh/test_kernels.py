@@ -87,12 +87,15 @@ MIX_MEAN = 0.3 * -2.0 + 0.7 * 1.5
 MIX_P_NEG = 0.3 * 1.0 + 0.7 * float(jax.scipy.stats.norm.cdf(0.0, 1.5, 0.7))
 
 
-def _check_mean(trace, ess, mean, sd, name):
-    # Monte-Carlo standard error from the chains' multi-chain effective sample size (Stan's
-    # estimator, between-chain variance included, so valid for correlated chains); 4 SE.
+def _check_mean(trace, mean, sd, name):
+    # Monte-Carlo standard error from the chains' multi-chain effective sample size of the raw
+    # draws (Stan's estimator, between-chain variance included, so valid for correlated chains;
+    # blackjax.diagnostics.effective_sample_size, the definition prefmh.effective_sample_size had
+    # before it became the rank-normalised bulk ESS, which is not the ESS of a mean); 4 SE.
     # z = (mean - target) / se measured over 20 keys under SSE4_2 in the two tests below (the
     # test's own key gives the same z to 4 digits under default, AVX2 and SSE4_2): each z's
     # mean within +-0.47, sd 0.77-1.05, |z| max 2.67 over all 10 statistics.
+    ess = blackjax.diagnostics.effective_sample_size(trace)
     se = sd / np.sqrt(float(ess))
     assert abs(float(trace.mean()) - mean) < 4 * se, (name, float(trace.mean()), mean, se)
 
@@ -111,14 +114,15 @@ def test_chains_match_mixture_target(key, rule, k, proposal):
     x0 = jax.random.normal(k_init, (256, 1)) * 2.0
     out = prefmh.run_chains(k_run, algo, x0, 600, burn_in=200, chunk_size=200)
     sd = np.sqrt(0.3 * (0.25 + 4.0) + 0.7 * (0.49 + 2.25) - MIX_MEAN**2)
-    _check_mean(out.trace, out.ess[0], MIX_MEAN, sd, rule)
+    _check_mean(out.trace, MIX_MEAN, sd, rule)
     neg = (out.trace < 0).astype(jnp.float32)
-    ess_neg = prefmh.effective_sample_size(neg)[0]
-    _check_mean(neg, ess_neg, MIX_P_NEG, np.sqrt(MIX_P_NEG * (1 - MIX_P_NEG)), rule + " P(x<0)")
-    # R-hat measured over 20 keys under SSE4_2 (own key alike under all 3 ISAs), per case:
-    # mean 1.029 / 1.026 / 1.022, sd 0.003 / 0.002 / 0.0015, max 1.036 / 1.030 / 1.025 (above
-    # 1.00 from the overdispersed start).
-    assert float(jnp.max(out.rhat)) < 1.05
+    _check_mean(neg, MIX_P_NEG, np.sqrt(MIX_P_NEG * (1 - MIX_P_NEG)), rule + " P(x<0)")
+    np.testing.assert_array_equal(out.ess, prefmh.effective_sample_size(out.trace))
+    # Rank-normalised split R-hat measured over 20 keys (10 for the slow case) under the default
+    # ISA, per case: mean 1.046 / 1.043 / 1.035, sd 0.004 / 0.003 / 0.003, max 1.055 / 1.047 /
+    # 1.040 (above 1.00 from the overdispersed start; the classic R-hat was 1.029 / 1.025 / 1.021
+    # on the same draws). 1.07 is about 6 sd or more above each case's mean.
+    assert float(jnp.max(out.rhat)) < 1.07
 
 
 def test_latent_and_independent_proposals_target_tilted_prior(key):
@@ -131,9 +135,9 @@ def test_latent_and_independent_proposals_target_tilted_prior(key):
         (k2, prefmh.prefmh(judge, prefmh.independent(lambda kk: jax.random.normal(kk, (1,))))),
     ):
         out = prefmh.run_chains(k, algo, jnp.zeros((256, 1)), 400, burn_in=200, chunk_size=200)
-        _check_mean(out.trace, out.ess[0], 0.5, np.sqrt(0.5), "tilted mean")
+        _check_mean(out.trace, 0.5, np.sqrt(0.5), "tilted mean")
         sq = (out.trace - 0.5) ** 2
-        _check_mean(sq, prefmh.effective_sample_size(sq)[0], 0.5, np.sqrt(2) * 0.5, "tilted var")
+        _check_mean(sq, 0.5, np.sqrt(2) * 0.5, "tilted var")
 
 
 def test_blackjax_run_inference_algorithm_and_diagnostics(key):
@@ -151,10 +155,14 @@ def test_blackjax_run_inference_algorithm_and_diagnostics(key):
     # measured over 20 keys x {default, AVX2, SSE4_2}: mean 1.042, sd 0.029, min 1.013, max
     # 1.129 (the former bound 1.1 failed 1 of 20 keys); 1.2 is beyond mean + 4 sd.
     assert bj_ess.shape == (2,) and bool(jnp.all(bj_rhat < 1.2))
-    # Our own estimators agree with BlackJAX's on the same draws (measured over 20 keys x 3
-    # ISAs: R-hat equal to float precision, ESS relative difference at most 0.0017).
-    np.testing.assert_allclose(prefmh.potential_scale_reduction(chains), bj_rhat, rtol=1e-5)
-    np.testing.assert_allclose(prefmh.effective_sample_size(chains), bj_ess, rtol=0.05)
+    # hexad's diagnostics are BlackJAX's rank-normalised split R-hat and bulk ESS, called on the
+    # [chains, draws, 2] layout BlackJAX uses (measured over 20 keys: relative differences at
+    # most 1.2e-7 and 1.3e-6, jit against eager). BlackJAX broadcasts by rank promotion.
+    with jax.numpy_rank_promotion("allow"):
+        bj_split_rhat = blackjax.diagnostics.rhat(chains)
+        bj_bulk_ess = blackjax.diagnostics.ess_bulk(chains)
+    np.testing.assert_allclose(prefmh.potential_scale_reduction(chains), bj_split_rhat, rtol=1e-5)
+    np.testing.assert_allclose(prefmh.effective_sample_size(chains), bj_bulk_ess, rtol=1e-5)
 
 
 def test_bad_input(key):

@@ -25,6 +25,24 @@ def test_a_traced_nan_chain_gives_a_nan_ess_not_zero():
     assert np.isfinite(ess[0]) and np.isnan(ess[1])
 
 
+@pytest.mark.parametrize("bad", [jnp.nan, jnp.inf], ids=["nan", "inf"])
+def test_a_traced_non_finite_draw_is_nan_even_where_the_split_drops_it(bad):
+    # 9 draws: BlackJAX's split leaves draw 8 out, and its own NaN guard with it (alone it gives
+    # a number here); an infinite draw it ranks like any other.
+    x = jax.random.normal(jax.random.key(1), (2, 9, 2)).at[1, 8, 1].set(bad)
+    for f in (prefmh.effective_sample_size, prefmh.potential_scale_reduction):
+        got = jax.jit(f)(x)
+        assert np.isfinite(got[0]) and np.isnan(got[1]), (f.__name__, got)
+
+
+def test_missing_blackjax_names_the_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "blackjax.diagnostics", None)  # as if not installed
+    with pytest.raises(ModuleNotFoundError, match=r"hexad\[prefmh\]"):
+        prefmh.effective_sample_size(jnp.zeros((2, 7, 5)))  # a shape not traced before
+
+
 def test_constant_chains_still_have_zero_ess():
     assert float(prefmh.effective_sample_size(jnp.zeros((2, 8)))[()]) == 0.0
 

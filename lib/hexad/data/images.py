@@ -26,7 +26,10 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import os
+import re
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -405,11 +408,44 @@ def load_cifar10(path: str | os.PathLike, split: str = "train") -> ImageSet:
 # --------------------------------------------------------------------------------------------
 
 
+# A binary PPM (P6) header: the magic, then width, height and maxval in decimal (at most ten
+# digits, Pillow's limit), each gap starting with whitespace and holding any more whitespace and
+# '#' comments that run to the end of their line, then exactly one whitespace byte before the
+# raster. Checked before Pillow sees a byte: Pillow's own parser also takes "+2" or "2_55" as
+# numbers, reads "2#c<newline>1" as 21, and opens P1-P5 and other variants.
+_PPM_GAP = rb"\s(?:\s|#[^\r\n]*[\r\n])*"
+_PPM_HEADER = re.compile(
+    rb"P6" + _PPM_GAP + rb"(\d{1,10})" + _PPM_GAP + rb"(\d{1,10})" + _PPM_GAP + rb"(\d{1,10})\s"
+)
+
+
+def _read_regular_file(path: str | os.PathLike) -> bytes:
+    """The bytes of ``path``, which must be a regular file (not a FIFO, device or folder)."""
+    # O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"path: {str(path)!r} is not a regular file")
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
+        return f.read()
+
+
 def read_ppm(path: str | os.PathLike) -> np.ndarray:
     """Reads a binary PPM (P6) file into a ``[H, W, 3]`` uint8 (or uint16) array.
 
-    The samples are returned as stored, not scaled by the header's ``maxval`` (a file with a
-    sample above its ``maxval`` is rejected).
+    The samples are returned as stored, not scaled by the header's ``maxval``: uint8 when
+    ``maxval < 256``, uint16 otherwise. Pillow parses the header and decodes the usual 8-bit
+    files (``maxval`` 255, GTSRB's and what :func:`write_ppm` writes); for any other ``maxval``
+    Pillow would rescale the samples to 0..255 (and clip those above ``maxval``), so they are
+    taken as stored from the raster at the offset Pillow found.
+
+    Before Pillow is given the bytes (never the path), the file must be a regular file whose
+    header follows the format strictly, whose raster is complete and whose samples are at most
+    ``maxval``; otherwise a ValueError names the file. Nothing is unpickled.
 
     >>> import tempfile
     >>> path = Path(tempfile.mkdtemp()) / "00000_00000.ppm"
@@ -422,60 +458,63 @@ def read_ppm(path: str | os.PathLike) -> np.ndarray:
 
 def _read_ppm(path: str | os.PathLike) -> tuple[np.ndarray, int]:
     """:func:`read_ppm`'s array and the header's ``maxval``."""
-    data = Path(path).read_bytes()
-    if data[:2] != b"P6":
-        raise ValueError(f"path: {Path(path).name} is not a binary PPM (magic {data[:2]!r})")
-    fields: list[int] = []
-    i = 2
-    while len(fields) < 3:
-        while i < len(data) and data[i : i + 1].isspace():
-            i += 1
-        if data[i : i + 1] == b"#":
-            while i < len(data) and data[i : i + 1] not in (b"\n", b"\r"):
-                i += 1
-            continue
-        j = i
-        while j < len(data) and data[j : j + 1].isdigit():
-            j += 1
-        if j == i:
-            raise ValueError(f"path: {Path(path).name} has a malformed PPM header")
-        fields.append(int(data[i:j]))
-        i = j
-    w, h, maxval = fields
+    name = Path(path).name
+    data = _read_regular_file(path)
+    header = _PPM_HEADER.match(data)
+    if header is None:
+        if data[:2] != b"P6":
+            raise ValueError(f"path: {name} is not a binary PPM (magic {data[:2]!r})")
+        raise ValueError(f"path: {name} has a malformed PPM header")
+    w, h, maxval = (int(v) for v in header.groups())
     if not 0 < maxval < 65536 or w < 1 or h < 1:
-        raise ValueError(f"path: {Path(path).name} has bad PPM header w={w} h={h} max={maxval}")
-    i += 1  # the single whitespace byte after maxval
+        raise ValueError(f"path: {name} has bad PPM header w={w} h={h} max={maxval}")
+    offset = header.end()
     dtype = np.dtype(np.uint8) if maxval < 256 else np.dtype(">u2")
-    n = w * h * 3
-    body = (
-        np.frombuffer(data, dtype=dtype, count=n, offset=i)
-        if len(data) - i >= n * dtype.itemsize
-        else None
-    )
-    if body is None:
-        raise ValueError(f"path: {Path(path).name} is truncated ({len(data) - i} body bytes)")
-    if int(body.max()) > maxval:
+    size = w * h * 3 * dtype.itemsize
+    if len(data) - offset < size:
         raise ValueError(
-            f"path: {str(path)!r} has a sample {int(body.max())} above its PPM maxval {maxval}"
+            f"path: {name} is truncated ({len(data) - offset} raster bytes, expected {size})"
         )
-    return body.reshape(h, w, 3).astype(np.uint16 if maxval >= 256 else np.uint8), maxval
+    raw = np.frombuffer(data, dtype=dtype, count=w * h * 3, offset=offset)
+    if maxval != 255 and int(raw.max()) > maxval:
+        raise ValueError(
+            f"path: {str(path)!r} has a sample {int(raw.max())} above its PPM maxval {maxval}"
+        )
+
+    Image = require("PIL.Image", "images")
+    try:
+        with Image.open(io.BytesIO(data), formats=["PPM"]) as im:
+            codec, _, pil_offset, args = im.tile[0]
+            pil_maxval = 255 if codec == "raw" else args[-1]
+            agree = (im.mode, im.size, pil_offset, pil_maxval) == ("RGB", (w, h), offset, maxval)
+            img = np.array(im) if agree and maxval == 255 else None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
+        raise ValueError(f"path: {name}: Pillow cannot read this PPM ({e})") from e
+    if not agree:
+        raise ValueError(f"path: {name} has a PPM header that Pillow reads differently")
+    if img is None:
+        img = raw.reshape(h, w, 3).astype(np.uint16 if maxval >= 256 else np.uint8)
+    return img, maxval
 
 
 def write_ppm(path: str | os.PathLike, img: np.ndarray) -> None:
-    """Writes a ``[H, W, 3]`` uint8 array as a binary PPM (P6) file (for tests and tools).
+    """Writes a ``[H, W, 3]`` uint8 array as a binary PPM (P6) file with Pillow (maxval 255).
 
     >>> import tempfile
     >>> path = Path(tempfile.mkdtemp()) / "x.ppm"
     >>> img = np.arange(12, dtype=np.uint8).reshape(2, 2, 3)
     >>> write_ppm(path, img)
+    >>> path.read_bytes()[:11]
+    b'P6\\n2 2\\n255\\n'
     >>> bool((read_ppm(path) == img).all())
     True
     """
     img = np.asarray(img)
-    if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8:
-        raise ValueError(f"img: expected a [H, W, 3] uint8 array, got {img.shape} {img.dtype}")
-    h, w, _ = img.shape
-    Path(path).write_bytes(f"P6\n{w} {h}\n255\n".encode() + img.tobytes())
+    if img.ndim != 3 or img.shape[2] != 3 or img.dtype != np.uint8 or 0 in img.shape:
+        raise ValueError(
+            f"img: expected a [H >= 1, W >= 1, 3] uint8 array, got {img.shape} {img.dtype}"
+        )
+    require("PIL.Image", "images").fromarray(img).save(path, format="PPM")
 
 
 def load_gtsrb(path: str | os.PathLike, size: int = 32, crop_roi: bool = True) -> ImageSet:

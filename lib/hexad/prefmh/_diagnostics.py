@@ -1,10 +1,15 @@
 """Chain diagnostics: mixing (ESS, R-hat) and distance of the draws to a known target.
 
-:func:`effective_sample_size` and :func:`potential_scale_reduction` are own implementations
-(BlackJAX is only a test dependency) of the estimators used by Stan and
-``blackjax.diagnostics``; the tests check agreement with BlackJAX's. :func:`sliced_w1` (to exact
-reference draws) and :func:`grid_tv` (to exact cell probabilities) measure how far the draws
-are from the target; run them on i.i.d. draws of the same size for the Monte-Carlo floor.
+:func:`effective_sample_size` and :func:`potential_scale_reduction` are BlackJAX's
+rank-normalised split-chain estimators (``blackjax.diagnostics.ess_bulk`` and
+``blackjax.diagnostics.rhat``; Vehtari et al. 2021, arXiv:1903.08008) behind hexad's input
+checks. :func:`sliced_w1` (to exact reference draws) is ott-jax's sliced Wasserstein distance
+(``ott.tools.sliced.sliced_wasserstein``) with the ground cost ``|x - y|``, and :func:`grid_tv`
+(to exact cell probabilities) the total variation on a grid; both measure how far the draws are
+from the target: run them on i.i.d. draws of the same size for the Monte-Carlo floor.
+
+BlackJAX (not in the core install; ``hexad[prefmh]``) and ``ott.tools`` (seconds to import) are
+imported when a function first needs them.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hexad._base import check_finite, check_int, check_positive, is_traced
+from hexad.data import require
 
 __all__ = ["effective_sample_size", "grid_tv", "potential_scale_reduction", "sliced_w1"]
 
@@ -30,17 +36,50 @@ def _check(samples: jax.Array, name: str) -> jax.Array:
     return samples
 
 
+def _blackjax(name: str, samples: jax.Array) -> jax.Array:
+    """``blackjax.diagnostics.<name>(samples)`` over chains (axis 0) and draws (axis 1)."""
+    fn = getattr(require("blackjax.diagnostics", "prefmh"), name)
+    # BlackJAX broadcasts per-variable statistics against the draws by rank promotion.
+    with jax.numpy_rank_promotion("allow"):
+        return fn(samples)
+
+
+def _per_variable(value: jax.Array, samples: jax.Array, dtype) -> jax.Array:
+    """BlackJAX's ``value`` as ``[...]`` (``samples.shape[2:]``) in ``dtype``, NaN for every
+    variable with a non-finite draw."""
+    # BlackJAX squeezes its result, size-1 variable axes included; the size is unchanged.
+    value = jnp.reshape(value, samples.shape[2:]).astype(dtype)
+    # BlackJAX's own NaN guard skips the last draw of an odd-length chain (its split drops it)
+    # and lets an infinite draw through to a number; concrete draws never get here with either.
+    finite = jnp.all(jnp.isfinite(samples), axis=(0, 1))
+    return jnp.where(finite, value, jnp.nan)
+
+
 def potential_scale_reduction(samples: jax.Array) -> jax.Array:
-    """Returns Gelman-Rubin's R-hat per variable, ``sqrt((B/W + n - 1) / n)``.
+    """Returns the rank-normalised split R-hat per variable (``blackjax.diagnostics.rhat``).
+
+    Each chain is split into halves (the last draw of an odd-length chain is left out); the
+    draws of all halves are rank-normalised together (average ranks for ties, then the normal
+    quantile of ``(rank - 3/8) / (N + 1/4)``), and Gelman-Rubin's ``sqrt((B/W + n - 1) / n)`` of
+    the halves is computed on them and on the same draws folded about their median; the larger
+    of the two is returned (Vehtari et al. 2021, arXiv:1903.08008; ArviZ's default). Splitting
+    catches a trend within chains and folding a difference in spread, which the classic R-hat of
+    the raw unsplit draws (``blackjax.diagnostics.potential_scale_reduction``, what this function
+    returned before) misses. Being rank-based, it is unchanged by any increasing transformation of
+    a variable, and its gradient is zero.
 
     Args:
-      samples: ``[chains >= 2, n, ...]`` draws.
+      samples: ``[chains >= 2, n >= 4, ...]`` draws.
 
     Returns:
-      ``[...]`` R-hat; close to 1 when the chains agree.
+      ``[...]`` R-hat, in the draws' floating dtype; close to 1 when the chains agree (Vehtari
+      et al. suggest < 1.01), NaN for a constant variable. Concrete draws must be finite (a
+      ValueError names ``samples``); under a trace a variable with a non-finite draw is NaN.
 
     >>> x = jax.random.normal(jax.random.key(0), (4, 100))
     >>> bool(abs(potential_scale_reduction(x) - 1.0) < 0.05)
+    True
+    >>> bool(potential_scale_reduction(x * jnp.array([[1.0], [1.0], [1.0], [3.0]])) > 1.05)
     True
     """
     samples = _check(samples, "samples")
@@ -51,30 +90,38 @@ def potential_scale_reduction(samples: jax.Array) -> jax.Array:
 
 @jax.jit
 def _rhat(samples):
-    n = samples.shape[1]
-    means = jnp.mean(samples, axis=1)
-    within = jnp.mean(jnp.var(samples, axis=1, ddof=1), axis=0)
-    between = n * jnp.var(means, axis=0, ddof=1)
-    return jnp.sqrt((between / within + n - 1.0) / n)
+    value = _blackjax("rhat", samples)
+    return _per_variable(value, samples, jnp.result_type(samples.dtype, float))
 
 
 def effective_sample_size(samples: jax.Array) -> jax.Array:
-    """Returns the multi-chain effective sample size per variable (Geyer's monotone sequence).
+    """Returns the bulk effective sample size per variable (``blackjax.diagnostics.ess_bulk``).
 
-    Autocovariances by FFT per chain, combined with the between-chain variance (Stan's
-    estimator, Gelman et al. BDA3 §11.5); the autocorrelation sum is truncated at the first
-    non-positive pair sum and made monotone (Geyer 1992).
+    Each chain is split into halves (the last draw of an odd-length chain is left out), the draws
+    are rank-normalised over all halves (as in :func:`potential_scale_reduction`), and Stan's
+    multi-chain estimator is applied to them: autocovariances by FFT, combined with the
+    between-chain variance, the autocorrelation sum truncated by Geyer's initial monotone
+    sequence (Vehtari et al. 2021, arXiv:1903.08008; Gelman et al. BDA3 §11.5). Before, this
+    function applied that estimator to the raw unsplit draws
+    (``blackjax.diagnostics.effective_sample_size``). The two agree for mixed, roughly normal
+    draws; the bulk ESS is unchanged by increasing transformations, stays finite for heavy tails,
+    and drops when the chains have not mixed or drift. For the Monte-Carlo standard error of the
+    mean of a far-from-normal variable, ``blackjax.diagnostics.effective_sample_size`` of the
+    variable itself is the one to use. Its gradient is zero.
 
     Args:
-      samples: ``[chains, n, ...]`` draws.
+      samples: ``[chains, n >= 4, ...]`` draws.
 
     Returns:
-      ``[...]`` ESS over all chains together (at most about ``chains * n`` for i.i.d. draws;
-      can exceed it for antithetic chains). Concrete draws must be finite (a ValueError
-      names ``samples``); under a trace a NaN draw gives a NaN ESS.
+      ``[...]`` ESS over all chains together, in the default float dtype (about ``chains * n``
+      for i.i.d. draws; it can exceed it for antithetic chains), 0 for a constant variable.
+      Concrete draws must be finite (a ValueError names ``samples``); under a trace a variable
+      with a non-finite draw is NaN.
 
     >>> x = jax.random.normal(jax.random.key(0), (4, 500))
     >>> bool(1500 < effective_sample_size(x) < 2600)
+    True
+    >>> bool(effective_sample_size(jnp.exp(x)) == effective_sample_size(x))  # rank-based
     True
     """
     return _ess(_check(samples, "samples"))
@@ -82,39 +129,22 @@ def effective_sample_size(samples: jax.Array) -> jax.Array:
 
 @jax.jit
 def _ess(samples):
-    samples = samples.astype(jnp.result_type(float))
-    m, n = samples.shape[:2]
-    x = jnp.moveaxis(samples, 1, -1)  # [m, ..., n]
-    centred = x - jnp.mean(x, axis=-1, keepdims=True)
-    size = 1 << (2 * n - 1).bit_length()
-    f = jnp.fft.rfft(centred, n=size, axis=-1)
-    acov = jnp.fft.irfft(f * jnp.conj(f), n=size, axis=-1)[..., :n] / n  # [m, ..., n]
-    mean_acov = jnp.mean(acov, axis=0)  # [..., n]
-    var0 = mean_acov[..., 0] * n / (n - 1.0)
-    chain_means = jnp.mean(x, axis=-1)  # [m, ...]
-    var_plus = var0 * (n - 1.0) / n
-    if m > 1:
-        var_plus = var_plus + jnp.var(chain_means, axis=0, ddof=1)
-    rho = 1.0 - (var0[..., None] - mean_acov) / var_plus[..., None]  # [..., n], rho[0] = 1
-    rho = rho.at[..., 0].set(1.0)
-    n_even = n - n % 2
-    pairs = rho[..., 0:n_even:2] + rho[..., 1:n_even:2]  # [..., n/2]
-    positive = jnp.cumprod((pairs > 0).astype(pairs.dtype), axis=-1)
-    # Geyer's initial monotone sequence: running minimum over the positive prefix.
-    monotone = jax.lax.cummin(jnp.where(positive > 0, pairs, jnp.inf), axis=pairs.ndim - 1)
-    monotone = jnp.where(positive > 0, monotone, 0.0)
-    tau = -1.0 + 2.0 * jnp.sum(monotone, axis=-1)
-    tau = jnp.maximum(tau, 1.0 / jnp.log10(m * n))
-    # var0 <= 0 (constant draws) is an ESS of 0; a NaN variance stays NaN, not a plausible 0.
-    ess = jnp.where(var0 <= 0, 0.0, m * n / tau)
-    return jnp.where(jnp.isnan(var0), jnp.nan, ess)
+    value = _blackjax("ess_bulk", samples)
+    return _per_variable(value, samples, jnp.result_type(float))
+
+
+def _project(x: jax.Array, directions: jax.Array) -> jax.Array:
+    return x @ directions.T
 
 
 def sliced_w1(a: jax.Array, b: jax.Array, directions: jax.Array) -> jax.Array:
     """Returns the sliced Wasserstein-1 distance between two equal-size empirical measures.
 
     ``mean_theta W1(theta . a, theta . b)`` over the given directions; in one dimension W1 of
-    two ``n``-point measures is the mean absolute difference of the sorted values.
+    two ``n``-point measures is the mean absolute difference of the sorted values. Computed by
+    ott-jax: ``ott.tools.sliced.sliced_wasserstein`` with the projections onto ``directions``
+    and the ground cost ``costs.PNormP(1)`` (``|x - y|``; ott's default would be the squared
+    distance, a sliced W2 squared).
 
     Args:
       a: ``[n, d]`` draws.
@@ -140,9 +170,13 @@ def sliced_w1(a: jax.Array, b: jax.Array, directions: jax.Array) -> jax.Array:
 
 @jax.jit
 def _sliced_w1(a, b, directions):
-    pa = jnp.sort(a @ directions.T, axis=0)
-    pb = jnp.sort(b @ directions.T, axis=0)
-    return jnp.mean(jnp.abs(pa - pb))
+    from ott.geometry import costs
+    from ott.tools import sliced
+
+    distance, _ = sliced.sliced_wasserstein(
+        a, b, cost_fn=costs.PNormP(1), proj_fn=_project, directions=directions
+    )
+    return distance
 
 
 def grid_tv(samples: jax.Array, probs: jax.Array, half_width: float) -> jax.Array:

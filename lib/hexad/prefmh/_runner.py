@@ -24,8 +24,10 @@ class ChainResult(NamedTuple):
       acceptance: ``[chains]`` mean acceptance over all steps.
       judge_calls: ``[chains]`` int, total comparisons per chain.
       truncated: ``[chains]`` int, two-coin steps that hit ``max_rounds``.
-      ess: ``[...]`` effective sample size of ``trace`` per coordinate.
-      rhat: ``[...]`` potential scale reduction of ``trace`` per coordinate.
+      ess: ``[...]`` bulk effective sample size of ``trace`` per coordinate (BlackJAX's, on
+        rank-normalised split chains; :func:`effective_sample_size`).
+      rhat: ``[...]`` rank-normalised split R-hat of ``trace`` per coordinate (BlackJAX's;
+        :func:`potential_scale_reduction`).
     """
 
     state: Any
