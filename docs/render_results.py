@@ -113,6 +113,11 @@ RWEFM_SETTINGS = (
     ("rwefm_singlecell", "", "S^7 (PBMC cells)"),
 )
 
+#: The paired seeds a setting run in seed parts is decided at, stated before its parts ran
+#: (issue 49: T^2 mixtures at >= 10); until then it reads undecided with interim figures, so
+#: the verdict is not taken at whichever look first crosses a threshold.
+RWEFM_PLANNED_SEEDS = {("rwefm_synthetic", "t2_"): 10}
+
 #: Stated in the statistics module, where the studies read it too.
 RWEFM_MARGIN = _verdicts.MARGINS["rwefm"]
 
@@ -124,7 +129,9 @@ RWEFM_RULE = Rule(
     "undecided otherwise (with the seeds 80% power would need at the observed effect). On a "
     "torus, a run that has the third arm (the Euclidean flow on angles fed the same (cos, sin) "
     "features as RWEFM) is decided against it, so that the verdict is the transport's, not "
-    "the features'; the raw-angle baseline is reported beside",
+    "the features'; the raw-angle baseline is reported beside. A setting run in seed parts "
+    "is decided once its pre-stated number of seeds is in (T^2 mixtures: 10); before that it "
+    "reads undecided, with the interim figures",
     f"±{RWEFM_MARGIN} in 1-NNA distance",
 )
 
@@ -145,6 +152,13 @@ def _rwefm_setting(summaries: Summaries, study: str, prefix: str) -> tuple[str, 
     # claim (transport on M) is decided against it; the raw-angle baseline is reported beside.
     vp = _verdicts.paired(dist("rwefm"), dist("euclid_periodic"), margin=RWEFM_MARGIN,
                           direction="less", alpha=ALPHA)  # fmt: skip
+    n, planned = len(dist("rwefm")), RWEFM_PLANNED_SEEDS.get((study, prefix), 0)
+    if n < planned:
+        return "undecided", (
+            f"{where}: interim, {n} of the {planned} pre-stated seeds: against the chart flow "
+            f"with (cos, sin) features {vp.line()}; against the raw-angle baseline {v.line()}; "
+            f"data floor 1-NNA {floor:.3f}"
+        )
     return vp.outcome, (
         f"{where}: against the chart flow with (cos, sin) features {vp.figures()}; against "
         f"the raw-angle baseline {v.line()}; data floor 1-NNA {floor:.3f}"
