@@ -20,9 +20,10 @@ Command:  python -m experiments.rwefm_synthetic [--quick] [--out DIR] [--seed N]
           [--resume] [--ckpt DIR]
 Runtime:  --quick about 3-4 minutes on 2 idle cores (mostly compilation); the full study
           (2 manifolds x 2 arms x 3 seeds x 5000 steps) about an hour per manifold on 2 idle
-          cores (T^2: 59 min beside a low-priority job, 31-37 s per 100-step chunk for either
-          arm; S^2: 95 min beside two other jobs, 35-90 s per chunk; results/rwefm_synthetic/
-          holds one run per manifold) (set ``manifolds=t2`` or
+          cores (S^2: 95 min beside two other jobs, 35-90 s per chunk). T^2 is run in one-seed
+          parts (``--set manifolds=t2 --set n_seeds=1 --seed k --out .../t2-seed<k>``, three
+          arms): 36-44 min each on 2 cores (12-13 s per 100-step chunk per arm), about 60 min
+          beside a second part (set ``manifolds=t2`` or
           ``manifolds=s2`` to run one: it draws the same data as in the full study, and a
           later full run with the same ``--out`` name and ``--resume`` reuses its training).
 
