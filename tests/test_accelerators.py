@@ -69,6 +69,8 @@ def _cloud(key, n, d):
 
 TYPES = "a type or protocol: its methods are lowered through the entries that use it"
 not_lowered(TYPES, "geometry.Manifold")
+not_lowered(TYPES, "base.Algorithm", "base.Manifold", "base.TrainState")
+not_lowered("a constant: the default name of the data axis", "base.DATA_AXIS")
 not_lowered(
     "a boundary check that reads concrete values on the host before anything is traced",
     "geometry.check_points",
@@ -1165,6 +1167,7 @@ for _member in ("ft", "prune_ft", "noise_ft", "ft2"):
 # --- the tests -----------------------------------------------------------------------------
 
 SUBPACKAGES = (
+    "base",
     "geometry",
     "ot",
     "prefmh",

@@ -1,9 +1,10 @@
 """The layering docs/design.md states, checked by reading the source (an AST scan, no import).
 
-- Inside ``hexad``: ``_base`` imports no hexad package; ``sharding``, ``geometry`` and ``ot`` build
-  only on the foundations below them; ``data`` reads and generates data and imports no method
-  package; a method package imports the foundations, ``data``, ``cachex`` and itself, never
-  another method package. ``hexad`` never imports ``experiments``, ``kernels`` or ``tests``.
+- Inside ``hexad``: ``_base`` imports no hexad package, and ``base`` (its public re-export)
+  only ``_base``; ``sharding``, ``geometry`` and ``ot`` build only on the foundations below
+  them; ``data`` reads and generates data and imports no method package; a method package
+  imports the foundations, ``data``, ``cachex`` and itself, never another method package.
+  ``hexad`` never imports ``experiments``, ``kernels`` or ``tests``.
 - ``experiments`` and ``kernels`` use public names only: no ``hexad.<pkg>._private`` module,
   no private name taken from a hexad module, no assignment to a hexad module's attribute (a
   monkeypatch), and no study imports another study.
@@ -26,6 +27,7 @@ LIB = ROOT / "lib" / "hexad"
 
 FOUNDATIONS = {"_base": set(), "sharding": {"_base"}, "geometry": {"_base", "sharding"}}
 FOUNDATIONS["ot"] = {"_base", "sharding", "geometry"}
+FOUNDATIONS["base"] = {"_base"}  # the public face of _base's contract (Algorithm, TrainState, ...)
 METHODS = ("rwefm", "prefmh", "cvxclust", "policy", "backdoor", "cachex")
 ALLOWED = {
     **FOUNDATIONS,

@@ -42,7 +42,7 @@ from hexad import cvxclust as cc
 from hexad.geometry import Euclidean, Product, Sphere, Torus
 
 #: Subpackages whose ``__all__`` the harness walks.
-PACKAGES = ("geometry", "ot", "prefmh", "cvxclust", "rwefm", "policy", "backdoor")
+PACKAGES = ("base", "geometry", "ot", "prefmh", "cvxclust", "rwefm", "policy", "backdoor")
 
 #: Subpackages left out, with the reason.
 EXEMPT_PACKAGES = {
@@ -966,6 +966,8 @@ def _():
 _HOST_CVX = "host-side builder: validates and assembles arrays with NumPy (float64)"
 
 EXEMPT: dict[str, str] = {
+    "base.Manifold": "a typing.Protocol (a structural type, no computation); its members "
+    "are exercised on every geometry manifold case",
     "geometry.Manifold": "a typing.Protocol (a structural type, no computation); its members "
     "are exercised on every geometry manifold case",
     "ot.check_settings": "host-side check of static Python settings (returns None); it runs "

@@ -62,15 +62,39 @@ class TrainState(NamedTuple):
 class Algorithm(NamedTuple):
     """A trainer or sampler: two pure functions closed over static settings.
 
+    A factory takes everything that decides shapes or control flow (sizes, flags, networks,
+    optimisers, numbers of steps) and returns this pair. Neither function keeps state of its
+    own, so the user decides how to run ``step``: jit it, vmap it over seeds, scan it over
+    minibatches.
+
     Attributes:
       init: ``init(key, example_batch) -> State``; the batch gives shapes only.
-      step: ``step(key, state, batch) -> (State, Info)``; jit it, vmap it over seeds, scan
-        it over minibatches.
+      step: ``step(key, state, batch) -> (State, Info)``; states and infos are pytrees
+        (in hexad, ``typing.NamedTuple`` instances).
 
-    >>> import jax.numpy as jnp
-    >>> count = Algorithm(lambda key, batch: 0, lambda key, s, batch: (s + 1, {}))
-    >>> count.step(None, count.init(None, jnp.zeros(3)), jnp.zeros(3))
-    (1, {})
+    A least-squares trainer in this shape, with a :class:`TrainState`:
+
+    >>> import jax.numpy as jnp, optax
+    >>> def least_squares(lr):
+    ...     opt = optax.sgd(lr)
+    ...     def init(key, batch):
+    ...         w = jnp.zeros(batch[0].shape[-1])
+    ...         return TrainState(w, opt.init(w), jnp.zeros((), jnp.int32))
+    ...     def step(key, state, batch):
+    ...         x, y = batch
+    ...         loss, g = jax.value_and_grad(lambda w: jnp.mean((x @ w - y) ** 2))(state.params)
+    ...         updates, opt_state = opt.update(g, state.opt_state)
+    ...         w = optax.apply_updates(state.params, updates)
+    ...         return TrainState(w, opt_state, state.step + 1), {"loss": loss}
+    ...     return Algorithm(init, step)
+    >>> algo = least_squares(0.5)
+    >>> batch = (jnp.eye(2), jnp.array([1.0, -1.0]))
+    >>> state = algo.init(jax.random.key(0), batch)
+    >>> step = jax.jit(algo.step)
+    >>> for i in range(40):
+    ...     state, info = step(jax.random.key(i), state, batch)
+    >>> int(state.step), state.params.round(3).tolist()
+    (40, [1.0, -1.0])
     """
 
     init: Callable[..., Any]
@@ -208,34 +232,19 @@ def check_unit(name: str, value: Any, *, lo_open: bool = True, hi_open: bool = T
 
 @runtime_checkable
 class Manifold(Protocol):
-    """What hexad's code asks of a manifold: the members below, nothing else.
+    r"""What hexad's code asks of a manifold :math:`M`: the members below, nothing else.
 
     The manifolds of :mod:`hexad.geometry` (``Euclidean``, ``Sphere``, ``Torus``, ``Product``)
     satisfy it structurally, and so does a user's own class with these members;
     ``isinstance(m, Manifold)`` checks that they are present (not their signatures). Points
     ``x, y`` are ``[..., dim]`` arrays in the manifold's coordinates, ``u, v`` tangent vectors
-    at ``x`` of the same shape; point-wise members broadcast over the leading axes.
+    at ``x`` of the same shape; point-wise members broadcast over the leading axes. hexad's
+    manifolds are static pytrees (``flax.struct`` dataclasses whose fields are all static), so
+    one can be closed over by, or passed to, a jitted function. Compact manifolds also have
+    ``random_uniform(key, shape=()) -> [*shape, dim]``; :math:`\mathbb{R}^d` has none.
 
     Attributes:
       dim: the number of coordinates of a point (static).
-      intrinsic_dim: the manifold's dimension.
-
-    Members:
-      ``exp(x, v)``, ``log(x, y)``: the exponential and logarithm maps, ``[..., dim]``.
-      ``dist(x, y)``, ``sqdist(x, y)``: geodesic distance and its square, ``[...]``.
-      ``proj(x)``: the nearest point of M; ``proj_tangent(x, v)``: the projection onto
-      ``T_x M``; ``inner(x, u, v)``: the metric, ``[...]``.
-      ``geodesic(x, v, t)``: point and velocity of ``s -> exp_x(s v)`` at ``s = t``.
-      ``pairwise_sqdist(x [n, dim], y [m, dim]) -> [n, m]``: all squared distances.
-      ``weighted_log(x [n, dim], w [n, m], y [m, dim], sqdist=None) -> [n, dim]``:
-      ``sum_j w_ij log_{x_i}(y_j)`` (``sqdist``: ``pairwise_sqdist(x, y)`` if already known).
-      ``manifold_error(x) -> [...]``: how far coordinates are from M (0 on it).
-      ``features(x) -> [..., k]``: a network's input features of points (the coordinates;
-      ``(cos x, sin x)`` on the torus).
-      ``mean(x [n, dim], w [n]) -> [dim]``: a weighted (extrinsic) mean on M, ``w >= 0``
-      normalised inside.
-      ``random_normal(key, mean, scale, shape=()) -> [*shape, dim]``: (wrapped) normal samples.
-      Compact manifolds also have ``random_uniform(key, shape=())``; R^d has none.
 
     >>> from hexad.geometry import Sphere, Torus
     >>> isinstance(Sphere(3), Manifold), isinstance(Torus(2), Manifold), isinstance(3, Manifold)
@@ -245,32 +254,58 @@ class Manifold(Protocol):
     dim: int
 
     @property
-    def intrinsic_dim(self) -> int: ...
+    def intrinsic_dim(self) -> int:
+        """The manifold's dimension (``dim - 1`` for the sphere in ``dim`` coordinates)."""
 
-    def exp(self, x, v): ...
+    def exp(self, x, v):
+        r"""Returns the exponential map :math:`\exp_x(v)`, ``[..., dim]``: the point reached
+        at time 1 by the geodesic from ``x`` with velocity ``v``."""
 
-    def log(self, x, y): ...
+    def log(self, x, y):
+        r"""Returns the logarithm map :math:`\log_x(y) \in T_x M`, ``[..., dim]``: the
+        inverse of :meth:`exp` (zero at ``y = x``; one of the minimisers where it is not
+        unique, such as antipodes)."""
 
-    def dist(self, x, y): ...
+    def dist(self, x, y):
+        r"""Returns the geodesic distance :math:`d_M(x, y)`, ``[...]``."""
 
-    def sqdist(self, x, y): ...
+    def sqdist(self, x, y):
+        r"""Returns :math:`d_M(x, y)^2`, ``[...]`` (differentiable at ``x = y``)."""
 
-    def proj(self, x): ...
+    def proj(self, x):
+        """Returns the nearest point of M to the coordinates ``x``, ``[..., dim]``."""
 
-    def proj_tangent(self, x, v): ...
+    def proj_tangent(self, x, v):
+        r"""Returns the projection of ``v`` onto the tangent space :math:`T_x M`,
+        ``[..., dim]``."""
 
-    def inner(self, x, u, v): ...
+    def inner(self, x, u, v):
+        r"""Returns the metric :math:`\langle u, v \rangle_x`, ``[...]``."""
 
-    def geodesic(self, x, v, t): ...
+    def geodesic(self, x, v, t):
+        r"""Returns the point and velocity of :math:`s \mapsto \exp_x(s v)` at :math:`s = t`,
+        two ``[..., dim]`` arrays."""
 
-    def pairwise_sqdist(self, x, y): ...
+    def pairwise_sqdist(self, x, y):
+        r"""Returns all squared distances :math:`d_M(x_i, y_j)^2`, ``[n, m]``, of
+        ``x [n, dim]`` and ``y [m, dim]``."""
 
-    def weighted_log(self, x, w, y, sqdist=None): ...
+    def weighted_log(self, x, w, y, sqdist=None):
+        r"""Returns :math:`\sum_j w_{ij} \log_{x_i}(y_j)`, ``[n, dim]``, for ``x [n, dim]``,
+        ``w [n, m]`` and ``y [m, dim]``; ``sqdist`` is ``pairwise_sqdist(x, y)`` if the caller
+        already has it."""
 
-    def manifold_error(self, x): ...
+    def manifold_error(self, x):
+        """Returns how far the coordinates ``x`` are from M, ``[...]`` (0 on it)."""
 
-    def features(self, x): ...
+    def features(self, x):
+        r"""Returns a network's input features of points, ``[..., k]``: the coordinates, or
+        :math:`(\cos x, \sin x)` on the torus."""
 
-    def mean(self, x, w): ...
+    def mean(self, x, w):
+        """Returns a weighted (extrinsic) mean on M, ``[dim]``, of ``x [n, dim]`` with weights
+        ``w [n] >= 0`` (normalised inside)."""
 
-    def random_normal(self, key, mean, scale, shape=()): ...
+    def random_normal(self, key, mean, scale, shape=()):
+        """Returns (wrapped) normal samples around ``mean`` with scale ``scale``,
+        ``[*shape, dim]``."""

@@ -246,7 +246,7 @@ def fit(
     """Returns ``(params, losses [n_steps])``: cross-entropy training (see :func:`minimize`).
 
     With ``pad > 0`` each minibatch is randomly shifted by up to ``pad`` pixels with zero
-    fill (:func:`hexad.backdoor._triggers.shift`; BackdoorBench's RandomCrop with padding), the
+    fill (the shift of a zero-padded crop, as BackdoorBench's RandomCrop with padding), the
     offsets drawn from the step's key: the training distribution of the fine-tuning defenses,
     which shift too. Poisoned rows of ``x`` carry their trigger already, so it moves with the
     image. ``pad = 0`` draws nothing: the same run as without augmentation.

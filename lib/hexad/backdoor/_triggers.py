@@ -61,8 +61,8 @@ class PatchTrigger:
 
 @flax.struct.dataclass
 class BlendTrigger:
-    """A blended trigger ``x' = (1 - alpha) x + alpha * pattern`` over the whole image (Chen et
-    al., arXiv 1712.05526).
+    r"""A blended trigger :math:`x' = (1 - \alpha) x + \alpha\, \text{pattern}` over the whole
+    image (Chen et al., arXiv 1712.05526).
 
     Attributes:
       pattern: ``[H, W, C]`` in [0, 1].

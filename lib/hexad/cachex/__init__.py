@@ -20,9 +20,9 @@ PRNG keys; :func:`verified_steps` audits the tiers and :func:`check_restore` jud
 after a fault; :func:`fail_at`, :func:`kill_at` and :func:`quiet_failed_saves` are fault
 injectors for the manager's ``fault_hooks``, :func:`wipe_local`, :func:`corrupt_file`,
 :func:`refuse_drains` (with :func:`exhaust_drain_retries`) and :func:`kill_drainer_mid_drain`
-faults of the tiers; :mod:`hexad.cachex._model` fits the lognormal body / Gumbel tail of writer
-completion times and computes the contention threshold C*_p(n) (a curve over writer counts at
-once).
+faults of the tiers; :func:`fit_durability_model` fits the lognormal body / Gumbel tail of writer
+completion times and :func:`critical_contention` computes the contention threshold
+:math:`C^*_p(n)` (a curve over writer counts at once).
 """
 
 import importlib

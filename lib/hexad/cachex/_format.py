@@ -48,7 +48,10 @@ __all__ = [
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
+"""The name of a rank directory's manifest, JSON describing each leaf (shape, dtype, offset in the
+data file) with CRC-32 checksums."""
 DATA_FILE = "data.bin"
+"""The name of a rank directory's data file, which holds the leaves' raw buffers."""
 # A leaf's manifest entry holds this key only for a typed PRNG key array (its key data is
 # stored as the leaf, under the key's shape plus the impl's trailing dimensions).
 KEY_IMPL = "key_impl"
@@ -340,7 +343,7 @@ def write_rank_dir(directory: Path, snap: Snapshot, meta: Mapping[str, Any]) -> 
     ``data.bin`` (every shard back to back) is written and fsynced before the manifest, and
     the directory is fsynced last: a directory without a valid manifest is, by
     construction, an interrupted write. The data's CRC-32 is computed while its ``fsync``
-    waits on the disk (:func:`write_encoded`).
+    waits on the disk.
 
     >>> import tempfile
     >>> slot, snap = StagingPool(1).stage({"w": np.arange(3, dtype=np.float32)})

@@ -987,9 +987,9 @@ class CacheXManager:
 
     @property
     def events(self) -> list[dict]:
-        """Events of this manager: ``drainer_restart``, ``replica_retry``,
-        ``degraded_durability``, ``neighbour_down``, ``neighbour_up``,
-        ``restore_rewrite_failed`` (each ``{"time", "event", "step", ...}``)."""
+        """The events of this manager, each ``{"time", "event", "step", ...}`` with ``event``
+        one of ``drainer_restart``, ``replica_retry``, ``degraded_durability``,
+        ``neighbour_down``, ``neighbour_up``, ``restore_rewrite_failed``."""
         return list(self._node.events)
 
     def newest_pfs_step(self) -> int:
@@ -997,7 +997,7 @@ class CacheXManager:
 
         Proven by content, not by a folder's name: a step recorded ``pfs`` (records of a
         reused step number are removed when it is saved again), or a local step whose part
-        of this rank on the PFS is the same save (same manifest, :func:`_pfs.part_matches`).
+        of this rank on the PFS is the same save (the same manifest).
         A PFS folder of an abandoned timeline (the same number saved before a rollback) or
         one this run never saved does not count, so newer steps stay pinned until drained.
         """
@@ -1056,8 +1056,8 @@ class CacheXManager:
     def durability(self, step: int) -> dict[str, dict]:
         """Returns the durability records of ``step``: ``{tier: {"time": ..., ...}}``.
 
-        The records of a step removed by the local GC are kept in ``pruned.jsonl`` (see
-        :meth:`_prune_records`) and returned from there."""
+        The records of a step removed by the local GC are kept in ``pruned.jsonl`` and
+        returned from there."""
         d = self.records_dir / _fsio.validate_step_name(step)
         if d.exists():
             return self._records_in(d)
@@ -1116,9 +1116,9 @@ class CacheXManager:
         Listing is per tier and per entry: an entry that cannot be read (an I/O error, a
         corrupt or structurally invalid manifest) is skipped, and a tier whose root cannot be
         listed (the PFS mount gone stale, the neighbour down) contributes no step; neither
-        hides the other entries or tiers. What was skipped is in :attr:`listing_skipped`
-        until the next listing. A stray file named like a step is no step: it is ignored and
-        reported once as a ``stray_entry`` event.
+        hides the other entries or tiers. What was skipped is in ``listing_skipped`` (a list of
+        messages, one per entry or tier) until the next listing. A stray file named like a step
+        is no step: it is ignored and reported once as a ``stray_entry`` event.
         """
         out, skipped = self._list_tiers()
         self.listing_skipped = skipped
@@ -1205,14 +1205,14 @@ class CacheXManager:
         rollback with ``step``, or a fallback because newer steps failed) starts a new one
         that records the timeline it ``branched_from``, and the restored step is saved
         locally under it. Step numbers saved again after it are told apart from the
-        abandoned ones, which the PFS can still hold until the drainer retires them
-        (:func:`hexad.cachex._pfs.retire_abandoned`). So whenever this rank's local tier holds
-        a readable step, a PFS step is not offered if its local copy of the same number is
-        another save, or if it is newer than the newest local step and of the timeline that
-        step branched from (an ``abandoned_pfs_steps`` event names them). With no local
-        step the PFS cannot be checked against anything and its newest step is restored.
-        The replica is not filtered: it holds only what this node pushed, and its GC follows
-        the local tier.
+        abandoned ones, which the PFS can still hold until the drainer retires them (a drain
+        retires the abandoned timeline's steps newer than the newest local step). So whenever
+        this rank's local tier holds a readable step, a PFS step is not offered if its local
+        copy of the same number is another save, or if it is newer than the newest local step
+        and of the timeline that step branched from (an ``abandoned_pfs_steps`` event names
+        them). With no local step the PFS cannot be checked against anything and its newest
+        step is restored. The replica is not filtered: it holds only what this node pushed,
+        and its GC follows the local tier.
 
         Args:
           target: pytree of ``jax.Array`` / ``jax.ShapeDtypeStruct`` / numpy leaves.

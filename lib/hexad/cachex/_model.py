@@ -100,10 +100,11 @@ def fit_gumbel(x: jax.Array, n_iters: int = 200) -> tuple[jax.Array, jax.Array]:
 
 
 def gumbel_of_max_lognormal(mu: jax.Array, sigma: jax.Array, n: int) -> tuple[jax.Array, jax.Array]:
-    """Returns the Gumbel ``(loc, scale)`` approximating ``log max`` of ``n`` lognormals.
+    r"""Returns the Gumbel ``(loc, scale)`` approximating ``log max`` of ``n`` lognormals.
 
-    ``loc = mu + sigma b_n``, ``scale = sigma a_n``, ``b_n = Phi^-1(1 - 1/n)``,
-    ``a_n = 1 / (n phi(b_n))`` (normal maxima normalising constants).
+    :math:`\text{loc} = \mu + \sigma b_n`, :math:`\text{scale} = \sigma a_n`, with the normal
+    maxima's normalising constants :math:`b_n = \Phi^{-1}(1 - 1/n)` and
+    :math:`a_n = 1 / (n\, \varphi(b_n))`.
 
     Args:
       mu, sigma: lognormal parameters.
@@ -142,9 +143,10 @@ def _check_writers(n: int | np.ndarray) -> np.ndarray:
 def pfs_time_quantile(
     mu: jax.Array, sigma: jax.Array, n: int, p: float, contention: jax.Array = 0.0
 ) -> jax.Array:
-    """Returns the exact ``p``-quantile (seconds) of the slowest of ``n`` contended writers.
+    r"""Returns the exact ``p``-quantile (seconds) of the slowest of ``n`` contended writers.
 
-    ``exp(mu + log(1 + c (n - 1)) + sigma Phi^-1(p^(1/n)))``; ``p`` in (0, 1).
+    :math:`\exp\big(\mu + \log(1 + c (n - 1)) + \sigma \Phi^{-1}(p^{1/n})\big)`, :math:`c` the
+    ``contention``; ``p`` in (0, 1).
 
     >>> round(float(pfs_time_quantile(0.0, 0.5, 1, 0.5)), 3)
     1.0
@@ -157,7 +159,13 @@ def pfs_time_quantile(
 def critical_contention(
     mu: jax.Array, sigma: jax.Array, n: int | np.ndarray, p: float, t_stage: jax.Array
 ) -> jax.Array:
-    """Returns ``C*_p(n)``: the contention beyond which staging beats the PFS at quantile p.
+    r"""Returns :math:`C^*_p(n)`: the contention beyond which staging beats the PFS at quantile
+    :math:`p`.
+
+    .. math::
+
+       C^*_p(n) = \max\Big(0, \frac{t_{\text{stage}} / \exp(\mu + \sigma \Phi^{-1}(p^{1/n})) - 1}
+         {n - 1}\Big)
 
     Args:
       mu, sigma: uncontended lognormal body of per-rank PFS write time.
@@ -181,8 +189,8 @@ def choose_path(
     mu: jax.Array, sigma: jax.Array, n: int, p: float, t_stage: jax.Array, contention: jax.Array
 ) -> jax.Array:
     """Returns True where stage-and-replicate is the faster durable path: ``t_stage`` below
-    the PFS's ``p``-quantile at ``contention`` (``c > C*_p(n)``, or any ``c`` when staging
-    beats even the uncontended PFS, where ``C*_p(n)`` is clipped at 0).
+    the PFS's ``p``-quantile at ``contention`` (:math:`c > C^*_p(n)`, or any :math:`c` when
+    staging beats even the uncontended PFS, where :math:`C^*_p(n)` is clipped at 0).
 
     >>> bool(choose_path(0.0, 0.0, 2, 0.5, 3.0, 2.5))
     True

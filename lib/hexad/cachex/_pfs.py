@@ -102,13 +102,20 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class PFSModel:
-    """A configurable model of a contended parallel file system.
+    r"""A configurable model of a contended parallel file system.
 
-    One rank's write of ``nbytes`` takes ``T = m * exp(sigma * z)`` seconds, ``z ~ N(0, 1)``
-    (a lognormal body, as the CacheX paper measures for rank-local completion times), with
-    median ``m = (latency_s + nbytes / bandwidth) * (1 + contention * (n_writers - 1))``: each
-    extra concurrent writer slows the whole shared-PFS write (data and metadata) by the factor
-    ``contention``. This is exactly the contention model of :mod:`hexad.cachex._model`.
+    One rank's write of ``nbytes`` takes :math:`T = m\, e^{\sigma z}` seconds,
+    :math:`z \sim \mathcal{N}(0, 1)` (a lognormal body, as the CacheX paper measures for
+    rank-local completion times), with median
+
+    .. math::
+
+       m = \Big(\text{latency\_s} + \frac{\text{nbytes}}{\text{bandwidth}}\Big)
+         \big(1 + c\, (\text{n\_writers} - 1)\big),
+
+    :math:`c` the ``contention``: each extra concurrent writer slows the whole shared-PFS write
+    (data and metadata) by the factor :math:`c`. This is exactly the contention model that
+    :func:`fit_durability_model` fits.
 
     Attributes:
       bandwidth: per-node bandwidth in bytes/s without contention.
@@ -117,7 +124,8 @@ class PFSModel:
       latency_s: fixed per-write latency (metadata, open/close) in seconds.
       sigma: lognormal shape of the per-rank time.
       shared_sigma: lognormal shape of a load factor shared by every writer of one save
-        (:meth:`draw`: ``T = m * exp(shared_sigma * z_save + sigma * z_rank)``), the
+        (:meth:`draw`: :math:`T = m \exp(\sigma_{\text{shared}} z_{\text{save}} + \sigma
+        z_{\text{rank}})`), the
         time-correlated PFS load that makes the slowest writer of a save matter; 0 = none.
 
     >>> PFSModel(bandwidth=1e9, n_writers=4, contention=0.5).median_time(1e9)
@@ -147,8 +155,8 @@ class PFSModel:
         return (self.latency_s + float(nbytes) / self.bandwidth) * slow
 
     def lognormal(self, nbytes: float) -> tuple[float, float]:
-        """The ``(mu, sigma)`` of the uncontended lognormal body of a write of ``nbytes``:
-        ``log T ~ N(mu, sigma^2)`` with contention removed, what
+        r"""The ``(mu, sigma)`` of the uncontended lognormal body of a write of ``nbytes``:
+        :math:`\log T \sim \mathcal{N}(\mu, \sigma^2)` with contention removed, what
         :func:`hexad.cachex.fit_durability_model` estimates from this model's draws.
 
         >>> mu, sigma = PFSModel(bandwidth=1e9, latency_s=0.0, sigma=0.5).lognormal(1e9)
@@ -158,8 +166,9 @@ class PFSModel:
         return float(np.log(self.latency_s + float(nbytes) / self.bandwidth)), self.sigma
 
     def quantile_ratio(self, p: float = 0.99) -> float:
-        """The ``p``-quantile of a write's time over its median, ``exp(s Phi^-1(p))`` with
-        ``s = sqrt(sigma^2 + shared_sigma^2)``: the model's own spread of one (save, rank)
+        r"""The ``p``-quantile of a write's time over its median, :math:`\exp(s\, \Phi^{-1}(p))`
+        with :math:`s = \sqrt{\sigma^2 + \sigma_{\text{shared}}^2}`: the model's own spread of one
+        (save, rank)
         write (p99/p50 by default), whatever the size and contention.
 
         >>> round(PFSModel(sigma=0.5).quantile_ratio(0.99), 3)

@@ -1,4 +1,4 @@
-"""Convex clustering for transductive node classification (arXiv:2508.20231).
+r"""Convex clustering for transductive node classification (arXiv:2508.20231).
 
 Two convex programs and their combination, each a pytree problem with a solver in the ott-jax
 shape (``solver(problem, init=None) -> Output``, a ``lax.while_loop`` with a tolerance):
@@ -18,7 +18,7 @@ shape (``solver(problem, init=None) -> Output``, a ``lax.while_loop`` with a tol
   model per cluster (our convex shared-atomic-norm formulation; :func:`shared_atom_problem`,
   :func:`shared_atom_certificate`);
 - :class:`FactorSolver`: a feasible point of either nuclear program from a non-negative
-  low-rank factor ``L = V V^T`` (projected gradient, one ``[n, n] x [n, r]`` product a step):
+  low-rank factor :math:`L = V V^\top` (projected gradient, one ``[n, n] x [n, r]`` product a step):
   an upper bound, certified by a :class:`NuclearSolver` multiplier;
 - :class:`SplitNuclearSolver` solves a :class:`NuclearProblem` exactly block by block
   (:func:`nuclear_blocks`: the connected components of the pairs whose entrywise optimum is

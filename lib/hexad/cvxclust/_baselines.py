@@ -23,11 +23,17 @@ __all__ = ["label_propagation"]
 def label_propagation(
     edges, labels, labeled, num_classes: int, *, alpha: float = 0.99, num_iters: int = 200
 ) -> jax.Array:
-    """Returns label spreading's ``[n]`` int32 predictions ``argmax_c F_vc``.
+    r"""Returns label spreading's ``[n]`` int32 predictions :math:`\operatorname{argmax}_c F_{vc}`.
 
-    ``num_iters`` sweeps of ``F <- alpha D^-1/2 A D^-1/2 F + (1 - alpha) Y`` from ``F = Y``,
-    where ``Y`` holds the one-hot labels of the labelled nodes (zero rows elsewhere) and ``A``
-    the edges in both directions. A node that no label reaches (``F_v = 0``) gets class 0.
+    ``num_iters`` sweeps of
+
+    .. math::
+
+       F \leftarrow \alpha D^{-1/2} A D^{-1/2} F + (1 - \alpha) Y
+
+    from :math:`F = Y`, where :math:`Y` holds the one-hot labels of the labelled nodes (zero
+    rows elsewhere), :math:`A` the edges in both directions and :math:`D` its degrees. A node
+    that no label reaches (:math:`F_v = 0`) gets class 0.
 
     Args:
       edges: ``[E, 2]`` int undirected edges without self loops; each row counts once in each

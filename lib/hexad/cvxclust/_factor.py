@@ -38,15 +38,15 @@ __all__ = ["FactorOutput", "FactorSolver"]
 
 
 class FactorOutput(NamedTuple):
-    """What :class:`FactorSolver` returns.
+    r"""What :class:`FactorSolver` returns.
 
     Attributes:
-      l: ``[n, n]`` ``V V^T`` of the best factor, in ``B`` (clipped to ``[0, 1]`` with a unit
-        diagonal against rounding) and PSD up to rounding.
+      l: ``[n, n]`` :math:`V V^\top` of the best factor, in :math:`B` (clipped to
+        :math:`[0, 1]` with a unit diagonal against rounding) and PSD up to rounding.
       factor: ``[n, rank]`` the best factor ``V``: non-negative, unit rows.
       objective: ``nuclear_objective(problem, l)``, computed as the data term plus
-        ``mu n`` (``||L||_* = tr L = n`` for a PSD ``L`` in ``B``): an upper bound on the
-        optimum of the PSD-hard and of the soft program.
+        :math:`\mu n` (:math:`\|L\|_* = \operatorname{tr} L = n` for a PSD :math:`L` in
+        :math:`B`): an upper bound on the optimum of the PSD-hard and of the soft program.
     """
 
     l: jax.Array
@@ -63,23 +63,32 @@ def _unit_rows(v):
 
 @flax.struct.dataclass
 class FactorSolver:
-    """Projected gradient descent with momentum over non-negative unit-row factors.
+    r"""Projected gradient descent with momentum over non-negative unit-row factors.
 
-    Minimises ``<K, V V^T>`` (module docstring) over ``V >= 0`` ``[n, rank]`` with unit rows:
-    ``Y = P(V_t + momentum (V_t - V_{t-1}))``, ``V_{t+1} = P(Y - eta 2 K Y)``, with ``P``
-    the projection onto non-negative unit rows and ``eta = step_scale / ||K||_2`` (the norm
-    from ``power_iters`` power iterations from a fixed random vector). It keeps the
-    extrapolated point ``Y`` of lowest ``<K, Y Y^T>`` (read off the step's own product
-    ``K Y``). All settings static; one ``[n, n] x [n, rank]`` product per step. Many starts:
-    ``jax.vmap`` over keys.
+    Minimises :math:`\langle K, V V^\top \rangle` over :math:`V \ge 0` ``[n, rank]`` with unit
+    rows: for such factors :math:`L = V V^\top` lies in the box :math:`B` and is PSD, and for a
+    binary target the nuclear program's objective there is this linear function plus a
+    constant (:math:`K = C (1 - 2A) - S` off the diagonal), the Burer-Monteiro factorisation of
+    the PSD-hard program restricted to non-negative factors. With :math:`P`
+    the projection onto non-negative unit rows, :math:`\beta` the ``momentum`` and
+    :math:`\eta` = ``step_scale`` :math:`/ \|K\|_2` (the norm from ``power_iters`` power
+    iterations from a fixed random vector),
+
+    .. math::
+
+       Y = P\big(V_t + \beta (V_t - V_{t-1})\big), \qquad V_{t+1} = P(Y - 2 \eta K Y).
+
+    It keeps the extrapolated point :math:`Y` of lowest :math:`\langle K, Y Y^\top \rangle`
+    (read off the step's own product :math:`K Y`). All settings static; one
+    ``[n, n] x [n, rank]`` product per step. Many starts: ``jax.vmap`` over keys.
 
     Attributes:
       rank: columns of ``V``; the non-negative rank the optimum needs is at least its number
         of clusters.
       steps: gradient steps.
       momentum: extrapolation weight in ``[0, 1)``.
-      step_scale: ``eta ||K||_2``, in ``(0, 4)``.
-      power_iters: power iterations for ``||K||_2``.
+      step_scale: :math:`\eta \|K\|_2`, in ``(0, 4)``.
+      power_iters: power iterations for :math:`\|K\|_2`.
 
     >>> from hexad import cvxclust as cc
     >>> p = cc.graph_problem(jnp.kron(jnp.eye(2), jnp.ones((3, 3))), 1.0)

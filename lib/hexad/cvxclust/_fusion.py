@@ -58,17 +58,17 @@ LOSSES = ("squared", "huber", "logistic")
 
 @flax.struct.dataclass
 class FusionProblem:
-    """A convex clustering problem (a pytree; ``loss`` and ``huber_delta`` are static).
+    r"""A convex clustering problem (a pytree; ``loss`` and ``huber_delta`` are static).
 
     Build it with :meth:`create`, which validates. ``gamma`` is a leaf, so a clusterpath over
     ``gamma`` reuses one compiled solve.
 
     Attributes:
       x: ``[n, d]`` data (features, optionally with label columns).
-      mask: ``[n, d]`` non-negative loss weights ``M``; 0 marks an unobserved entry.
+      mask: ``[n, d]`` non-negative loss weights :math:`M`; 0 marks an unobserved entry.
       edges: ``[E, 2]`` int32 undirected edges ``(i, j)``, ``i != j``.
-      weights: ``[E]`` non-negative fusion weights ``w``.
-      gamma: scalar fusion strength.
+      weights: ``[E]`` non-negative fusion weights :math:`w`.
+      gamma: scalar fusion strength :math:`\gamma`.
       loss: ``"squared"``, ``"huber"`` or ``"logistic"`` (static), on the feature columns.
       huber_delta: the Huber threshold (static).
       label_classes: ``K``, the number of trailing columns scored by the softmax label loss
@@ -339,7 +339,8 @@ def _incidence_norm_sq(problem: FusionProblem):
 
 
 def fusion_objective(problem: FusionProblem, u) -> jax.Array:
-    """Returns the primal objective ``sum M loss(X, U) + gamma sum_l w_l ||u_i - u_j||``.
+    r"""Returns the primal objective
+    :math:`\sum M \operatorname{loss}(X, U) + \gamma \sum_l w_l \|u_{i_l} - u_{j_l}\|`.
 
     Independent of any solver (it only evaluates the formula).
 
@@ -356,13 +357,18 @@ def fusion_objective(problem: FusionProblem, u) -> jax.Array:
 
 
 def fusion_dual_objective(problem: FusionProblem, dual) -> jax.Array:
-    """Returns the Lagrange dual value at ``dual`` ``[E, d]`` for the squared loss.
+    r"""Returns the Lagrange dual value at ``dual`` ``[E, d]`` for the squared loss.
 
-    ``g(Lambda) = <D^T Lambda, X> - 1/2 sum (D^T Lambda)^2 / M`` on ``||Lambda_l|| <= gamma
-    w_l`` (``dual`` is projected onto that set first), a lower bound of the optimum: the
-    duality gap ``fusion_objective - fusion_dual_objective`` certifies accuracy. Where
-    ``M = 0`` (an unobserved entry) a term is its limit: 0 where ``D^T Lambda`` is 0 there,
-    else ``+inf`` (the dual is ``-inf``: the entry's ``u`` is free). Implemented for
+    .. math::
+
+       g(\Lambda) = \langle D^\top \Lambda, X \rangle
+         - \tfrac{1}{2} \sum (D^\top \Lambda)^2 / M
+       \quad \text{on} \quad \|\Lambda_l\| \le \gamma w_l
+
+    (``dual`` is projected onto that set first), a lower bound of the optimum: the duality gap
+    ``fusion_objective - fusion_dual_objective`` certifies accuracy. Where :math:`M = 0` (an
+    unobserved entry) a term is its limit: 0 where :math:`D^\top \Lambda` is 0 there, else
+    :math:`+\infty` (the dual is :math:`-\infty`: the entry's :math:`u` is free). Implemented for
     ``loss="squared"`` without a label block (``label_classes = 0``); otherwise a ValueError
     names which.
 
@@ -392,11 +398,11 @@ def fusion_dual_objective(problem: FusionProblem, dual) -> jax.Array:
 
 
 class FusionOutput(NamedTuple):
-    """What :class:`FusionSolver` returns.
+    r"""What :class:`FusionSolver` returns.
 
     Attributes:
       u: ``[n, d]`` primal solution (cluster centroids per node).
-      dual: ``[E, d]`` dual variable, ``||dual_l|| <= gamma w_l``.
+      dual: ``[E, d]`` dual variable, :math:`\|\Lambda_l\| \le \gamma w_l`.
       objective: scalar, ``fusion_objective(problem, u)``.
       primal_residuals: ``[max_iters]`` relative stationarity residual per iteration, -1 after
         the last one.
@@ -430,14 +436,18 @@ class _State(NamedTuple):
 
 @flax.struct.dataclass
 class FusionSolver:
-    """Primal-dual solver for :class:`FusionProblem` (all settings static).
+    r"""Primal-dual solver for :class:`FusionProblem` (all settings static).
 
-    Residuals (both vanish exactly at a KKT point, for every loss since all three are C^1):
+    Residuals (both vanish exactly at a KKT point, for every loss since all three are
+    :math:`C^1`), with :math:`F` the loss term, :math:`D` the edge-difference operator and
+    :math:`\Lambda` the dual:
 
-    - primal (stationarity): ``||grad F(U) + D^T Lambda||_F / max(1, ||M * X||_F)``;
-    - dual (complementarity): ``||Lambda - P(Lambda + D U)||_F / max(1, ||M * X||_F)``, where
-      ``P`` projects on the balls ``||.|| <= gamma w_l``; it is zero iff
-      ``Lambda_l`` is a subgradient of ``gamma w_l ||.||`` at ``(DU)_l``.
+    - primal (stationarity):
+      :math:`\|\nabla F(U) + D^\top \Lambda\|_F / \max(1, \|M \odot X\|_F)`;
+    - dual (complementarity):
+      :math:`\|\Lambda - P(\Lambda + D U)\|_F / \max(1, \|M \odot X\|_F)`, where :math:`P`
+      projects on the balls :math:`\|\cdot\| \le \gamma w_l`; it is zero iff :math:`\Lambda_l`
+      is a subgradient of :math:`\gamma w_l \|\cdot\|` at :math:`(DU)_l`.
 
     Iteration stops when both are ``<= tol`` or after ``max_iters``; ``converged`` says which.
     Gradients: not supported (the loop is a ``lax.while_loop``; no unrolled or implicit
@@ -446,13 +456,13 @@ class FusionSolver:
     Attributes:
       tol: relative residual tolerance, ``>= 0``.
       max_iters: iteration cap, ``>= 1``.
-      step_ratio: ``> 0``, the ``sigma / tau`` balance of the primal-dual steps
-        (``tau sigma ||D||^2 < 1``).
+      step_ratio: ``> 0``, the :math:`\sigma / \tau` balance of the primal-dual steps
+        (:math:`\tau \sigma \|D\|^2 < 1`).
         The default 10 converged fastest on k-NN blobs (n = 200, 1000; gamma = 0.1, 1).
       accelerate: use Chambolle & Pock's Algorithm 2 steps for the squared loss. Off by
-        default: it makes the primal converge at O(1/k^2) but the dual only sublinearly, so the
-        residuals above fall more slowly than with constant steps, which converge linearly on
-        these piecewise-quadratic problems in practice.
+        default: it makes the primal converge at :math:`O(1/k^2)` but the dual only
+        sublinearly, so the residuals above fall more slowly than with constant steps, which
+        converge linearly on these piecewise-quadratic problems in practice.
 
     >>> p = FusionProblem.create(np.array([[0.0], [1.0]]), np.array([[0, 1]]), np.ones(1), 1.0)
     >>> out = jax.jit(FusionSolver())(p)
@@ -596,7 +606,8 @@ def _compact(root):
 
 
 def fused_clusters(u, edges, tol: float) -> tuple[jax.Array, jax.Array]:
-    """Returns ``(ids [n] in 0..k-1, k)``: components of edges with ``||u_i - u_j|| <= tol``.
+    r"""Returns ``(ids [n] in 0..k-1, k)``: components of edges with
+    :math:`\|u_i - u_j\| \le` ``tol``.
 
     Only edges of the fusion graph can fuse (as in the solution's optimality conditions), so
     clusters are connected components of the fused edges. Ids follow the smallest node id.
@@ -650,11 +661,12 @@ class FusionPath(NamedTuple):
 def clusterpath(
     problem: FusionProblem, gammas, solver: FusionSolver | None = None, rtol: float = 1e-3
 ) -> FusionPath:
-    """Returns the clusterpath over ascending ``gammas`` with warm starts (one ``lax.scan``).
+    r"""Returns the clusterpath over ascending ``gammas`` with warm starts (one ``lax.scan``).
 
     Each solve starts from the previous ``u`` and the previous dual scaled by
     ``gamma_new / gamma_old`` (which keeps it feasible). An edge counts as fused at step ``k``
-    if ``||u_i - u_j|| <= rtol * rms(X)`` at step ``k`` or it was fused at an earlier step:
+    if :math:`\|u_i - u_j\| \le` ``rtol`` :math:`\cdot \operatorname{rms}(X)` at step :math:`k`
+    or it was fused at an earlier step:
     this union makes the merge tree monotone (our documented choice; ``raw_n_clusters`` gives
     the counts without it).
 

@@ -26,12 +26,13 @@ __all__ = [
 
 
 def knn_gaussian_weights(x, k: int = 10, phi: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Returns the symmetric k-NN edge list and Gaussian weights of Chi & Lange (2015).
+    r"""Returns the symmetric k-NN edge list and Gaussian weights of Chi & Lange (2015).
 
     An undirected edge ``(i, j)`` with ``i < j`` is kept when ``j`` is among the ``k`` nearest
     neighbours of ``i`` or ``i`` among those of ``j``; its weight is
-    ``exp(-phi * ||x_i - x_j||^2)`` (Chi & Lange 2015, arXiv:1304.0499, Sec. 6). The default
-    ``phi`` is ``1 / median(squared k-NN distance)``, so that a typical weight is ``exp(-1)``.
+    :math:`\exp(-\phi \|x_i - x_j\|^2)` (Chi & Lange 2015, arXiv:1304.0499, Sec. 6). The default
+    :math:`\phi` is 1 / the median squared k-NN distance, so that a typical weight is
+    :math:`e^{-1}`.
 
     Args:
       x: ``[n, d]`` points.
@@ -132,11 +133,12 @@ def check_adjacency(a, name: str = "adjacency") -> np.ndarray:
 
 
 def balanced_weights(adjacency) -> tuple[float, float]:
-    """Returns ``(edge_weight, nonedge_weight) = (1 - t, t)``, ``t`` the graph's edge density.
+    r"""Returns ``(edge_weight, nonedge_weight)`` :math:`= (1 - t, t)`, :math:`t` the graph's edge
+    density.
 
-    Chen, Sanghavi & Xu's balancing (arXiv:1210.3335): with ``c_A = 1 - t`` on edges and
-    ``c_Ac = t`` on non-edges, the edges and the non-edges weigh the same in total
-    (``(1 - t) t n (n - 1)`` each), however sparse the graph. For :func:`graph_problem` and
+    Chen, Sanghavi & Xu's balancing (arXiv:1210.3335): with :math:`c_A = 1 - t` on edges and
+    :math:`c_{A^c} = t` on non-edges, the edges and the non-edges weigh the same in total
+    (:math:`(1 - t)\, t\, n (n - 1)` each), however sparse the graph. For :func:`graph_problem` and
     :func:`joint_problem`.
 
     Args:

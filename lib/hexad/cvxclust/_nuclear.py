@@ -116,17 +116,23 @@ __all__ = [
 
 @flax.struct.dataclass
 class NuclearProblem:
-    """``min_{L in B} sum C |L - A| - <S, L> + mu ||L||_*`` as a pytree.
+    r"""The graph clustering program below, as a pytree.
 
-    With ``psd=True`` (static) the constraint ``L >= 0`` (positive semidefinite) is added: the
-    paper's atomic program, where ``mu ||L||_* = mu tr L = mu n`` is a constant on ``B``. With
-    ``psd=False`` it is the soft-PSD nuclear-norm program (module docstring).
+    .. math::
+
+       \min_{L \in B} \; \sum_{uv} C_{uv} |L_{uv} - A_{uv}| - \langle S, L \rangle + \mu \|L\|_*
+
+    where :math:`B` is the box of symmetric matrices with entries in :math:`[0, 1]` and a unit
+    diagonal. With ``psd=True`` (static) the constraint :math:`L \succeq 0` is added: the
+    paper's atomic program, where :math:`\mu \|L\|_* = \mu \operatorname{tr} L = \mu n` is a
+    constant on :math:`B`. With ``psd=False`` it is the soft-PSD nuclear-norm program.
 
     Attributes:
-      target: ``[n, n]`` symmetric ``A`` with entries in ``[0, 1]``.
-      cost: ``[n, n]`` symmetric weights ``C >= 0`` (0 = unobserved; the diagonal is unused).
-      linear: ``[n, n]`` symmetric node-information reward ``S``.
-      mu: scalar ``> 0``.
+      target: ``[n, n]`` symmetric :math:`A` with entries in :math:`[0, 1]`.
+      cost: ``[n, n]`` symmetric weights :math:`C \ge 0` (0 = unobserved; the diagonal is
+        unused).
+      linear: ``[n, n]`` symmetric node-information reward :math:`S`.
+      mu: scalar :math:`\mu > 0`.
       psd: static; True for the PSD-hard program.
     """
 
@@ -206,7 +212,8 @@ def _check_bool(name: str, value) -> bool:
 
 
 def feature_similarity(x) -> np.ndarray:
-    """Returns ``K = X_s X_s^T / d`` ``[n, n]`` with zero diagonal, ``X_s`` column-standardised.
+    r"""Returns :math:`K = X_s X_s^\top / d` ``[n, n]`` with zero diagonal, :math:`X_s`
+    column-standardised.
 
     Constant columns (all entries equal, tested exactly: a float standard deviation of a
     constant column need not be 0) are dropped. Used as the feature reward of
@@ -229,7 +236,7 @@ def feature_similarity(x) -> np.ndarray:
 
 
 def label_similarity(labels, labeled, num_classes: int) -> np.ndarray:
-    """Returns ``S_y`` ``[n, n]``: +1 for equal, -1 for different labels of labelled pairs.
+    r"""Returns :math:`S_y` ``[n, n]``: +1 for equal, -1 for different labels of labelled pairs.
 
     Raises ValueError for labels out of ``[0, num_classes)`` or a class with no labelled node.
 
@@ -264,18 +271,23 @@ def joint_problem(
     nonedge_weight: float = 1.0,
     psd: bool = True,
 ) -> NuclearProblem:
-    """Returns the linear-reward surrogate joint program of graph, features and partial labels.
+    r"""Returns the linear-reward surrogate joint program of graph, features and partial labels.
 
-    ``min_{L in B} sum C |L - A| - <alpha K_x + beta S_y, L> + mu ||L||_*`` (module docstring).
+    .. math::
+
+       \min_{L \in B} \; \sum C |L - A|
+         - \langle \alpha K_x + \beta S_y, L \rangle + \mu \|L\|_*
+
+    with :math:`K_x` the :func:`feature_similarity` and :math:`S_y` the :func:`label_similarity`.
     Any source may be left out: no ``adjacency`` gives the node-information-only program,
     no ``features``/``labels`` the graph-only one.
 
     Args:
-      mu: nuclear-norm weight ``> 0``.
+      mu: nuclear-norm weight :math:`\mu > 0`.
       adjacency: optional ``[n, n]`` binary symmetric adjacency.
       features: optional ``[n, d]`` node features.
       labels: optional ``[n]`` int labels (with ``labeled`` ``[n]`` bool and ``num_classes``).
-      alpha: feature weight ``>= 0``; beta: label weight ``>= 0``.
+      alpha: feature weight :math:`\alpha \ge 0`; beta: label weight :math:`\beta \ge 0`.
       observed, edge_weight, nonedge_weight, psd: as in :func:`graph_problem`.
 
     This is a labelled surrogate, not the paper's per-cluster program: at planted clusters the
@@ -325,10 +337,11 @@ def joint_problem(
 
 
 def nuclear_objective(problem: NuclearProblem, l) -> jax.Array:
-    """Returns ``sum C |L - A| - <S, L> + mu ||L||_*`` at ``l`` ``[n, n]`` (full eigvalsh).
+    r"""Returns :math:`\sum C |L - A| - \langle S, L \rangle + \mu \|L\|_*` at ``l`` ``[n, n]``
+    (full eigvalsh).
 
-    Independent of the solver. It does not check ``L in B`` (see :func:`box_violation`) nor,
-    for a PSD-hard problem, ``L >= 0`` (see :func:`min_eigenvalue`).
+    Independent of the solver. It does not check :math:`L \in B` (see :func:`box_violation`)
+    nor, for a PSD-hard problem, :math:`L \succeq 0` (see :func:`min_eigenvalue`).
 
     >>> p = graph_problem(np.zeros((2, 2)), 1.0)
     >>> float(nuclear_objective(p, jnp.eye(2)))
@@ -351,19 +364,21 @@ def _data_term(problem: NuclearProblem, l) -> jax.Array:
 
 
 class NuclearCertificate(NamedTuple):
-    """A duality-gap certificate of a candidate solution (:func:`nuclear_certificate`).
+    r"""A duality-gap certificate of a candidate solution (:func:`nuclear_certificate`).
 
     Attributes:
       primal: the objective at the candidate made feasible (projected onto ``B``; for a
         PSD-hard problem then mixed with the identity, :func:`psd_repair`): an upper bound on
         the optimum.
       dual: the Lagrange dual function at the multiplier projected onto the dual-feasible set
-        (the spectral-norm ball of radius ``mu``; for a PSD-hard problem ``{Y >= -mu I}``): a
-        lower bound on the optimum, by weak duality.
-      gap: ``primal - dual >= 0`` (up to rounding): the candidate is at most this far from optimal.
-      rel_gap: ``gap / max(1, |primal|)``.
-      dual_norm: spectral norm of the multiplier before the projection (``<= mu`` at an optimum
-        of the soft program); for a PSD-hard problem ``max(0, -lambda_min(Y))`` (``<= mu``).
+        (the spectral-norm ball of radius :math:`\mu`; for a PSD-hard problem
+        :math:`\{Y \succeq -\mu I\}`): a lower bound on the optimum, by weak duality.
+      gap: ``primal - dual``, :math:`\ge 0` up to rounding: the candidate is at most this far
+        from optimal.
+      rel_gap: ``gap`` :math:`/ \max(1, |\text{primal}|)`.
+      dual_norm: spectral norm of the multiplier before the projection (:math:`\le \mu` at an
+        optimum of the soft program); for a PSD-hard problem :math:`\max(0, -\lambda_{\min}(Y))`
+        (:math:`\le \mu`).
       min_eig: smallest eigenvalue of the feasible primal candidate (``>= 0`` up to rounding for
         a PSD-hard problem).
     """
@@ -377,11 +392,13 @@ class NuclearCertificate(NamedTuple):
 
 
 def psd_repair(l) -> tuple[jax.Array, jax.Array]:
-    """Returns ``(l', lambda_min(l'))``: ``l`` in ``B`` mixed with ``I`` just enough to be PSD.
+    r"""Returns :math:`(L', \lambda_{\min}(L'))`: :math:`L` in :math:`B` mixed with :math:`I` just
+    enough to be PSD.
 
-    ``l' = (1 - t) l + t I`` with ``t = max(0, -lambda_min) / (1 - lambda_min)``: ``I`` is in
-    ``B`` and PSD and ``B`` is convex, so ``l'`` is in ``B`` with eigenvalues
-    ``(1 - t) lambda + t >= 0``. ``t = 0`` when ``l`` is already PSD. Two ``eigvalsh``.
+    :math:`L' = (1 - t) L + t I` with :math:`t = \max(0, -\lambda_{\min}) / (1 - \lambda_{\min})`:
+    :math:`I` is in :math:`B` and PSD and :math:`B` is convex, so :math:`L'` is in :math:`B` with
+    eigenvalues :math:`(1 - t) \lambda + t \ge 0`. :math:`t = 0` when :math:`L` is already PSD.
+    Two ``eigvalsh``.
 
     >>> l2, m = psd_repair(jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [0.0, 1.0, 1.0]]))
     >>> bool(m >= -1e-6)
@@ -439,30 +456,36 @@ def min_eigenvalue(l) -> jax.Array:
 
 
 def nuclear_certificate(problem: NuclearProblem, l, multiplier) -> NuclearCertificate:
-    """Returns a duality-gap certificate for ``l`` with Lagrange multiplier ``multiplier``.
+    r"""Returns a duality-gap certificate for ``l`` with Lagrange multiplier ``multiplier``.
 
-    The ADMM splitting ``min mu ||L||_* + F(Z)`` s.t. ``L = Z``, ``Z in B``, with
-    ``F(Z) = sum C |Z - A| - <S, Z>``, has the Lagrangian ``mu ||L||_* + F(Z) + <Y, L - Z>`` and
-    the dual function (Boyd & Vandenberghe 2004, Sec. 5.1; the dual norm of ``||.||_*`` is the
-    spectral norm)::
+    The ADMM splitting :math:`\min \mu \|L\|_* + F(Z)` s.t. :math:`L = Z`, :math:`Z \in B`, with
+    :math:`F(Z) = \sum C |Z - A| - \langle S, Z \rangle`, has the Lagrangian
+    :math:`\mu \|L\|_* + F(Z) + \langle Y, L - Z \rangle` and the dual function (Boyd &
+    Vandenberghe 2004, Sec. 5.1; the dual norm of :math:`\|\cdot\|_*` is the spectral norm)
 
-        g(Y) = min_{Z in B} F(Z) - <Y, Z>     if ||Y||_2 <= mu,   -inf otherwise.
+    .. math::
 
-    ``min_{Z in B}`` separates over entries: each off-diagonal term
-    ``C_uv |z - A_uv| - (S_uv + Y_uv) z`` is convex and piecewise linear on ``[0, 1]`` with its
-    kink at ``A_uv``, so its minimum is at ``z in {0, A_uv, 1}``; the diagonal is fixed at 1.
-    The multiplier is symmetrised and projected onto ``{||Y||_2 <= mu}`` (eigenvalues clipped to
-    ``[-mu, mu]``), so ``dual`` is a valid lower bound for any input, and ``primal`` (the
-    objective at ``l`` projected onto ``B``) a valid upper bound: ``gap`` bounds the
-    suboptimality of the projected ``l`` whether or not a solver converged.
+       g(Y) = \begin{cases}
+         \min_{Z \in B} F(Z) - \langle Y, Z \rangle & \text{if } \|Y\|_2 \le \mu, \\
+         -\infty & \text{otherwise.}
+       \end{cases}
 
-    PSD-hard problems (``problem.psd``): the ``L`` part of the Lagrangian is
-    ``min_{L >= 0} <mu I + Y, L>``, which is 0 iff ``Y >= -mu I`` (else ``-inf``), so the
-    multiplier's eigenvalues are clipped to ``[-mu, inf)`` and ``g`` is the same entrywise
-    minimum; the primal candidate is the projection onto ``B`` followed by
-    :func:`psd_repair`, feasible for ``B`` and the PSD cone. For
-    :class:`NuclearSolver` the multiplier is ``output.rho * output.dual``. Costs two dense
-    ``n x n`` eigendecompositions.
+    :math:`\min_{Z \in B}` separates over entries: each off-diagonal term
+    :math:`C_{uv} |z - A_{uv}| - (S_{uv} + Y_{uv}) z` is convex and piecewise linear on
+    :math:`[0, 1]` with its kink at :math:`A_{uv}`, so its minimum is at
+    :math:`z \in \{0, A_{uv}, 1\}`; the diagonal is fixed at 1. The multiplier is symmetrised
+    and projected onto :math:`\{\|Y\|_2 \le \mu\}` (eigenvalues clipped to :math:`[-\mu, \mu]`),
+    so ``dual`` is a valid lower bound for any input, and ``primal`` (the objective at ``l``
+    projected onto :math:`B`) a valid upper bound: ``gap`` bounds the suboptimality of the
+    projected ``l`` whether or not a solver converged.
+
+    PSD-hard problems (``problem.psd``): the :math:`L` part of the Lagrangian is
+    :math:`\min_{L \succeq 0} \langle \mu I + Y, L \rangle`, which is 0 iff
+    :math:`Y \succeq -\mu I` (else :math:`-\infty`), so the multiplier's eigenvalues are clipped
+    to :math:`[-\mu, \infty)` and :math:`g` is the same entrywise minimum; the primal candidate
+    is the projection onto :math:`B` followed by :func:`psd_repair`, feasible for :math:`B` and
+    the PSD cone. For :class:`NuclearSolver` the multiplier is ``output.rho * output.dual``.
+    Costs two dense :math:`n \times n` eigendecompositions.
 
     Args:
       problem: the :class:`NuclearProblem`.
@@ -510,7 +533,8 @@ def nuclear_certificate(problem: NuclearProblem, l, multiplier) -> NuclearCertif
 
 
 def box_violation(l) -> jax.Array:
-    """Returns how far ``l`` is from ``B``: max of box, diagonal and asymmetry violations.
+    """Returns how far ``l`` is from the box :math:`B`: max of box, diagonal and asymmetry
+    violations.
 
     >>> float(box_violation(jnp.eye(2)))
     0.0
@@ -524,7 +548,7 @@ def box_violation(l) -> jax.Array:
 
 
 class NuclearOutput(NamedTuple):
-    """What :class:`NuclearSolver` returns.
+    r"""What :class:`NuclearSolver` returns.
 
     Attributes:
       l: ``[n, n]`` solution in ``B``: the ADMM ``Z`` iterate; for a PSD-hard problem the
@@ -542,8 +566,10 @@ class NuclearOutput(NamedTuple):
         does. Then ``k`` was too small and the answer may not be the optimum: re-solve with a
         larger ``rank`` / ``max_rank`` or the full ``eigh``. Whatever it says, the duality gap
         of :func:`nuclear_certificate` bounds the suboptimality of ``l``.
-      primal_residuals: ``[max_iters]`` ``||L - Z|| / max(1, ||L||, ||Z||)``, -1 padded.
-      dual_residuals: ``[max_iters]`` ``rho ||Z - Z_prev|| / max(1, rho ||W||)``, -1 padded.
+      primal_residuals: ``[max_iters]``
+        :math:`\|L - Z\| / \max(1, \|L\|, \|Z\|)`, -1 padded.
+      dual_residuals: ``[max_iters]``
+        :math:`\rho \|Z - Z_{\text{prev}}\| / \max(1, \rho \|W\|)`, -1 padded.
       n_iters: iterations run.
       converged: both residuals ``<= tol`` (False when the solve stopped at ``max_iters``).
       min_eig: smallest eigenvalue of ``l``. For a PSD-hard problem ``l`` is the better of
@@ -723,7 +749,7 @@ def admm_residuals(x, z, z_prev, w, rho, it, adapt_every: int, balance: float = 
 
 @flax.struct.dataclass
 class NuclearSolver:
-    """ADMM for :class:`NuclearProblem` (all settings static).
+    r"""ADMM for :class:`NuclearProblem` (all settings static).
 
     Gradients: not supported (``lax.while_loop``).
 
@@ -737,7 +763,7 @@ class NuclearSolver:
         (Boyd et al.'s 10; a smaller one follows the residuals more closely).
       rank: ``None`` for a full ``eigh`` per step, or ``k`` for the rank-``k`` step: Ritz
         pairs of the ADMM matrix on a ``k``-dimensional subspace warm-started from the previous
-        step's (``power_iters`` block Krylov sweeps, :meth:`_ritz_step`), for ``n`` in the
+        step's (``power_iters`` block Krylov sweeps of Rayleigh-Ritz), for ``n`` in the
         thousands, where a dense ``eigh`` is most of an iteration.
       max_rank: with ``rank``, ``None`` keeps ``k = rank``; an int ``>= rank`` lets ``k``
         double (``rank, 2 rank, ...``, capped at ``max_rank``, static sizes chosen by
@@ -745,7 +771,7 @@ class NuclearSolver:
         the residuals meet ``tol`` but the outside check (below) fails; the solve then goes on
         from the current iterate and subspace. (Under ``jax.vmap`` the check, a
         ``lax.cond``, runs at every step.)
-      power_iters: sweeps per ADMM step of :meth:`_ritz_step` (rank-``k`` path only).
+      power_iters: Rayleigh-Ritz sweeps per ADMM step (rank-``k`` path only).
       check_iters: Lanczos steps of the outside check (rank-``k`` path only): the largest
         eigenvalue (PSD-hard) or the spectral norm (soft) of the ADMM matrix projected off the
         subspace, which must not exceed the threshold ``mu / rho`` for the step to be the
@@ -754,7 +780,7 @@ class NuclearSolver:
         False leaves the output's ``objective`` ``None``.
       relaxation: over-relaxation ``alpha`` in ``(0, 2)`` (Boyd et al. 2011, Sec. 3.4.3;
         Eckstein & Bertsekas 1992): the ``Z`` and dual steps use
-        ``alpha L + (1 - alpha) Z_prev`` in place of ``L``; 1 is plain ADMM.
+        :math:`\alpha L + (1 - \alpha) Z_{\text{prev}}` in place of :math:`L`; 1 is plain ADMM.
       anderson: memory of type-II Anderson acceleration (0: none) of the ADMM as a fixed-point
         map on ``U = Z + W`` (``W`` the scaled dual; the map is the relaxed Douglas-Rachford
         step): each step moves ``U`` to the extrapolation of the last ``anderson`` steps, with
@@ -1106,7 +1132,8 @@ class _EigenStep:
 
 
 def recovery_error(l, labels) -> jax.Array:
-    """Returns ``max_uv |L_uv - 1[y_u = y_v]|``: 0 means exact recovery of the partition.
+    r"""Returns :math:`\max_{uv} |L_{uv} - \mathbf{1}[y_u = y_v]|`: 0 means exact recovery of the
+    partition.
 
     >>> float(recovery_error(jnp.eye(2), jnp.array([0, 1])))
     0.0
@@ -1148,7 +1175,8 @@ def matrix_clusters(l, threshold: float = 0.5) -> tuple[jax.Array, jax.Array]:
 
 
 def assign_labels(l, labels, labeled, num_classes: int) -> tuple[jax.Array, jax.Array]:
-    """Transductive labels from ``L``: ``argmax_c sum_{u labelled, y_u = c} L_vu``.
+    r"""Transductive labels from :math:`L`:
+    :math:`\operatorname{argmax}_c \sum_{u \text{ labelled}, y_u = c} L_{vu}`.
 
     Returns ``(pred [n] int32, scores [n, num_classes])``. A node with no positive score (no
     labelled node in its cluster) gets ``-1``: unassigned, never a silent guess.

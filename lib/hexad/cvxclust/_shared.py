@@ -74,16 +74,16 @@ _NEWTON_STEPS = 12
 
 @flax.struct.dataclass
 class SharedAtomProblem:
-    """The shared-model joint program (module docstring) as a pytree (all leaves).
+    r"""The shared-model joint program (module docstring) as a pytree (all leaves).
 
     Attributes:
       target: ``[n, n]`` adjacency with a unit diagonal.
-      cost: ``[n, n]`` graph weights ``C >= 0`` (zero diagonal; all zero without a graph).
+      cost: ``[n, n]`` graph weights :math:`C \ge 0` (zero diagonal; all zero without a graph).
       x: ``[n, d]`` features (``d`` may be 0).
       y: ``[n, K]`` one-hot labels on labelled nodes, zero rows elsewhere (``K`` may be 0).
-      label_weight: ``[n]`` ``w_v``: the label loss weight, 0 on unlabelled nodes.
-      mu0: atomic-norm weight ``> 0``.
-      mu1: node-loss weight ``>= 0``.
+      label_weight: ``[n]`` :math:`w_v`: the label loss weight, 0 on unlabelled nodes.
+      mu0: atomic-norm weight :math:`\mu_0 > 0`.
+      mu1: node-loss weight :math:`\mu_1 \ge 0`.
     """
 
     target: jax.Array
@@ -264,13 +264,15 @@ _CUTOFFS = (1e-12, 1e-10, 1e-8, 1e-6, 1e-4, 1e-2)
 
 
 def shared_atom_objective(problem: SharedAtomProblem, l, u) -> tuple[jax.Array, jax.Array]:
-    """Returns ``(objective, lambda_min(L'))`` at a feasible point built from ``(l, u)``.
+    r"""Returns :math:`(\text{objective}, \lambda_{\min}(L'))` at a feasible point built from
+    ``(l, u)``.
 
-    ``l`` is projected onto ``B`` and made PSD (:func:`psd_repair`); ``u`` is projected onto
-    the span of the eigenvectors of ``L'`` with eigenvalues above a cutoff ``c lambda_max``
-    and ``T = U^T L'^+ U`` on that span, which makes ``[[L', U], [U^T, T]]`` PSD; the smallest
-    objective over the cutoffs ``c`` in ``1e-12 ... 1e-2`` is returned (each is an upper bound
-    on the optimum).
+    ``l`` is projected onto :math:`B` and made PSD (:func:`psd_repair`); ``u`` is projected onto
+    the span of the eigenvectors of :math:`L'` with eigenvalues above a cutoff
+    :math:`c \lambda_{\max}`, and :math:`T = U^\top L'^{+} U` on that span, which makes
+    :math:`\begin{bmatrix} L' & U \\ U^\top & T \end{bmatrix}` PSD; the smallest objective over
+    the cutoffs :math:`c` in :math:`10^{-12}, \dots, 10^{-2}` is returned (each is an upper
+    bound on the optimum).
     """
     l2, min_eig = psd_repair(_project_b(l))
     lam, vec = jnp.linalg.eigh(l2)
@@ -289,20 +291,33 @@ def shared_atom_objective(problem: SharedAtomProblem, l, u) -> tuple[jax.Array, 
 
 
 def shared_atom_certificate(problem: SharedAtomProblem, l, u, multiplier) -> SharedAtomCertificate:
-    """Returns a duality-gap certificate for the candidate ``(l, u)`` and multiplier ``Y``.
+    r"""Returns a duality-gap certificate for the candidate ``(l, u)`` and multiplier ``Y``.
 
-    The splitting ``min f(M) + g(Z)`` s.t. ``M = Z``, ``f = PSD + mu0 tr``, ``g`` the graph
-    term on ``Z_L in B`` plus ``mu1 sum_v l_v`` on ``Z_U`` (``Z_T`` free), has the dual
-    ``d(Y) = min_M f(M) + <Y, M> + min_Z g(Z) - <Y, Z>``. The first term is 0 iff
-    ``Y + mu0 I >= 0``; the second is ``-inf`` unless ``Y_T = 0`` and each row of
-    ``2 Y_U / mu1`` lies in the domain of ``l_v^*`` (label part: ``e_y + g / w`` in the
-    simplex on labelled nodes, 0 on unlabelled ones). ``Y`` is made feasible in that order
-    (``Y_T = 0``; label rows projected; then ``Y_L += c I`` with ``c`` the deficit of the
-    Schur complement ``Y_L + mu0 I - Y_U Y_U^T / mu0``), which changes the ``L`` part by
-    ``-c n`` only (``diag Z_L = 1``). Then ``d(Y)`` is the entrywise minimum of the graph
-    program plus ``-mu1 sum_v l_v^*(2 Y_U[v] / mu1)`` with
-    ``l^*(g) = <g_m, x> + ||g_m||^2 / 2 + w sum_k q_k log q_k``, ``q = e_y + g_s / w``.
-    Valid for any input; with ``mu1 = 0``, ``Y_U`` is set to 0.
+    The splitting :math:`\min f(M) + g(Z)` s.t. :math:`M = Z`, with :math:`f` the PSD
+    indicator plus :math:`\mu_0 \operatorname{tr}`, and :math:`g` the graph term on
+    :math:`Z_L \in B` plus :math:`\mu_1 \sum_v l_v` on :math:`Z_U` (:math:`Z_T` free), has the
+    dual
+
+    .. math::
+
+       d(Y) = \min_M \big( f(M) + \langle Y, M \rangle \big)
+         + \min_Z \big( g(Z) - \langle Y, Z \rangle \big).
+
+    The first term is 0 iff :math:`Y + \mu_0 I \succeq 0`; the second is :math:`-\infty` unless
+    :math:`Y_T = 0` and each row of :math:`2 Y_U / \mu_1` lies in the domain of :math:`l_v^*`
+    (label part: :math:`e_y + g / w` in the simplex on labelled nodes, 0 on unlabelled ones).
+    :math:`Y` is made feasible in that order (:math:`Y_T = 0`; label rows projected; then
+    :math:`Y_L \mathrel{+}= c I` with :math:`c` the deficit of the Schur complement
+    :math:`Y_L + \mu_0 I - Y_U Y_U^\top / \mu_0`), which changes the :math:`L` part by
+    :math:`-c n` only (:math:`\operatorname{diag} Z_L = 1`). Then :math:`d(Y)` is the entrywise
+    minimum of the graph program plus :math:`-\mu_1 \sum_v l_v^*(2 Y_U[v] / \mu_1)` with
+
+    .. math::
+
+       l^*(g) = \langle g_m, x \rangle + \tfrac{1}{2} \|g_m\|^2 + w \sum_k q_k \log q_k,
+       \qquad q = e_y + g_s / w.
+
+    Valid for any input; with :math:`\mu_1 = 0`, :math:`Y_U` is set to 0.
 
     Args:
       problem: the problem.
@@ -349,7 +364,7 @@ def shared_atom_certificate(problem: SharedAtomProblem, l, u, multiplier) -> Sha
 
 
 class SharedAtomOutput(NamedTuple):
-    """What :class:`SharedAtomSolver` returns.
+    r"""What :class:`SharedAtomSolver` returns.
 
     Attributes:
       l: ``[n, n]`` in ``B`` and PSD, with ``u`` ``[n, p]`` (node ``v``'s model
@@ -357,7 +372,8 @@ class SharedAtomOutput(NamedTuple):
         iterate's ``(Z_L, Z_U)`` with ``Z_L`` made PSD by :func:`psd_repair`, or the PSD
         iterate's ``(L, U)`` with ``L`` made feasible by :func:`psd_rescale` and ``U``
         scaled alike (short of convergence usually the second).
-      m: ``[n + p, n + p]`` the ``Z`` iterate ``[[Z_L, Z_U], [Z_U^T, Z_T]]`` (the box and
+      m: ``[n + p, n + p]`` the :math:`Z` iterate
+        :math:`\begin{bmatrix} Z_L & Z_U \\ Z_U^\top & Z_T \end{bmatrix}` (the box and
         loss-prox block of the splitting, not the PSD iterate); a warm start's ``init``
         takes it as ``z``.
       dual: ``[n + p, n + p]`` scaled ADMM dual; rho: final penalty.

@@ -115,12 +115,13 @@ BASINS = ("beta", "alpha_R", "alpha_L")
 
 
 def basins(torsions: np.ndarray) -> np.ndarray:
-    """Returns ``[...]`` int: the coarse basin of each ``(phi, psi)`` ``[..., 2]`` (radians).
+    r"""Returns ``[...]`` int: the coarse basin of each ``(phi, psi)`` ``[..., 2]`` (radians).
 
     Rectangular regions of the Ramachandran plane, as coarse-grained analyses of alanine
-    dipeptide draw them: ``alpha_L`` (index 2, with C7ax) where ``phi >= 0``; for ``phi < 0``,
-    ``alpha_R`` (1) where ``-120 deg <= psi < 50 deg`` and ``beta`` (0, with C7eq and PII)
-    elsewhere. The beta basin straddles psi's seam at +-180 deg.
+    dipeptide draw them: ``alpha_L`` (index 2, with C7ax) where :math:`\phi \ge 0`; for
+    :math:`\phi < 0`, ``alpha_R`` (1) where :math:`-120^\circ \le \psi < 50^\circ` and ``beta``
+    (0, with C7eq and PII) elsewhere. The beta basin straddles :math:`\psi`'s seam at
+    :math:`\pm 180^\circ`.
 
     >>> basins(np.radians([[-80.0, 150.0], [-70.0, -40.0], [60.0, 40.0], [-150.0, -170.0]]))
     array([0, 1, 2, 0])

@@ -2,8 +2,9 @@
 
 Manifolds are static ``flax.struct`` dataclasses with closed-form ``exp``, ``log``, distances,
 tangent projections, samplers (uniform, wrapped normal, von Mises-Fisher) and vectorised
-pairwise costs and weighted means. :class:`Manifold` (the protocol of :mod:`hexad._base`,
-re-exported here) lists what the rest of hexad asks of a manifold; annotate with it.
+pairwise costs and weighted means. :class:`~hexad.base.Manifold` (the protocol of
+:mod:`hexad.base`, re-exported here) lists what the rest of hexad asks of a manifold; annotate
+with it.
 """
 
 from hexad._base import Manifold

@@ -35,7 +35,7 @@ Array = jax.Array
 
 
 def wrap_angle(a: Array) -> Array:
-    """Returns ``a`` wrapped into ``[-pi, pi)``.
+    r"""Returns ``a`` wrapped into :math:`[-\pi, \pi)`.
 
     >>> float(wrap_angle(jnp.float32(3 * math.pi / 2)))  # doctest: +ELLIPSIS
     -1.57...
@@ -134,7 +134,7 @@ def _check_dim(m, lo: int) -> None:
 
 @struct.dataclass
 class Euclidean:
-    """Euclidean space ``R^dim``.
+    r"""Euclidean space :math:`\mathbb{R}^{\mathrm{dim}}`.
 
     Attributes:
       dim: the dimension (static), an int ``>= 1``.
@@ -209,7 +209,8 @@ class Euclidean:
     def random_normal(
         self, key: Array, mean: Array, scale: Array | float, shape: tuple[int, ...] = ()
     ) -> Array:
-        """Returns ``mean + scale * N(0, I)`` samples ``[*shape, dim]``."""
+        r"""Returns samples :math:`\text{mean} + \text{scale} \cdot \mathcal{N}(0, I)`,
+        ``[*shape, dim]``."""
         z = jax.random.normal(key, (*shape, self.dim), jnp.result_type(mean, jnp.float32))
         return jnp.broadcast_to(mean, z.shape) + scale * z
 
@@ -221,10 +222,11 @@ class Euclidean:
 
 @struct.dataclass
 class Sphere:
-    """The unit sphere ``S^{dim-1}`` in ``R^dim`` with its round metric.
+    r"""The unit sphere :math:`S^{\mathrm{dim}-1}` in :math:`\mathbb{R}^{\mathrm{dim}}` with its
+    round metric.
 
     Attributes:
-      dim: the ambient dimension (static), an int ``>= 2``; ``Sphere(3)`` is ``S^2``.
+      dim: the ambient dimension (static), an int ``>= 2``; ``Sphere(3)`` is :math:`S^2`.
 
     >>> s = Sphere(3)
     >>> x, y = jnp.array([1.0, 0, 0]), jnp.array([0.0, 1, 0])
@@ -242,7 +244,7 @@ class Sphere:
         return self.dim - 1
 
     def proj(self, x: Array) -> Array:
-        """Returns ``x / |x|`` (the nearest point on the sphere)."""
+        r"""Returns :math:`x / \|x\|` (the nearest point on the sphere)."""
         return x / jnp.maximum(_safe_norm(x, keepdims=True), 1e-30)
 
     def proj_tangent(self, x: Array, v: Array) -> Array:
@@ -260,12 +262,15 @@ class Sphere:
         return x
 
     def exp(self, x: Array, v: Array) -> Array:
-        """``cos|v| x + sin|v| v/|v|``, renormalised so points stay on the sphere."""
+        r"""Returns :math:`\cos\|v\|\, x + \sin\|v\|\, v / \|v\|`, renormalised so points
+        stay on the sphere."""
         nv = _safe_norm(v, keepdims=True)
         return self.proj(jnp.cos(nv) * x + _sinc(nv) * v)
 
     def log(self, x: Array, y: Array) -> Array:
-        """``theta u / |u|`` with ``u = y - <x,y> x``; zero at ``y = x`` and at an antipode."""
+        r"""Returns :math:`\theta\, u / \|u\|` with :math:`u = y - \langle x, y \rangle x` and
+        :math:`\theta` the angle between :math:`x` and :math:`y`; zero at :math:`y = x` and at
+        an antipode."""
         c = _dot(x, y)
         u = y - c * x
         nu = _safe_norm(u, keepdims=True)
@@ -282,7 +287,7 @@ class Sphere:
         return jnp.square(self.dist(x, y))
 
     def geodesic(self, x: Array, v: Array, t: Array) -> tuple[Array, Array]:
-        """Point and velocity of ``s -> exp_x(s v)`` at ``s = t``."""
+        r"""Point and velocity of :math:`s \mapsto \exp_x(s v)` at :math:`s = t`."""
         nv = _safe_norm(v, keepdims=True)
         a = t * nv
         xt = self.proj(jnp.cos(a) * x + t * _sinc(a) * v)
@@ -333,7 +338,9 @@ class Sphere:
     def random_normal(
         self, key: Array, mean: Array, scale: Array | float, shape: tuple[int, ...] = ()
     ) -> Array:
-        """Wrapped normal: ``exp_mean(P_mean(scale * N(0, I)))``, samples ``[*shape, dim]``."""
+        r"""Wrapped normal samples
+        :math:`\exp_{\text{mean}}(P_{\text{mean}}(\text{scale} \cdot \mathcal{N}(0, I)))`,
+        ``[*shape, dim]``, with :math:`P` the tangent projection."""
         z = scale * jax.random.normal(key, (*shape, self.dim), jnp.result_type(mean, jnp.float32))
         mean = jnp.broadcast_to(mean, z.shape)
         return self.exp(mean, self.proj_tangent(mean, z))
@@ -344,7 +351,7 @@ class Sphere:
         """Von Mises-Fisher samples ``[*shape, dim]`` with mean direction ``mu`` ``[dim]``.
 
         Wood's (1994) method: the cosine ``w`` to ``mu`` is drawn exactly (inverse CDF on
-        ``S^2``, rejection sampling with a ``lax.while_loop`` otherwise), the direction
+        :math:`S^2`, rejection sampling with a ``lax.while_loop`` otherwise), the direction
         orthogonal to ``mu`` uniformly.
 
         Args:
@@ -413,9 +420,10 @@ def _wood_w(key: Array, kappa: Array, dim: int) -> Array:
 
 @struct.dataclass
 class Torus:
-    """The flat torus of dimension ``dim``: points are angles, one per axis, in [-pi, pi).
+    r"""The flat torus of dimension ``dim``: points are angles, one per axis, in
+    :math:`[-\pi, \pi)`.
 
-    ``T^dim = (R / 2 pi Z)^dim``.
+    :math:`T^{\mathrm{dim}} = (\mathbb{R} / 2 \pi \mathbb{Z})^{\mathrm{dim}}`.
 
     Attributes:
       dim: number of angles (static), an int ``>= 1``; ``Torus(2)`` holds Ramachandran
@@ -451,7 +459,7 @@ class Torus:
         return jnp.max(over, axis=-1)
 
     def features(self, x: Array) -> Array:
-        """Returns ``[..., 2 dim]`` ``(cos x, sin x)``: smooth, periodic coordinates."""
+        r"""Returns ``[..., 2 dim]`` :math:`(\cos x, \sin x)`: smooth, periodic coordinates."""
         return jnp.concatenate([jnp.cos(x), jnp.sin(x)], axis=-1)
 
     def exp(self, x: Array, v: Array) -> Array:
@@ -486,9 +494,9 @@ class Torus:
         return jnp.stack(cols, axis=-1)
 
     def mean(self, x: Array, w: Array) -> Array:
-        """Returns the circular mean ``[dim]`` of angles ``x [n, dim]``, per angle:
-        ``atan2(sum_i w_i sin x_i, sum_i w_i cos x_i)`` (weights ``w [n] >= 0``, normalised
-        here), in ``[-pi, pi]``.
+        r"""Returns the circular mean ``[dim]`` of angles ``x [n, dim]``, per angle:
+        :math:`\operatorname{atan2}(\sum_i w_i \sin x_i, \sum_i w_i \cos x_i)` (weights
+        ``w [n] >= 0``, normalised here), in :math:`[-\pi, \pi]`.
 
         It is the extrinsic mean on the circle, unaffected by the seam at ``+-pi``; where the
         weighted unit vectors cancel (e.g. uniform angles) it is 0.
@@ -502,13 +510,15 @@ class Torus:
         return jnp.arctan2(w @ jnp.sin(x), w @ jnp.cos(x))
 
     def random_uniform(self, key: Array, shape: tuple[int, ...] = ()) -> Array:
-        """Uniform angles ``[*shape, dim]`` in ``[-pi, pi)``."""
+        r"""Uniform angles ``[*shape, dim]`` in :math:`[-\pi, \pi)`."""
         return jax.random.uniform(key, (*shape, self.dim), minval=-math.pi, maxval=math.pi)
 
     def random_normal(
         self, key: Array, mean: Array, scale: Array | float, shape: tuple[int, ...] = ()
     ) -> Array:
-        """Wrapped normal ``wrap(mean + scale * N(0, I))``, samples ``[*shape, dim]``."""
+        r"""Wrapped normal samples
+        :math:`\operatorname{wrap}(\text{mean} + \text{scale} \cdot \mathcal{N}(0, I))`,
+        ``[*shape, dim]``."""
         z = jax.random.normal(key, (*shape, self.dim), jnp.result_type(mean, jnp.float32))
         return wrap_angle(jnp.broadcast_to(mean, z.shape) + scale * z)
 
@@ -520,7 +530,8 @@ class Torus:
 
 @struct.dataclass
 class Product:
-    """The product ``M_1 x ... x M_k``; a point concatenates the factors' coordinates.
+    r"""The product :math:`M_1 \times \dots \times M_k`; a point concatenates the factors'
+    coordinates.
 
     Attributes:
       factors: a non-empty tuple of manifolds (static; a list is stored as a tuple).

@@ -1,6 +1,6 @@
 """Optimal transport on manifolds through ott-jax: geodesic costs, entropic maps, divergences.
 
-- :class:`SqGeodesic`: ``d_M(x, y)^2`` as an ott-jax ``CostFn`` (vectorised ``all_pairs`` and a
+- :class:`SqGeodesic`: :math:`d_M(x, y)^2` as an ott-jax ``CostFn`` (vectorised ``all_pairs`` and a
   twist operator, so ``DualPotentials.transport`` is a Riemannian map).
 - :class:`EntropicMap` / :func:`entropic_map`: the Riemannian entropic map for weighted, padded
   clouds, dense or memory-bounded (ott's online geometry), batched with ``jax.vmap``;

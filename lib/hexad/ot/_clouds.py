@@ -38,7 +38,7 @@ def _check_pair(manifold: Manifold, x: Array, y: Array, a: Array, b: Array) -> N
 
 
 def chamfer(manifold: Manifold, x: Array, y: Array, a: Array, b: Array) -> Array:
-    """Returns ``sum_i a_i min_j d(x_i, y_j)^2 + sum_j b_j min_i d(x_i, y_j)^2``.
+    r"""Returns :math:`\sum_i a_i \min_j d(x_i, y_j)^2 + \sum_j b_j \min_i d(x_i, y_j)^2`.
 
     Masses are normalised; zero masses are padding (they neither count nor are nearest).
 
@@ -70,7 +70,8 @@ def entropic_emd(
     max_iterations: int = 5000,
     threshold: float = 1e-3,
 ) -> tuple[Array, Array]:
-    """Returns ``(sum_ij P_ij d(x_i, y_j), converged)`` for ott-jax's entropic plan ``P``.
+    r"""Returns :math:`\sum_{ij} P_{ij} d(x_i, y_j)` and ``converged``, for ott-jax's entropic
+    plan :math:`P`.
 
     The ground cost is the geodesic distance (not squared), ``epsilon`` is relative to its
     largest entry between real points (ott's ``scale_cost="max_cost"``), and Sinkhorn runs

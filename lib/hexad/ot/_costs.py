@@ -13,16 +13,17 @@ __all__ = ["SqGeodesic"]
 
 @jtu.register_pytree_node_class
 class SqGeodesic(costs.CostFn):
-    """The cost ``c(x, y) = d_M(x, y)^2`` of a manifold ``M``, as an ott-jax ``CostFn``.
+    r"""The cost :math:`c(x, y) = d_M(x, y)^2` of a manifold :math:`M`, as an ott-jax ``CostFn``.
 
     ``all_pairs`` is the manifold's vectorised ``pairwise_sqdist`` (one matmul on the sphere,
     one ``[n, m]`` block per angle on the torus), so ott's ``PointCloud`` builds cost matrices
     (or, with ``batch_size``, row blocks of them) without an ``[n, m, dim]`` intermediate.
 
     The twist operator makes ott's ``DualPotentials.transport`` a Riemannian map: for
-    ``c = d^2``, ``grad_x c(x, y) = -2 log_x(y)``, so the inverse of ``y -> grad_x c(x, y)``
-    at ``z`` is ``exp_x(-z / 2)`` after projecting ``z`` onto ``T_x M`` (ott differentiates
-    the potential in ambient coordinates). This is the Gangbo-McCann map ``exp_x(-grad f / 2)``
+    :math:`c = d^2`, :math:`\nabla_x c(x, y) = -2 \log_x(y)`, so the inverse of
+    :math:`y \mapsto \nabla_x c(x, y)` at :math:`z` is :math:`\exp_x(-z / 2)` after projecting
+    :math:`z` onto :math:`T_x M` (ott differentiates the potential in ambient coordinates). This
+    is the Gangbo-McCann map :math:`\exp_x(-\nabla f / 2)`
     (McCann 2001; for entropic potentials, arXiv:2109.12004, Pooladian & Niles-Weed).
 
     Args:

@@ -38,11 +38,12 @@ Array = jax.Array
 
 
 class EntropicMapOutput(NamedTuple):
-    """What :class:`EntropicMap` returns for one pair of clouds (add a leading axis under vmap).
+    r"""What :class:`EntropicMap` returns for one pair of clouds (add a leading axis under vmap).
 
     Attributes:
-      mapped: ``[n, d]`` ``T(x_i) = exp_{x_i}(tangent_i)``, on the manifold.
-      tangent: ``[n, d]`` ``sum_j (P_ij / sum_k P_ik) log_{x_i}(y_j)`` in ``T_{x_i} M``.
+      mapped: ``[n, d]`` :math:`T(x_i) = \exp_{x_i}(\mathrm{tangent}_i)`, on the manifold.
+      tangent: ``[n, d]`` :math:`\sum_j (P_{ij} / \sum_k P_{ik}) \log_{x_i}(y_j)` in
+        :math:`T_{x_i} M`.
       g: ``[m]`` ott-jax's target dual potential (``-inf``/garbage where ``b_j = 0``: unused).
       converged: ``[]`` bool, whether Sinkhorn met its threshold.
       n_iters: ``[]`` int, Sinkhorn iterations run.
@@ -89,10 +90,11 @@ def barycentric_tangent(
     batch_size: int | None = None,
     cost: Array | None = None,
 ) -> Array:
-    """Returns ``[n, d]`` ``sum_j w_ij log_{x_i}(y_j)`` with the entropic map's weights.
+    r"""Returns ``[n, d]`` :math:`\sum_j w_{ij} \log_{x_i}(y_j)` with the entropic map's weights.
 
-    ``w_ij = exp((g_j - d(x_i, y_j)^2) / eps) / Z_i`` is row ``i`` of the entropic plan
-    normalised to sum to one (``P_ij / sum_k P_ik``), with ``g`` ott-jax's log-domain potential
+    :math:`w_{ij} = \exp((g_j - d(x_i, y_j)^2) / \varepsilon) / Z_i` is row :math:`i` of the
+    entropic plan normalised to sum to one (:math:`P_{ij} / \sum_k P_{ik}`), with :math:`g`
+    ott-jax's log-domain potential
     (which already includes ``eps log b_j``); it is defined for any ``x``, so this also maps
     points out of sample. Padded targets (``b_j = 0``) get zero weight.
 
@@ -129,15 +131,19 @@ def barycentric_tangent(
 
 @struct.dataclass
 class EntropicMap:
-    """Solver for the Riemannian entropic map between two weighted point clouds on ``M``.
+    r"""Solver for the Riemannian entropic map between two weighted point clouds on :math:`M`.
 
-    ``T(x_i) = exp_{x_i}( sum_j (P_ij / sum_k P_ik) log_{x_i}(y_j) )`` where ``P`` is the
-    entropic OT plan for the cost ``d_M(x, y)^2`` (RWEFM; on ``R^d`` this is the entropic map
-    of Pooladian & Niles-Weed, arXiv:2109.12004, eq. 3.4). Sinkhorn is ott-jax's, in log
-    domain; no gradients are taken through the map in this library, and ``jax.grad`` through
-    it does not work yet: ott's implicit differentiation reports its linear system as
-    singular (lineax raises; seen on the sphere, the torus and ``R^d``).
-    :func:`sinkhorn_divergence` does differentiate (tested under ``jax.grad``).
+    .. math::
+
+       T(x_i) = \exp_{x_i}\Big( \sum_j \frac{P_{ij}}{\sum_k P_{ik}} \log_{x_i}(y_j) \Big)
+
+    where :math:`P` is the entropic OT plan for the cost :math:`d_M(x, y)^2` (RWEFM; on
+    :math:`\mathbb{R}^d` this is the entropic map of Pooladian & Niles-Weed, arXiv:2109.12004, eq.
+    3.4). Sinkhorn is ott-jax's, in log domain; no gradients are taken through the map in this
+    library, and ``jax.grad`` through it does not work yet: ott's implicit differentiation reports
+    its linear system as singular (lineax raises; seen on the sphere, the torus and
+    :math:`\mathbb{R}^d`). :func:`sinkhorn_divergence` does differentiate (tested under
+    ``jax.grad``).
 
     Padding: give padded points zero weight in ``a``/``b``; their rows of ``mapped`` are still
     finite (they are mapped like out-of-sample points). Many cloud pairs: ``jax.vmap(solver)``.
@@ -301,7 +307,33 @@ def entropic_map(
     threshold: float = 1e-3,
     batch_size: int | None = None,
 ) -> EntropicMapOutput:
-    """Returns the Riemannian entropic map of ``x [n, d]`` onto ``y [m, d]`` (:class:`EntropicMap`).
+    r"""Returns the Riemannian entropic map of ``x [n, d]`` onto ``y [m, d]``.
+
+    A one-call form of :class:`EntropicMap` (whose page has the settings in full):
+
+    .. math::
+
+       T(x_i) = \exp_{x_i}\Big( \sum_j \frac{P_{ij}}{\sum_k P_{ik}} \log_{x_i}(y_j) \Big),
+
+    with :math:`P` the entropic OT plan of the weights ``a`` and ``b`` for the cost
+    :math:`d_M(x, y)^2`, solved by ott-jax's Sinkhorn.
+
+    Args:
+      manifold: the manifold :math:`M` the points lie on (a :class:`hexad.base.Manifold`).
+      x: ``[n, d]`` source points, mapped.
+      y: ``[m, d]`` target points.
+      a: ``[n]`` source weights, ``>= 0`` (uniform if ``None``; 0 marks padding).
+      b: ``[m]`` target weights, ``>= 0`` (uniform if ``None``; 0 marks padding).
+      epsilon: the entropic regularisation, ``> 0``, in units of squared distance (relative
+        to the largest cost with ``scale_cost="max_cost"``).
+      scale_cost: ``None`` or ``"max_cost"``.
+      max_iterations: Sinkhorn's iteration bound.
+      threshold: Sinkhorn's marginal-error tolerance.
+      batch_size: ``None`` for dense costs, or a row block for ott's online geometry.
+
+    Returns:
+      An :class:`EntropicMapOutput`: ``mapped [n, d]`` (the points :math:`T(x_i)`), the
+      tangent vectors :math:`\log_{x_i} T(x_i)`, and whether Sinkhorn converged.
 
     >>> from hexad.geometry import Torus
     >>> t = Torus(2)
@@ -323,11 +355,12 @@ def entropic_map(
 def mccann_interpolation(
     manifold: Manifold, x: Array, tangent: Array, t: Array
 ) -> tuple[Array, Array]:
-    """Returns McCann's displacement interpolation and its velocity at time ``t``.
+    r"""Returns McCann's displacement interpolation and its velocity at time ``t``.
 
-    ``x_i(t) = exp_{x_i}(t v_i)`` with ``v_i = log_{x_i} T(x_i)`` (the map's ``tangent``), and
-    ``d/dt x_i(t)``, the geodesic's velocity, in ``T_{x_i(t)} M``: the RWEFM regression target.
-    At ``t = 0`` it is ``x``; at ``t = 1`` it is ``T(x)``.
+    :math:`x_i(t) = \exp_{x_i}(t v_i)` with :math:`v_i = \log_{x_i} T(x_i)` (the map's
+    ``tangent``), and :math:`\frac{d}{dt} x_i(t)`, the geodesic's velocity, in
+    :math:`T_{x_i(t)} M`: the RWEFM regression target. At :math:`t = 0` it is :math:`x`; at
+    :math:`t = 1` it is :math:`T(x)`.
 
     Args:
       manifold: the manifold (static).
@@ -387,12 +420,18 @@ def sinkhorn_divergence(
     threshold: float = 1e-3,
     batch_size: int | None = None,
 ) -> Array:
-    """Returns the debiased Sinkhorn divergence ``S_eps(a, b)`` for the cost ``d_M^2``.
+    r"""Returns the debiased Sinkhorn divergence :math:`S_\varepsilon(a, b)` for the cost
+    :math:`d_M^2`.
 
-    ``S_eps = OT_eps(a, b) - (OT_eps(a, a) + OT_eps(b, b)) / 2`` (Feydy et al.,
-    arXiv:1810.08278), computed by ott-jax's ``sinkhorn_divergence`` on the three geodesic
-    cost matrices (or, with ``batch_size``, on row-blocked point clouds with the
-    :class:`SqGeodesic` cost). It tends to ``W_2^2`` on ``M`` as ``eps -> 0``.
+    .. math::
+
+       S_\varepsilon(a, b) = \mathrm{OT}_\varepsilon(a, b)
+         - \tfrac{1}{2} \big( \mathrm{OT}_\varepsilon(a, a) + \mathrm{OT}_\varepsilon(b, b) \big)
+
+    (Feydy et al., arXiv:1810.08278), computed by ott-jax's ``sinkhorn_divergence`` on the
+    three geodesic cost matrices (or, with ``batch_size``, on row-blocked point clouds with the
+    :class:`SqGeodesic` cost). It tends to :math:`W_2^2` on :math:`M` as
+    :math:`\varepsilon \to 0`.
 
     Args:
       manifold: the manifold (static).
@@ -444,7 +483,8 @@ def sinkhorn_divergence(
 
 
 def sinkhorn_w2(manifold: Manifold, x: Array, y: Array, a=None, b=None, **kwargs: Any) -> Array:
-    """Returns ``sqrt(max(S_eps, 0))``, the Sinkhorn-divergence estimate of ``W_2`` on ``M``.
+    r"""Returns :math:`\sqrt{\max(S_\varepsilon, 0)}`, the Sinkhorn-divergence estimate of
+    :math:`W_2` on :math:`M`.
 
     Same arguments as :func:`sinkhorn_divergence`.
 

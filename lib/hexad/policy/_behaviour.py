@@ -57,7 +57,8 @@ __all__ = [
     "train_online",
 ]
 
-REPLAY_FIELDS = Batch._fields  # the replay buffer's fields, those of a Batch
+REPLAY_FIELDS = Batch._fields
+"""The replay buffer's fields, those of a :class:`Batch`."""
 
 
 @runtime_checkable
@@ -714,7 +715,7 @@ def train_ant_controller(
     directory=None,
     progress=None,
 ) -> AntController:
-    """Trains (or resumes, or loads) the direction-commanded ant controller.
+    r"""Trains (or resumes, or loads) the direction-commanded ant controller.
 
     SAC in :class:`hexad.data.offline_rl.AntCommandEnv` by :func:`train_online`, one update
     per env step, in chunks of ``chunk_steps`` env steps, each checkpointed through
@@ -732,7 +733,7 @@ def train_ant_controller(
       start_steps: initial env steps with uniform random actions and no updates.
       episode_steps: episode length (timeout) of the training envs.
       command_every: steps between command redraws.
-      ctrl_cost: weight of ``|a|^2`` in the reward.
+      ctrl_cost: weight of :math:`\|a\|^2` in the reward.
       terminate_flipped: also end an episode as a termination (no healthy bonus, no
         bootstrap) when the torso turns upside down, so the controller is not paid for lying
         on its back.
@@ -829,6 +830,8 @@ ANT_CONTROLLER_DEFAULTS = {
     for k, p in inspect.signature(train_ant_controller).parameters.items()
     if k not in ("directory", "progress")
 }
+"""The default settings of :func:`train_ant_controller` (all but ``directory`` and ``progress``),
+from which :func:`ant_controller_spec` names the controller's cache folder."""
 
 
 def ant_controller_spec(**overrides) -> dict:

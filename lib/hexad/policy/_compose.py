@@ -37,12 +37,13 @@ __all__ = ["ExpertLibrary", "Method", "Row", "compose", "stack_rows"]
 
 
 class Method(enum.IntEnum):
-    """How one row of a deployment table acts; the integer codes are what traced code sees.
+    r"""How one row of a deployment table acts; the integer codes are what traced code sees.
 
     Attributes:
-      POE: the product of experts ``pi_A^(1 - alpha) p^alpha`` (:func:`poe`); alpha 0 is the
-        actor, alpha 1 the prior alone.
-      ADDITIVE: the precision-blind blend ``(1 - alpha) mu_A + alpha mu_P`` (:func:`additive`).
+      POE: the product of experts :math:`\pi_A^{1 - \alpha} p^\alpha` (:func:`poe`);
+        :math:`\alpha = 0` is the actor, :math:`\alpha = 1` the prior alone.
+      ADDITIVE: the precision-blind blend :math:`(1 - \alpha) \mu_A + \alpha \mu_P`
+        (:func:`additive`).
       KL_STATE: PoE at each state's own KL-budget alpha (:func:`kl_budget_alpha_per_state`).
       IQL_GUIDED: the actor's action steered by an IQL critic (:func:`q_steer`); the row's
         alpha is the trust-region half-width.

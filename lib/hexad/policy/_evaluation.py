@@ -20,8 +20,8 @@ __all__ = [
     "precision_ratio",
 ]
 
-# The likelihood spaces a policy (and so its PoE) may live in.
 SPACES = ("pretanh", "action")
+"""The likelihood spaces a policy (and so its PoE) may live in (:func:`check_space`)."""
 
 
 def check_space(space: str) -> str:
@@ -52,7 +52,7 @@ def actor_for_space(space: str, action_dim: int, hidden: Sequence[int]):
 
 
 def deterministic_action(mean, squashed):
-    """Returns ``tanh(mean)`` where ``squashed`` and ``clip(mean, -1, 1)`` elsewhere.
+    r"""Returns :math:`\tanh(\text{mean})` where ``squashed`` and ``clip(mean, -1, 1)`` elsewhere.
 
     Args:
       mean: ``[B, d]`` composed means.
@@ -81,8 +81,8 @@ def check_disjoint(select, test, name: str = "select_seeds") -> None:
 
 
 def precision_ratio(actor: DiagGaussian, prior: DiagGaussian) -> np.ndarray:
-    """Returns ``lam_P / lam_A = (s_A / s_P)^2`` elementwise: how much the prior's precision
-    outweighs the actor's in a PoE (``> 1``: the prior dominates the composed mean).
+    r"""Returns :math:`\lambda_P / \lambda_A = (s_A / s_P)^2` elementwise: how much the prior's
+    precision outweighs the actor's in a PoE (``> 1``: the prior dominates the composed mean).
 
     >>> a = DiagGaussian(jnp.zeros(1), jnp.full(1, 2.0))
     >>> precision_ratio(a, DiagGaussian(jnp.zeros(1), jnp.ones(1))).tolist()

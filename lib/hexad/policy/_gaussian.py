@@ -106,11 +106,17 @@ def _alpha_axis(alpha, ndim: int) -> jax.Array:
 
 
 def poe(actor: DiagGaussian, prior: DiagGaussian, alpha) -> DiagGaussian:
-    """Returns the product of experts ``pi_A^(1 - alpha) p^alpha`` of two diagonal Gaussians.
+    r"""Returns the product of experts :math:`\pi_A^{1 - \alpha} p^\alpha` of two diagonal
+    Gaussians.
 
-    Precision-weighted: ``lam = (1 - alpha) lam_A + alpha lam_P``,
-    ``mu = ((1 - alpha) lam_A mu_A + alpha lam_P mu_P) / lam``. ``alpha = 0`` gives the actor,
-    ``alpha = 1`` the prior.
+    Precision-weighted, with :math:`\lambda = s^{-2}`:
+
+    .. math::
+
+       \lambda = (1 - \alpha) \lambda_A + \alpha \lambda_P, \qquad
+       \mu = \frac{(1 - \alpha) \lambda_A \mu_A + \alpha \lambda_P \mu_P}{\lambda}.
+
+    :math:`\alpha = 0` gives the actor, :math:`\alpha = 1` the prior.
 
     Args:
       actor: the frozen actor's Gaussian, ``mean``/``std`` of shape ``[..., d]``.
@@ -137,11 +143,14 @@ def poe(actor: DiagGaussian, prior: DiagGaussian, alpha) -> DiagGaussian:
 
 
 def kl_regularised(actor: DiagGaussian, prior: DiagGaussian, beta) -> DiagGaussian:
-    """Returns the maximiser of ``E_pi[log p] - (1 / beta) KL(pi || pi_A)`` over Gaussians.
+    r"""Returns the maximiser of
+    :math:`\mathbb{E}_\pi[\log p] - \beta^{-1} \mathrm{KL}(\pi \| \pi_A)` over Gaussians.
 
-    The solution is ``pi ∝ pi_A p^beta``: precision ``lam_A + beta lam_P`` and mean
-    ``(lam_A mu_A + beta lam_P mu_P) / (lam_A + beta lam_P)``. With ``beta = alpha / (1 - alpha)``
-    the mean equals :func:`poe`'s and the std is ``sqrt(1 - alpha)`` times PoE's.
+    The solution is :math:`\pi \propto \pi_A p^\beta`: precision
+    :math:`\lambda_A + \beta \lambda_P` and mean
+    :math:`(\lambda_A \mu_A + \beta \lambda_P \mu_P) / (\lambda_A + \beta \lambda_P)`, with
+    :math:`\lambda = s^{-2}` the precisions. With :math:`\beta = \alpha / (1 - \alpha)` the
+    mean equals :func:`poe`'s and the std is :math:`\sqrt{1 - \alpha}` times PoE's.
 
     Args:
       actor: the frozen actor's Gaussian, ``[..., d]``.
@@ -169,7 +178,7 @@ def kl_regularised(actor: DiagGaussian, prior: DiagGaussian, beta) -> DiagGaussi
 
 
 def additive(actor: DiagGaussian, prior: DiagGaussian, alpha) -> DiagGaussian:
-    """Returns the additive (precision-blind) blend ``(1 - alpha) mu_A + alpha mu_P``.
+    r"""Returns the additive (precision-blind) blend :math:`(1 - \alpha) \mu_A + \alpha \mu_P`.
 
     The baseline PoE is compared against: the means are interpolated without looking at either
     expert's confidence, so a confident actor is overridden by an uninformed prior. The std is
@@ -196,7 +205,7 @@ def additive(actor: DiagGaussian, prior: DiagGaussian, alpha) -> DiagGaussian:
 
 
 def prior_only(actor: DiagGaussian, prior: DiagGaussian) -> DiagGaussian:
-    """Returns the prior alone, broadcast to the actor's shape (the alpha = 1 baseline).
+    r"""Returns the prior alone, broadcast to the actor's shape (the :math:`\alpha = 1` baseline).
 
     >>> a = DiagGaussian(jnp.zeros((3, 2)), jnp.ones((3, 2)))
     >>> prior_only(a, DiagGaussian(jnp.ones(2), jnp.ones(2))).mean.shape
@@ -208,7 +217,7 @@ def prior_only(actor: DiagGaussian, prior: DiagGaussian) -> DiagGaussian:
 
 
 def squash(g: DiagGaussian, low=-1.0, high=1.0) -> jax.Array:
-    """Returns the deterministic action ``tanh(mean)`` rescaled to ``[low, high]``.
+    r"""Returns the deterministic action :math:`\tanh(\text{mean})` rescaled to ``[low, high]``.
 
     Args:
       g: a pre-tanh ``DiagGaussian``, ``[..., d]``.
@@ -224,9 +233,12 @@ def squash(g: DiagGaussian, low=-1.0, high=1.0) -> jax.Array:
 
 
 def kl_diag_gaussian(p: DiagGaussian, q: DiagGaussian) -> jax.Array:
-    """Returns ``KL(p || q)`` between diagonal Gaussians, summed over the last axis.
+    r"""Returns :math:`\mathrm{KL}(p \| q)` between diagonal Gaussians, summed over the last axis.
 
-    ``KL = sum_i log(s_q / s_p) + (s_p^2 + (mu_p - mu_q)^2) / (2 s_q^2) - 1/2``.
+    .. math::
+
+       \mathrm{KL}(p \| q) = \sum_i \log \frac{s_{q,i}}{s_{p,i}}
+         + \frac{s_{p,i}^2 + (\mu_{p,i} - \mu_{q,i})^2}{2 s_{q,i}^2} - \frac{1}{2}
 
     Args:
       p, q: ``DiagGaussian`` with broadcastable ``[..., d]`` arrays.
@@ -254,11 +266,13 @@ def _kl(p: DiagGaussian, q: DiagGaussian) -> jax.Array:
 
 
 def poe_kl_to_actor(actor: DiagGaussian, prior: DiagGaussian, alpha) -> jax.Array:
-    """Returns ``KL(pi_alpha || pi_A)`` for the PoE ``pi_alpha``, summed over actions.
+    r"""Returns :math:`\mathrm{KL}(\pi_\alpha \| \pi_A)` for the PoE :math:`\pi_\alpha`, summed
+    over actions.
 
-    Non-decreasing in ``alpha``: the PoE path is a straight line in natural parameters, and along
-    such a line ``d/d alpha KL(p_alpha || p_0) = alpha d^T F(alpha) d >= 0`` (``F`` the Fisher
-    matrix), which is what lets the KL-budget selectors bisect.
+    Non-decreasing in :math:`\alpha`: the PoE path is a straight line in natural parameters
+    (direction :math:`d`), and along such a line
+    :math:`\frac{d}{d\alpha} \mathrm{KL}(p_\alpha \| p_0) = \alpha\, d^\top F(\alpha)\, d \ge 0`
+    (:math:`F` the Fisher matrix), which is what lets the KL-budget selectors bisect.
 
     Args:
       actor, prior: ``[..., d]``.
@@ -275,13 +289,16 @@ def poe_kl_to_actor(actor: DiagGaussian, prior: DiagGaussian, alpha) -> jax.Arra
 
 
 def poe_mean_kl_to_actor(actor: DiagGaussian, prior: DiagGaussian, alpha) -> jax.Array:
-    """Returns the mean-only (Mahalanobis) part of ``KL(pi_alpha || pi_A)``, summed over actions.
+    r"""Returns the mean-only (Mahalanobis) part of :math:`\mathrm{KL}(\pi_\alpha \| \pi_A)`,
+    summed over actions.
 
-    ``0.5 sum_i ((mu_alpha - mu_A) / s_A)^2``: the KL of the PoE mean shift alone, with the
-    actor's std kept, i.e. what a deterministic policy ``tanh(mu_alpha)`` (or ``mu_alpha``)
-    actually changes. Per dimension ``mu_alpha - mu_A = w(alpha) (mu_P - mu_A)`` with
-    ``w = alpha lam_P / ((1 - alpha) lam_A + alpha lam_P)`` non-decreasing in alpha, so this is
-    non-decreasing too and the KL-budget selectors can bisect it (``mean_only=True``).
+    :math:`\frac{1}{2} \sum_i ((\mu_{\alpha,i} - \mu_{A,i}) / s_{A,i})^2`: the KL of the PoE
+    mean shift alone, with the actor's std kept, i.e. what a deterministic policy
+    :math:`\tanh(\mu_\alpha)` (or :math:`\mu_\alpha`) actually changes. Per dimension
+    :math:`\mu_\alpha - \mu_A = w(\alpha) (\mu_P - \mu_A)` with
+    :math:`w = \alpha \lambda_P / ((1 - \alpha) \lambda_A + \alpha \lambda_P)` non-decreasing in
+    :math:`\alpha`, so this is non-decreasing too and the KL-budget selectors can bisect it
+    (``mean_only=True``).
 
     >>> a = DiagGaussian(jnp.zeros(1), jnp.ones(1))
     >>> poe_mean_kl_to_actor(a, DiagGaussian(jnp.ones(1), jnp.ones(1)), 1.0)
@@ -330,11 +347,12 @@ def kl_budget_alpha(
     weights=None,
     mean_only: bool = False,
 ) -> jax.Array:
-    """Returns the largest alpha whose mean ``KL(pi_alpha || pi_A)`` over states is <= budget.
+    r"""Returns the largest :math:`\alpha` whose mean :math:`\mathrm{KL}(\pi_\alpha \| \pi_A)` over
+    states is at most ``budget``.
 
     The global selector: one alpha for all states, found by bisection on ``[0, 1]`` (the mean KL
     is non-decreasing in alpha, see :func:`poe_kl_to_actor`). The result is always feasible;
-    it is within ``2^-n_iters`` of the largest feasible alpha.
+    it is within :math:`2^{-n}` of the largest feasible alpha, :math:`n` = ``n_iters``.
 
     Args:
       actor: ``[n, d]`` the actor's Gaussians at ``n`` data states.
@@ -383,7 +401,8 @@ def kl_budget_alpha(
 def kl_budget_alpha_per_state(
     actor: DiagGaussian, prior: DiagGaussian, budget, n_iters: int = 30, mean_only: bool = False
 ) -> jax.Array:
-    """Returns, per state, the largest alpha with ``KL(pi_alpha || pi_A) <= budget``.
+    r"""Returns, per state, the largest :math:`\alpha` with
+    :math:`\mathrm{KL}(\pi_\alpha \| \pi_A) \le` ``budget``.
 
     Args:
       actor: ``[..., d]``.
@@ -410,18 +429,23 @@ def kl_budget_alpha_per_state(
 
 
 def calibrate_kl_budget(actor: DiagGaussian, fraction: float = 0.5) -> jax.Array:
-    """Returns a KL budget in nats calibrated on the actor alone: ``fraction`` times the median
+    r"""Returns a KL budget in nats calibrated on the actor alone: ``fraction`` times the median
     KL between the actor at two of the data's states.
 
-    ``B = fraction * median_i KL(pi_A(. | s_j(i)) || pi_A(. | s_i))`` with ``j(i) = (i + n // 2)
-    mod n``: each state is paired with the one half the list away, so for states drawn at
-    random from the data the pairs are random pairs of data states. The budget is the actor's
-    own scale of variation over the data, in nats of its own likelihood space: a composition
-    held to ``B`` (:func:`kl_budget_alpha`) moves the actor, on average over the states, by at
-    most ``fraction`` of what separates the actor's own actions at two typical states. It is
-    calibrated per likelihood space (a pre-tanh and an action-space actor each set their own)
-    and is invariant to the action space's units (an affine rescaling of the actions scales
-    means and stds alike and leaves every KL unchanged).
+    .. math::
+
+       B = f \cdot \operatorname{median}_i
+         \mathrm{KL}\big(\pi_A(\cdot \mid s_{j(i)}) \,\|\, \pi_A(\cdot \mid s_i)\big),
+       \qquad j(i) = (i + \lfloor n / 2 \rfloor) \bmod n,
+
+    with :math:`f` the ``fraction``: each state is paired with the one half the list away, so for
+    states drawn at random from the data the pairs are random pairs of data states. The budget is
+    the actor's own scale of variation over the data, in nats of its own likelihood space: a
+    composition held to :math:`B` (:func:`kl_budget_alpha`) moves the actor, on average over the
+    states, by at most ``fraction`` of what separates the actor's own actions at two typical states.
+    It is calibrated per likelihood space (a pre-tanh and an action-space actor each set their own)
+    and is invariant to the action space's units (an affine rescaling of the actions scales means
+    and stds alike and leaves every KL unchanged).
 
     It reads no reward, and no prior: the signature takes the actor's Gaussians only, so the
     budget is fixed before any return or any prior is seen.

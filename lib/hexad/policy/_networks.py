@@ -122,10 +122,11 @@ class ValueNet(nn.Module):
 
 
 def gaussian_log_prob(dist: DiagGaussian, actions, squash: bool = True, eps: float = 1e-6):
-    """Returns ``log pi(actions)`` summed over the action axis.
+    r"""Returns :math:`\log \pi(\text{actions})` summed over the action axis.
 
-    For a squashed policy the density of ``a = tanh(u)`` includes the change of variables
-    ``- sum log(1 - a^2)``; actions are clipped to ``|a| <= 1 - eps`` before ``atanh``.
+    For a squashed policy the density of :math:`a = \tanh(u)` includes the change of variables
+    :math:`-\sum \log(1 - a^2)`; actions are clipped to :math:`|a| \le 1 - \epsilon` before
+    ``atanh``.
 
     Args:
       dist: ``DiagGaussian`` ``[..., d]``.

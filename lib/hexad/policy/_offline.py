@@ -168,9 +168,11 @@ class Normaliser:
 
 
 def expectile_loss(diff, expectile: float):
-    """Returns IQL's asymmetric squared loss ``|tau - 1(u < 0)| u^2`` (arXiv 2110.06169, eq. 5).
+    r"""Returns IQL's asymmetric squared loss :math:`|\tau - \mathbf{1}(u < 0)|\, u^2`
+    (arXiv 2110.06169, eq. 5).
 
-    Its minimiser over a constant ``m`` for ``u = x - m`` is the ``tau``-expectile of ``x``.
+    Its minimiser over a constant :math:`m` for :math:`u = x - m` is the :math:`\tau`-expectile
+    of :math:`x`.
 
     Args:
       diff: ``[...]`` residuals ``u = target - prediction``.
@@ -296,12 +298,13 @@ def iql(
     tau: float = 0.005,
     max_weight: float = 100.0,
 ) -> Algorithm:
-    """Returns implicit Q-learning (arXiv 2110.06169, eqs. 5-7 and the AWR actor of sec. 4.3).
+    r"""Returns implicit Q-learning (arXiv 2110.06169, eqs. 5-7 and the AWR actor of sec. 4.3).
 
-    One step updates, in order: the value ``V`` by expectile regression on
-    ``min(Q1, Q2)`` of the target critic; the actor by advantage-weighted regression with
-    weights ``min(exp(temperature * (Q_target - V)), max_weight)``; the twin critic towards
-    ``r + discount (1 - terminal) V(s')``; then the target critic by Polyak averaging.
+    One step updates, in order: the value :math:`V` by expectile regression on
+    :math:`\min(Q_1, Q_2)` of the target critic; the actor by advantage-weighted regression with
+    weights :math:`\min(\exp(\beta (Q_{\text{target}} - V)), w_{\max})` (:math:`\beta` the
+    ``temperature``, :math:`w_{\max}` the ``max_weight``); the twin critic towards
+    :math:`r + \gamma (1 - d) V(s')`; then the target critic by Polyak averaging.
 
     Args:
       actor: ``GaussianActor`` (static).
@@ -440,14 +443,16 @@ def cql(
     entropy_coef: float = 0.1,
     tau: float = 0.005,
 ) -> Algorithm:
-    """Returns conservative Q-learning, CQL(H) (arXiv 2006.04779, eq. 4 and appendix F).
+    r"""Returns conservative Q-learning, CQL(H) (arXiv 2006.04779, eq. 4 and appendix F).
 
-    The critic minimises the TD error to ``r + discount (1 - terminal) min Q_target(s', a')``
-    with ``a' ~ pi(s')``, plus ``cql_weight`` times the gap
-    ``logsumexp_a Q(s, a) - Q(s, a_data)``, where the log-sum-exp over actions is estimated by
-    importance sampling from ``n_action_samples`` uniform and ``n_action_samples`` policy actions.
-    The actor maximises ``min(Q1, Q2)(s, a) - entropy_coef log pi(a | s)`` (a fixed entropy
-    coefficient, not SAC's learned one). Actions are assumed in ``[-1, 1]``.
+    The critic minimises the TD error to
+    :math:`r + \gamma (1 - d) \min Q_{\text{target}}(s', a')` with :math:`a' \sim \pi(s')`
+    (:math:`\gamma` the ``discount``, :math:`d` the terminal flag), plus ``cql_weight`` times the
+    gap :math:`\log \sum_a \exp Q(s, a) - Q(s, a_{\text{data}})`, where the log-sum-exp over
+    actions is estimated by importance sampling from ``n_action_samples`` uniform and
+    ``n_action_samples`` policy actions. The actor maximises
+    :math:`\min(Q_1, Q_2)(s, a) - c \log \pi(a \mid s)`, :math:`c` the ``entropy_coef`` (a fixed
+    entropy coefficient, not SAC's learned one). Actions are assumed in ``[-1, 1]``.
 
     Args:
       actor: a squashed ``GaussianActor`` (static).

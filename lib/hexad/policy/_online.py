@@ -48,14 +48,15 @@ class SACInfo(NamedTuple):
 
 
 def soft_td_target(rewards, terminals, next_q1, next_q2, next_log_prob, discount, alpha):
-    """Returns SAC's soft TD target ``r + gamma (1 - d) (min(Q1', Q2') - alpha log pi(a'|s'))``.
+    r"""Returns SAC's soft TD target
+    :math:`r + \gamma (1 - d) (\min(Q_1', Q_2') - \alpha \log \pi(a' \mid s'))`.
 
     arXiv 1812.05905, eqs. 2-3 with the clipped double-Q of TD3 (arXiv 1802.09477).
 
     Args:
       rewards, terminals: ``[B]``.
-      next_q1, next_q2: ``[B]`` target critics at ``(s', a')`` with ``a' ~ pi(s')``.
-      next_log_prob: ``[B]`` ``log pi(a' | s')``.
+      next_q1, next_q2: ``[B]`` target critics at :math:`(s', a')` with :math:`a' \sim \pi(s')`.
+      next_log_prob: ``[B]`` :math:`\log \pi(a' \mid s')`.
       discount: gamma.
       alpha: the entropy temperature ``[]``.
 
@@ -82,13 +83,15 @@ def sac(
     target_entropy: float | None = None,
     init_alpha: float = 1.0,
 ) -> Algorithm:
-    """Returns soft actor-critic with a learned temperature (arXiv 1812.05905, algorithm 1).
+    r"""Returns soft actor-critic with a learned temperature (arXiv 1812.05905, algorithm 1).
 
     One step updates, in order: the twin critic towards :func:`soft_td_target` with
-    ``a' ~ pi(s')`` and the Polyak target critic; the actor by minimising
-    ``E[alpha log pi(a|s) - min(Q1, Q2)(s, a)]`` with reparameterised ``a``; the log
-    temperature by minimising ``-log_alpha (log pi(a|s) + target_entropy)`` (eq. 18); then the
-    target critic by Polyak averaging.
+    :math:`a' \sim \pi(s')` and the Polyak target critic; the actor by minimising
+    :math:`\mathbb{E}[\alpha \log \pi(a \mid s) - \min(Q_1, Q_2)(s, a)]` with reparameterised
+    :math:`a`; the log temperature by minimising
+    :math:`-\log \alpha\, (\log \pi(a \mid s) + \bar{\mathcal{H}})` (eq. 18,
+    :math:`\bar{\mathcal{H}}` the ``target_entropy``); then the target critic by Polyak
+    averaging.
 
     Args:
       actor: a squashed ``GaussianActor`` (static).

@@ -249,7 +249,6 @@ def degrade_params(key, params: Any, scale: float) -> Any:
     return jax.tree.unflatten(treedef, out)
 
 
-# The prior kinds of the graceful-degradation test (see :func:`make_prior`).
 PRIOR_KINDS = (
     "good",
     "param_noise",
@@ -259,6 +258,7 @@ PRIOR_KINDS = (
     "random_init",
     "random_wide",
 )
+"""The prior kinds of the graceful-degradation test (:func:`make_prior` describes each)."""
 
 
 def shuffle_goals_across_trajectories(key, goals, ends) -> np.ndarray:
@@ -296,10 +296,11 @@ def shuffle_goals_across_trajectories(key, goals, ends) -> np.ndarray:
 
 
 def state_noise(key, in_dim: int, out_dim: int, n_features: int = 64):
-    """Returns ``eps(x) -> [..., out_dim]``: a fixed smooth random function of the input.
+    r"""Returns ``eps(x) -> [..., out_dim]``: a fixed smooth random function of the input.
 
-    ``eps(x) = sqrt(2 / F) cos(x W + b) V`` with ``W ~ N(0, 1)`` ``[in_dim, F]``, ``b`` uniform
-    on ``[0, 2 pi)`` and ``V ~ N(0, 1)`` ``[F, out_dim]``: random Fourier features, so each
+    :math:`\epsilon(x) = \sqrt{2 / F} \cos(x W + b) V` with :math:`W \sim \mathcal{N}(0, 1)`
+    ``[in_dim, F]``, :math:`b` uniform on :math:`[0, 2\pi)` and :math:`V \sim \mathcal{N}(0, 1)`
+    ``[F, out_dim]``: random Fourier features, so each
     output has variance about 1 over random draws and the same input always gets the same
     noise. The output-noise prior's ``eps(s)`` (:func:`make_prior`).
 
@@ -334,16 +335,17 @@ def make_prior(
     marginal_std=None,
     degrade_scale: float = 1.0,
 ):
-    """Returns ``prior(obs_goal [B, o + g]) -> DiagGaussian [B, d]``, a prior of one kind.
+    r"""Returns ``prior(obs_goal [B, o + g]) -> DiagGaussian [B, d]``, a prior of one kind.
 
     The kinds (:data:`PRIOR_KINDS`), ``DiagGaussian`` in the network's likelihood space:
 
     - ``good``: the trained goal-conditioned network ``net`` with ``good_params``;
     - ``param_noise``: its weights with noise (:func:`degrade_params`, ``degrade_scale``),
       the std head included, so it may be confidently wrong;
-    - ``output_noise`` / ``output_noise_x3``: ``mu_good(x) + sigma_good(x) eps(x)`` with a fixed
-      smooth random ``eps`` (:func:`state_noise`), std ``sigma_good`` (kept) or ``3 sigma_good``
-      (a wrong prior that says it is unsure);
+    - ``output_noise`` / ``output_noise_x3``: :math:`\mu(x) + \sigma(x) \epsilon(x)`, with
+      :math:`\mu, \sigma` the ``good`` prior's, and a fixed smooth random :math:`\epsilon`
+      (:func:`state_noise`), std :math:`\sigma` (kept) or :math:`3 \sigma` (a wrong prior that
+      says it is unsure);
     - ``data_corrupted``: ``net`` with ``corrupted_params`` (trained on goals shuffled across
       trajectories, :func:`shuffle_goals_across_trajectories`);
     - ``random_init``: an untrained ``net`` (its init std);
@@ -432,8 +434,8 @@ def return_range_scale(rewards, terminals, timeouts, target: float = 1000.0) -> 
 # Priors of known precision (the precision-ratio family) and the random-perturbation control
 # --------------------------------------------------------------------------------------------
 
-#: The precision ratios ``r = lam_P / lam_A`` of the precision-ratio family
-#: (:func:`precision_prior`): below, at and above the actor's own precision.
+#: The precision ratios :math:`r = \lambda_P / \lambda_A` of the precision-ratio family
+#: (:func:`precision_prior`), below, at and above the actor's own precision.
 PRECISION_RATIOS = (0.25, 0.5, 1.0, 2.0, 4.0)
 
 
@@ -456,22 +458,23 @@ def _check_noise(actor: DiagGaussian, noise) -> jax.Array:
 
 
 def precision_prior(actor: DiagGaussian, noise, ratio: float, mean_error: float = 1.0):
-    """Returns the prior ``N(mu_A + mean_error s_A noise, s_A / sqrt(ratio))`` of the actor.
+    r"""Returns the prior :math:`\mathcal{N}(\mu_A + e\, s_A\, \text{noise}, s_A / \sqrt{r})` of the
+    actor, :math:`e` the ``mean_error`` and :math:`r` the ``ratio``.
 
-    A prior whose precision is set on purpose: per state and action dimension its precision
-    is exactly ``ratio`` times the actor's (``lam_P = ratio lam_A``), while its mean is the
-    actor's moved by ``mean_error`` actor stds along a fixed ``noise`` (a smooth random
-    function of the state, :func:`state_noise`, with unit variance), the same for every
-    ``ratio``. The family ``ratio`` in :data:`PRECISION_RATIOS` at one ``mean_error`` isolates
-    what the precision does: the composed means of PoE and of additive blending move from
-    ``mu_A`` towards ``mu_P`` by ``w`` and by ``alpha``, with ``w =`` :func:`poe_prior_weight`
-    ``(alpha, ratio)``, so for a prior whose direction is bad PoE is the better of the two iff
-    ``ratio < 1`` (and the two coincide at ``ratio = 1``).
+    A prior whose precision is set on purpose: per state and action dimension its precision is
+    exactly ``ratio`` times the actor's (:math:`\lambda_P = r \lambda_A`), while its mean is the
+    actor's moved by ``mean_error`` actor stds along a fixed ``noise`` (a smooth random function of
+    the state, :func:`state_noise`, with unit variance), the same for every ``ratio``. The family
+    ``ratio`` in :data:`PRECISION_RATIOS` at one ``mean_error`` isolates what the precision does:
+    the composed means of PoE and of additive blending move from :math:`\mu_A` towards :math:`\mu_P`
+    by :math:`w` and by :math:`\alpha`, with :math:`w` = :func:`poe_prior_weight` ``(alpha,
+    ratio)``, so for a prior whose direction is bad PoE is the better of the two iff ``ratio < 1``
+    (and the two coincide at ``ratio = 1``).
 
     Args:
       actor: the actor's Gaussians, ``[..., d]``.
       noise: ``[..., d]`` the mean error's direction at the same states (the actor's shape).
-      ratio: the precision ratio ``lam_P / lam_A``, a finite number ``> 0``.
+      ratio: the precision ratio :math:`\lambda_P / \lambda_A`, a finite number ``> 0``.
       mean_error: the mean error in actor stds, a finite number ``>= 0``.
 
     Returns:
@@ -492,9 +495,10 @@ def precision_prior(actor: DiagGaussian, noise, ratio: float, mean_error: float 
 
 
 def perturbation_prior(actor: DiagGaussian, prior: DiagGaussian, noise) -> DiagGaussian:
-    """Returns the random-perturbation control of ``prior``: its precision, a random direction.
+    r"""Returns the random-perturbation control of ``prior``: its precision, a random direction.
 
-    ``N(mu_A + |mu_P - mu_A| sign(noise), s_P)``: at each state and action dimension the
+    :math:`\mathcal{N}(\mu_A + |\mu_P - \mu_A| \operatorname{sign}(\text{noise}), s_P)`: at each
+    state and action dimension the
     control has the prior's std (so its PoE weight is the prior's) and moves the actor's mean
     by exactly as much as the prior would, but in a direction given by the sign of a fixed
     random ``noise`` (:func:`state_noise`) instead of by the prior's knowledge. A composition
@@ -528,13 +532,14 @@ def perturbation_prior(actor: DiagGaussian, prior: DiagGaussian, noise) -> DiagG
 
 
 def poe_prior_weight(alpha, ratio):
-    """Returns ``w = alpha r / (alpha r + 1 - alpha)``: how far PoE moves the actor's mean
-    towards the prior's, where additive blending moves it by ``alpha``.
+    r"""Returns :math:`w = \alpha r / (\alpha r + 1 - \alpha)`: how far PoE moves the actor's mean
+    towards the prior's, where additive blending moves it by :math:`\alpha`.
 
-    At a common weight ``alpha`` and precision ratio ``r = lam_P / lam_A`` (the same at every
-    state, as in :func:`precision_prior`), PoE's composed mean is ``mu_A + w (mu_P - mu_A)``
-    and additive's ``mu_A + alpha (mu_P - mu_A)``; ``w < alpha`` iff ``r < 1``, so PoE trusts
-    a less precise prior less than additive does and a more precise one more. Host-side.
+    At a common weight :math:`\alpha` and precision ratio :math:`r = \lambda_P / \lambda_A` (the
+    same at every state, as in :func:`precision_prior`), PoE's composed mean is
+    :math:`\mu_A + w (\mu_P - \mu_A)` and additive's :math:`\mu_A + \alpha (\mu_P - \mu_A)`;
+    :math:`w < \alpha` iff :math:`r < 1`, so PoE trusts a less precise prior less than
+    additive does and a more precise one more. Host-side.
 
     Args:
       alpha: the common weight, a number in the open interval ``(0, 1)`` (at 0 and 1 the two

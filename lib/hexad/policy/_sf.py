@@ -117,12 +117,13 @@ def sf_td(
     discount: float = 0.99,
     tau: float = 0.005,
 ) -> Algorithm:
-    """Returns TD learning of the successor features of ``K`` fixed policies (arXiv 1606.05312).
+    r"""Returns TD learning of the successor features of ``K`` fixed policies (arXiv 1606.05312).
 
-    One step regresses ``psi^k(s, a)`` on the target
-    ``phi(s, a, s') + discount (1 - terminal) psi_target^k(s', pi_k(s'))`` for every ``k``
-    (eq. 4), with loss ``0.5 mean_{B, K, F} (psi - target)^2``, then moves the target
-    parameters by Polyak averaging (``tau = 1`` copies them: fitted SF iteration).
+    One step regresses :math:`\psi^k(s, a)` on the target
+    :math:`\phi(s, a, s') + \gamma (1 - d)\, \psi^k_{\text{target}}(s', \pi_k(s'))` for every
+    :math:`k` (eq. 4), with loss :math:`\frac{1}{2} \operatorname{mean}_{B, K, F}
+    (\psi - \text{target})^2`, then moves the target parameters by Polyak averaging
+    (``tau = 1`` copies them: fitted SF iteration).
 
     Args:
       psi_net: a module ``(obs [B, o], act [B, d]) -> [B, K, F]``, e.g.
@@ -181,7 +182,8 @@ def sf_td(
 
 
 def task_weights(features, rewards, ridge: float = 1e-6):
-    """Returns ``w [F]`` minimising ``|features w - rewards|^2 + ridge N |w|^2``.
+    r"""Returns ``w [F]`` minimising :math:`\|\Phi w - r\|^2 + \rho N \|w\|^2`, with
+    :math:`\Phi` the ``features``, :math:`r` the ``rewards`` and :math:`\rho` the ``ridge``.
 
     The task vector of a new objective (arXiv 1606.05312, sec. 4: ``w`` is learned by
     regression of observed rewards on the features).
@@ -210,12 +212,13 @@ def task_weights(features, rewards, ridge: float = 1e-6):
 
 
 def task_fit(features, rewards, ridge: float = 1e-6) -> tuple[jax.Array, float]:
-    """Returns ``(w [F], r2)``: :func:`task_weights` and the R^2 of its fit of ``rewards``.
+    r"""Returns ``(w [F], r2)``: :func:`task_weights` and the :math:`R^2` of its fit of ``rewards``.
 
-    ``w`` is fitted in float32; ``r2 = 1 - |rewards - features w|^2 / |rewards - mean|^2`` is
-    evaluated on the host, the residuals in float64 (``features w`` in the features' dtype).
-    An R^2 near 1 says the new task is nearly linear in the features, so GPI's values
-    ``psi . w`` are nearly its action values.
+    :math:`w` is fitted in float32; with :math:`r` the rewards and :math:`\Phi` the features,
+    :math:`R^2 = 1 - \|r - \Phi w\|^2 / \|r - \bar r\|^2` is evaluated on the host, the
+    residuals in float64 (:math:`\Phi w` in the features' dtype). An :math:`R^2` near 1 says
+    the new task is nearly linear in the features, so GPI's values :math:`\psi^\top w` are
+    nearly its action values.
 
     Args:
       features: ``[N, F]`` ``phi(s, a, s')``.
@@ -236,7 +239,8 @@ def task_fit(features, rewards, ridge: float = 1e-6) -> tuple[jax.Array, float]:
 
 
 def gpi(psi_fn: Callable, obs, candidates, w, policy_mask=None):
-    """Returns the GPI action ``argmax_c max_k psi^k(s, c) . w`` over candidate actions.
+    r"""Returns the GPI action :math:`\operatorname{argmax}_c \max_k \psi^k(s, c)^\top w` over
+    candidate actions.
 
     Theorem 1 of arXiv 1606.05312: the resulting policy's value is at least every library
     policy's (up to the SF approximation error).
@@ -249,7 +253,8 @@ def gpi(psi_fn: Callable, obs, candidates, w, policy_mask=None):
       policy_mask: optional ``[K]`` bool, the library members GPI may use (all by default).
 
     Returns:
-      ``(actions [B, d], values [B])``: the chosen candidate and its ``max_k psi^k . w``.
+      ``(actions [B, d], values [B])``: the chosen candidate and its
+      :math:`\max_k \psi^k(s, c)^\top w`.
 
     >>> psi = lambda s, a: a[:, None, :]  # K = 1 policy, F = d features
     >>> cands = jnp.array([[[1.0, 0.0], [0.0, 1.0]]])

@@ -21,13 +21,14 @@ def q_steer(
     n_steps: int = 10,
     max_shift: float = 1.0,
 ):
-    """Returns ``tanh(u)`` after ``n_steps`` of gradient ascent on ``Q(s, tanh(u))`` from ``u0``.
+    r"""Returns :math:`\tanh(u)` after ``n_steps`` of gradient ascent on :math:`Q(s, \tanh(u))`
+    from :math:`u_0`.
 
-    The baseline that steers a frozen actor's action with a critic of the new objective (for
-    example a goal-conditioned IQL or CQL critic) instead of composing it with a prior: start at
-    the actor's pre-tanh mean ``u0`` and follow ``grad_u Q`` (the deterministic policy-gradient
-    direction of DDPG, arXiv 1509.02971), keeping ``|u - u0| <= max_shift`` per dimension as a
-    trust region around the actor. Each state is steered independently.
+    The baseline that steers a frozen actor's action with a critic of the new objective (for example
+    a goal-conditioned IQL or CQL critic) instead of composing it with a prior: start at the actor's
+    pre-tanh mean :math:`u_0` and follow :math:`\nabla_u Q` (the deterministic policy-gradient
+    direction of DDPG, arXiv 1509.02971), keeping :math:`|u - u_0| \le` ``max_shift`` per dimension
+    as a trust region around the actor. Each state is steered independently.
 
     Args:
       q_fn: ``q_fn(obs [B, o], action [B, d]) -> [B]`` (closes over the critic's parameters).

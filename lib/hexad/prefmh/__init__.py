@@ -1,9 +1,15 @@
-"""Pref-MH: exact Metropolis-Hastings chains driven only by pairwise comparisons.
+r"""Pref-MH: exact Metropolis-Hastings chains driven only by pairwise comparisons.
 
-A judge that follows the Bradley-Terry model prefers ``y`` over ``x`` with probability
-``pi(y) / (pi(x) + pi(y))``: its odds are the MH density ratio. Pref-MH turns its sampled
-binary outcomes into an exact reversible chain; with a budget of ``K`` comparisons the rule
-``a*(k) = min(1, rho k / (K + 1 - k))`` is Peskun-optimal.
+A judge that follows the Bradley-Terry model prefers :math:`y` over :math:`x` with probability
+:math:`\pi(y) / (\pi(x) + \pi(y))`: its odds are the MH density ratio. Pref-MH turns its
+sampled binary outcomes into an exact reversible chain; with a budget of :math:`K` comparisons,
+of which the proposal wins :math:`k`, the rule
+
+.. math::
+
+   a^*(k) = \min\Big(1, \frac{\rho\, k}{K + 1 - k}\Big)
+
+is Peskun-optimal (:math:`\rho` is the part of the MH ratio the judge does not see).
 
 Judges, proposals, acceptance rules, the kernel
 (:func:`prefmh`: ``(init, step)`` in the BlackJAX shape), the chain runner

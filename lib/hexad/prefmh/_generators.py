@@ -30,12 +30,12 @@ __all__ = ["PPCA", "Trigram", "fit_ppca", "fit_trigram", "trigram_sampler"]
 
 
 class PPCA(NamedTuple):
-    """A probabilistic-PCA model (NumPy float64 arrays).
+    r"""A probabilistic-PCA model (NumPy float64 arrays).
 
     Attributes:
       mean: ``[D]`` data mean.
       weight: ``[D, d]`` loading matrix ``W``.
-      noise: ``[]`` isotropic noise variance ``sigma^2``.
+      noise: ``[]`` isotropic noise variance :math:`\sigma^2`.
     """
 
     mean: np.ndarray
@@ -52,15 +52,21 @@ class PPCA(NamedTuple):
 
 
 def fit_ppca(x, latent_dim: int) -> PPCA:
-    """Returns the probabilistic PCA of ``x`` in Tipping & Bishop's (1999) closed form.
+    r"""Returns the probabilistic PCA of ``x`` in Tipping & Bishop's (1999) closed form.
 
-    With ``S`` the unbiased sample covariance (``np.cov``, divisor ``n - 1``) and
-    ``l_1 >= ... >= l_D`` its eigenvalues (eigenvectors ``U``): ``sigma^2 = mean(l_{d+1..D})``
-    and ``W = U_d diag(sqrt(max(l_i - sigma^2, 0)))`` (the rotation left free by the
-    likelihood is taken as the identity). The model covariance ``W W^T + sigma^2 I`` keeps
-    the top ``d`` eigenpairs of ``S``. This is *not* exactly the maximum-likelihood fit:
-    Tipping & Bishop's ``S`` divides by ``n``, so ``W W^T + sigma^2 I`` here is the ML one
-    times ``n / (n - 1)`` (same ``U``; ``sigma^2`` and ``l_i - sigma^2`` scaled by it).
+    With :math:`S` the unbiased sample covariance (``np.cov``, divisor :math:`n - 1`) and
+    :math:`l_1 \ge \dots \ge l_D` its eigenvalues (eigenvectors :math:`U`),
+
+    .. math::
+
+       \sigma^2 = \frac{1}{D - d} \sum_{i > d} l_i, \qquad
+       W = U_d \operatorname{diag}\big(\sqrt{\max(l_i - \sigma^2, 0)}\big)_{i \le d}
+
+    (the rotation left free by the likelihood is taken as the identity). The model covariance
+    :math:`W W^\top + \sigma^2 I` keeps the top :math:`d` eigenpairs of :math:`S`. This is *not*
+    exactly the maximum-likelihood fit: Tipping & Bishop's :math:`S` divides by :math:`n`, so
+    :math:`W W^\top + \sigma^2 I` here is the ML one times :math:`n / (n - 1)` (same :math:`U`;
+    :math:`\sigma^2` and :math:`l_i - \sigma^2` scaled by it).
 
     Args:
       x: ``[n, D]`` data, ``n >= 2``.

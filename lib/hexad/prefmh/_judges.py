@@ -117,10 +117,12 @@ def _bt_outcomes(u: jax.Array, logit: jax.Array) -> jax.Array:
 
 
 def bradley_terry_judge(score_fn: Callable[[Any], jax.Array], position_bias: float = 0.0) -> Judge:
-    """Returns a judge that samples Bradley-Terry comparisons from a score.
+    r"""Returns a judge that samples Bradley-Terry comparisons from a score.
 
-    ``P(second wins) = sigmoid(s(second) - s(first) + position_bias)``. With
-    ``position_bias = 0`` (the default) this is a Bradley-Terry judge of ``pi ∝ exp(s)``;
+    :math:`P(\text{second wins}) = \sigma(s(\text{second}) - s(\text{first}) + b)`, with
+    :math:`\sigma` the logistic function and :math:`b` the ``position_bias``. With
+    ``position_bias = 0`` (the default) this is a Bradley-Terry judge of
+    :math:`\pi \propto \exp(s)`;
     a non-zero bias models a judge that favours the second-shown candidate (not BT: it
     exists so that :func:`bt_consistency` can be shown to catch it).
 
@@ -171,11 +173,11 @@ def bradley_terry_judge(score_fn: Callable[[Any], jax.Array], position_bias: flo
 def classifier_judge(
     logits_fn: Callable[[Any], jax.Array], target_class: int, beta: float = 1.0
 ) -> Judge:
-    """Returns a Bradley-Terry judge whose score is a classifier's ``beta * log p(c | x)``.
+    r"""Returns a Bradley-Terry judge whose score is a classifier's :math:`\beta \log p(c \mid x)`.
 
-    The chains then sample ``pi(x) ∝ p0(x) p(c | x)^beta`` when proposals come from a
-    generator ``p0`` (independent or latent-space proposals): the judge prefers the candidate
-    that looks more like class ``c``.
+    The chains then sample :math:`\pi(x) \propto p_0(x)\, p(c \mid x)^\beta` when proposals come
+    from a generator :math:`p_0` (independent or latent-space proposals): the judge prefers the
+    candidate that looks more like class :math:`c`.
 
     Args:
       logits_fn: ``logits_fn(x) -> [num_classes]`` a trained classifier (closed over params).
@@ -305,13 +307,14 @@ def external_judge(fn: Callable[..., Any]) -> Judge:
 
 
 class BTConsistency(NamedTuple):
-    """Result of :func:`bt_consistency` (scalars unless noted).
+    r"""Result of :func:`bt_consistency` (scalars unless noted).
 
     Attributes:
       second_win_rate: fraction of all comparisons won by the second-shown candidate; exactly
         1/2 in expectation for any Bradley-Terry judge and any pairs.
       position_bias: ``logit(second_win_rate)``, a rough estimate of the bias log-odds.
-      z: ``(wins - N/2) / sqrt(N/4)``; conservative (the variance under BT is <= N/4).
+      z: :math:`(\text{wins} - N/2) / \sqrt{N/4}`, :math:`N` the comparisons; conservative
+        (the variance under BT is at most :math:`N/4`).
       p_value: two-sided p-value of ``z``.
       pair_deviation: ``[n]`` per pair, ``P(y wins | x, y) + P(x wins | y, x) - 1`` estimated;
         0 under Bradley-Terry for every pair.

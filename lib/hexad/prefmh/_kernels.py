@@ -182,7 +182,7 @@ def build_kernel(
 
     Args:
       judge: a :class:`~hexad.prefmh.Judge`.
-      proposal: ``propose(key, x) -> (y, log_rho)`` (see :mod:`hexad.prefmh._proposals`).
+      proposal: ``propose(key, x) -> (y, log_rho)``, such as :func:`~hexad.prefmh.random_walk`.
       rule: (static) one of ``"kbudget"``, ``"two_coin"``, ``"majority"``, ``"mh"``,
         ``"barker_oracle"``.
       num_comparisons: (static) the budget ``K >= 1`` (``"kbudget"``, ``"majority"``).

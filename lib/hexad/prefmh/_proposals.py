@@ -21,7 +21,8 @@ __all__ = ["autoregressive", "independent", "latent_random_walk", "random_walk"]
 
 
 def random_walk(sigma: float) -> Callable:
-    """Returns the Gaussian random walk ``y = x + sigma * N(0, I)``; symmetric, ``log_rho = 0``.
+    r"""Returns the Gaussian random walk :math:`y = x + \sigma\, \mathcal{N}(0, I)`; symmetric,
+    ``log_rho = 0``.
 
     Args:
       sigma: (static) step size, > 0.
@@ -41,10 +42,11 @@ def random_walk(sigma: float) -> Callable:
 
 
 def autoregressive(sigma: float, shrink: float) -> Callable:
-    """Returns the asymmetric AR(1) proposal ``y = (1 - shrink) x + sigma * N(0, I)``.
+    r"""Returns the asymmetric AR(1) proposal :math:`y = (1 - s) x + \sigma\, \mathcal{N}(0, I)`,
+    :math:`s` the ``shrink``.
 
-    ``log_rho = log N(x; (1 - shrink) y, sigma^2) - log N(y; (1 - shrink) x, sigma^2)``
-    (Lebesgue base measure). Used to exercise the asymmetric rules.
+    :math:`\log \rho = \log \mathcal{N}(x; (1 - s) y, \sigma^2) - \log \mathcal{N}(y; (1 - s) x,
+    \sigma^2)` (Lebesgue base measure). Used to exercise the asymmetric rules.
 
     Args:
       sigma: (static) noise scale, > 0.
@@ -72,12 +74,12 @@ def independent(
     sample_fn: Callable[[jax.Array], jax.Array],
     log_prob_fn: Callable[[jax.Array], jax.Array] | None = None,
 ) -> Callable:
-    """Returns independent proposals ``y ~ p0`` from a generator.
+    r"""Returns independent proposals :math:`y \sim p_0` from a generator.
 
     With ``log_prob_fn=None`` the target is the judge-tilted generator
-    ``pi ∝ p0 exp(s)`` and ``log_rho = 0``: the MH ratio reduces to the judge's odds
-    ``exp(s(y) - s(x))``. With ``log_prob_fn = log p0`` the target is ``exp(s)`` against
-    Lebesgue measure and ``log_rho = log p0(x) - log p0(y)``.
+    :math:`\pi \propto p_0 \exp(s)` and ``log_rho = 0``: the MH ratio reduces to the judge's
+    odds :math:`\exp(s(y) - s(x))`. With ``log_prob_fn`` :math:`= \log p_0` the target is
+    :math:`\exp(s)` against Lebesgue measure and :math:`\log \rho = \log p_0(x) - \log p_0(y)`.
 
     Args:
       sample_fn: ``sample_fn(key) -> y`` draws one candidate from the generator.
@@ -102,11 +104,12 @@ def independent(
 
 
 def latent_random_walk(sigma: float, log_prior_fn: Callable | None = None) -> Callable:
-    """Returns a random walk in a generator's latent space with the prior ratio in ``rho``.
+    r"""Returns a random walk in a generator's latent space with the prior ratio in ``rho``.
 
-    The chain moves ``z``; its target is ``pi(z) ∝ prior(z) exp(s(G(z)))`` where the judge
-    (:func:`~hexad.prefmh.pullback_judge`) compares decoded ``G(z)``. The walk is symmetric,
-    so ``log_rho = log prior(y) - log prior(z)``; the default prior is ``N(0, I)``.
+    The chain moves :math:`z`; its target is :math:`\pi(z) \propto p(z) \exp(s(G(z)))`, with
+    :math:`p` the prior, where the judge (:func:`~hexad.prefmh.pullback_judge`) compares decoded
+    :math:`G(z)`. The walk is symmetric, so :math:`\log \rho = \log p(y) - \log p(z)`; the default
+    prior is :math:`\mathcal{N}(0, I)`.
 
     Args:
       sigma: (static) latent step size, > 0.

@@ -4,7 +4,7 @@ Notation (Pref-MH, NeurIPS 2026): the chain is at ``x`` and proposes ``y``. A Br
 judge prefers ``y`` with probability ``p = pi(y) / (pi(x) + pi(y))``; ``W ~ Binomial(K, p)``
 is the number of wins of ``y`` in ``K`` independent comparisons. ``rho`` is everything in the
 Metropolis-Hastings ratio that the judge does not see, ``rho = q(y -> x) / q(x -> y)`` times a
-known base-measure ratio (see :mod:`hexad.prefmh._proposals`); ``log_rho`` is its logarithm.
+known base-measure ratio (each proposal returns it); ``log_rho`` is its logarithm.
 
 An acceptance ``a_rho(k)``, ``k = 0..K``, is exact for every target iff ``a_rho(0) = 0`` and
 ``(K + 1 - j) a_rho(j) = rho j a_{1/rho}(K + 1 - j)`` for ``j = 1..K`` (coefficients in the
@@ -45,7 +45,8 @@ def check_num_comparisons(num_comparisons: int) -> int:
 
 
 def mh_acceptance(log_ratio: jax.Array) -> jax.Array:
-    """Returns the Metropolis-Hastings acceptance ``min(1, exp(log_ratio))``.
+    r"""Returns the Metropolis-Hastings acceptance :math:`\min(1, e^{r})`, :math:`r` the
+    ``log_ratio``.
 
     Args:
       log_ratio: ``[...]`` ``log(pi(y) q(y->x) / (pi(x) q(x->y)))``.
@@ -57,7 +58,7 @@ def mh_acceptance(log_ratio: jax.Array) -> jax.Array:
 
 
 def barker_acceptance(log_ratio: jax.Array) -> jax.Array:
-    """Returns Barker's acceptance ``r / (1 + r)`` with ``r = exp(log_ratio)``.
+    r"""Returns Barker's acceptance :math:`e^{r} / (1 + e^{r})`, :math:`r` the ``log_ratio``.
 
     This is the probability that one comparison by a Bradley-Terry judge prefers ``y`` when
     the proposal is symmetric, and the acceptance the two-coin factory realises exactly.
@@ -72,7 +73,8 @@ def barker_acceptance(log_ratio: jax.Array) -> jax.Array:
 
 
 def kbudget_acceptance(wins: jax.Array, num_comparisons: int, log_rho: jax.Array) -> jax.Array:
-    """Returns the Peskun-optimal K-budget acceptance ``a*(k) = min(1, rho k / (K + 1 - k))``.
+    r"""Returns the Peskun-optimal K-budget acceptance
+    :math:`a^*(k) = \min(1, \rho k / (K + 1 - k))`.
 
     Args:
       wins: ``[...]`` integer wins ``k`` of the proposal, ``0 <= k <= K``.
@@ -106,7 +108,7 @@ def kbudget_acceptance(wins: jax.Array, num_comparisons: int, log_rho: jax.Array
 
 
 def majority_acceptance(wins: jax.Array, num_comparisons: int) -> jax.Array:
-    """Returns the majority-vote acceptance: 1 if ``2k > K``, 1/2 on a tie, else 0.
+    """Returns the majority-vote acceptance: 1 if :math:`2k > K`, 1/2 on a tie, else 0.
 
     This is the intuitive baseline; it is *not* exact (its chain does not leave ``pi``
     invariant), which the tests demonstrate on a small state space.
@@ -125,21 +127,26 @@ def majority_acceptance(wins: jax.Array, num_comparisons: int) -> jax.Array:
 def two_coin_acceptance(
     log_p_win: jax.Array, log_rho: jax.Array, max_rounds: int | None = None
 ) -> jax.Array:
-    """Returns the two-coin factory's acceptance probability, ``rho p / (rho p + 1 - p)``
-    untruncated.
+    r"""Returns the two-coin factory's acceptance probability,
+    :math:`\rho p / (\rho p + 1 - p)` untruncated.
 
     Goncalves, Latuszynski & Roberts (2017), "Barker's algorithm for Bayesian inference with
-    intractable likelihoods": with coins ``p`` (the proposal
-    wins) and ``1 - p`` and weights ``rho`` and 1, the factory returns 1 with probability
-    ``rho p / (rho p + 1 - p)``: Barker's rule for an asymmetric proposal.
+    intractable likelihoods": with coins :math:`p` (the proposal wins) and :math:`1 - p` and
+    weights :math:`\rho` and 1, the factory returns 1 with probability
+    :math:`\rho p / (\rho p + 1 - p)`: Barker's rule for an asymmetric proposal.
 
-    A round ends the factory with probability
-    ``d = (rho p + 1 - p) / (1 + rho)``; a factory cut after ``N = max_rounds`` rounds
-    (rejecting) accepts with probability ``rho p / (rho p + 1 - p) * (1 - (1 - d)^N)``.
-    Swapping ``x`` and ``y`` maps ``rho -> 1 / rho`` and ``p -> 1 - p`` and leaves ``d``
-    unchanged, so the cut multiplies Barker's rule by a factor symmetric in ``x`` and ``y``:
-    detailed balance, hence exactness, holds at every ``N`` (the cut costs acceptance, not
-    exactness; the tests check ``pi P = pi`` for ``N = 1..5``).
+    A round ends the factory with probability :math:`d = (\rho p + 1 - p) / (1 + \rho)`; a
+    factory cut after :math:`N` = ``max_rounds`` rounds (rejecting) accepts with probability
+
+    .. math::
+
+       \frac{\rho p}{\rho p + 1 - p} \big(1 - (1 - d)^N\big).
+
+    Swapping :math:`x` and :math:`y` maps :math:`\rho \mapsto 1 / \rho` and
+    :math:`p \mapsto 1 - p` and leaves :math:`d` unchanged, so the cut multiplies Barker's rule
+    by a factor symmetric in :math:`x` and :math:`y`: detailed balance, hence exactness, holds
+    at every :math:`N` (the cut costs acceptance, not exactness; the tests check
+    :math:`\pi P = \pi` for :math:`N = 1, \dots, 5`).
 
     Args:
       log_p_win: ``[...]`` ``log p``, the log-probability that the judge prefers ``y``.
@@ -196,13 +203,13 @@ def acceptance_probability(
     num_comparisons: int = 1,
     max_rounds: int | None = None,
 ) -> jax.Array:
-    """Returns the expected acceptance of ``rule`` over the judge's random outcomes.
+    r"""Returns the expected acceptance of ``rule`` over the judge's random outcomes.
 
-    ``E[a(W)]`` with ``W ~ Binomial(K, p)`` for the comparison rules, the closed form for
-    ``"two_coin"`` (cut after ``max_rounds`` rounds, see :func:`two_coin_acceptance`), and
-    ``min(1, rho p / (1 - p))`` for ``"mh"`` (the judge's odds ``p / (1 - p)`` equal
-    ``pi(y) / pi(x)`` under Bradley-Terry). Multiplied by the proposal matrix this gives the
-    exact transition matrix of a chain on a finite space.
+    :math:`\mathbb{E}[a(W)]` with :math:`W \sim \mathrm{Binomial}(K, p)` for the comparison
+    rules, the closed form for ``"two_coin"`` (cut after ``max_rounds`` rounds, see
+    :func:`two_coin_acceptance`), and :math:`\min(1, \rho p / (1 - p))` for ``"mh"`` (the judge's
+    odds :math:`p / (1 - p)` equal :math:`\pi(y) / \pi(x)` under Bradley-Terry). Multiplied by
+    the proposal matrix this gives the exact transition matrix of a chain on a finite space.
 
     Args:
       rule: one of :data:`RULES` (static).

@@ -22,7 +22,8 @@ def vmf_mixture_clouds(
     kappa_range: tuple[float, float] = (10.0, 40.0),
     dim: int = 3,
 ) -> jax.Array:
-    """Returns ``[n_clouds, n_points, dim]`` clouds on ``S^{dim-1}``, one vMF mixture each.
+    r"""Returns ``[n_clouds, n_points, dim]`` clouds on :math:`S^{\mathrm{dim}-1}`, one vMF mixture
+    each.
 
     Each cloud draws ``n_modes`` uniform mean directions, concentrations log-uniform in
     ``kappa_range`` and Dirichlet(1) mixture weights, then ``n_points`` i.i.d. points.
@@ -63,7 +64,7 @@ def wrapped_normal_mixture_clouds(
     seam_width: float | None = None,
     dim: int = 2,
 ) -> jax.Array:
-    """Returns ``[n_clouds, n_points, dim]`` clouds of angles on ``T^dim``.
+    r"""Returns ``[n_clouds, n_points, dim]`` clouds of angles on :math:`T^{\mathrm{dim}}`.
 
     Each cloud is a mixture of ``n_modes`` isotropic wrapped normals with uniform centres,
     scales uniform in ``scale_range`` and Dirichlet(1) weights. With ``seam_width = w``,

@@ -101,7 +101,7 @@ def emd_distances(
 ) -> tuple[Array, Array]:
     """Returns ``([N, M] entropic EMDs, [N, M] converged)`` (:func:`hexad.ot.entropic_emd`).
 
-    Ground cost ``d_M``, ``epsilon`` relative to each pair's largest cost (the reference's
+    Ground cost :math:`d_M`, ``epsilon`` relative to each pair's largest cost (the reference's
     0.05), Sinkhorn to ``threshold`` or ``max_iterations``; rows run one at a time
     (``lax.map``), each vmapped over ``ys``.
 
@@ -129,8 +129,9 @@ def emd_distances(
 
 
 def min_matching_distance(d_xy: Array) -> Array:
-    """Returns ``mean_j min_i D_ij`` for ``D = d_xy [N generated, M real]``: the mean distance
-    from a real cloud to its nearest generated cloud (the reference's "MMD").
+    r"""Returns :math:`\operatorname{mean}_j \min_i D_{ij}` for :math:`D` = ``d_xy [N generated, M
+    real]``: the mean distance from a real cloud to its nearest generated cloud (the reference's
+    "MMD").
 
     >>> float(min_matching_distance(jnp.array([[0.0, 3.0], [2.0, 1.0]])))
     0.5
@@ -204,10 +205,11 @@ def one_nn_accuracy(d_xx: Array, d_yy: Array, d_xy: Array) -> Array:
 
 
 def mmd(d_xx: Array, d_yy: Array, d_xy: Array, bandwidth: Array | float) -> Array:
-    """Returns the (biased) squared kernel MMD with ``exp(-D^2 / (2 h^2))`` on cloud distances.
+    r"""Returns the (biased) squared kernel MMD with the kernel :math:`\exp(-D^2 / (2 h^2))` on
+    cloud distances :math:`D`.
 
-    ``h = bandwidth`` is given, not estimated from the scored model: compare models with one
-    ``h`` (e.g. :func:`median_bandwidth` of the real clouds' distances).
+    :math:`h` = ``bandwidth`` is given, not estimated from the scored model: compare models with
+    one :math:`h` (e.g. :func:`median_bandwidth` of the real clouds' distances).
 
     >>> d = jnp.zeros((2, 2))
     >>> float(mmd(d, d, d, 1.0))

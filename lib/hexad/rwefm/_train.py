@@ -94,6 +94,7 @@ class Sampler(NamedTuple):
 
 
 NOISE_KINDS = ("ambient_gaussian", "uniform", "wrapped_normal")
+"""The kinds of :class:`NoiseModel`, the source distribution of clouds."""
 
 
 @struct.dataclass
@@ -165,15 +166,16 @@ def check_noise_kind(kind: Any) -> str:
 
 
 def fit_noise(manifold: Manifold, batch: CloudBatch, kind: str = "ambient_gaussian") -> NoiseModel:
-    """Returns a :class:`NoiseModel` of ``kind`` fitted to the training clouds (host side).
+    r"""Returns a :class:`NoiseModel` of ``kind`` fitted to the training clouds (host side).
 
-    - ``"ambient_gaussian"``: per cloud, the mass-weighted mean ``mu_c`` and covariance
-      ``S_c`` of the real points' coordinates; ``loc = mean_c mu_c``, ``chol_mean`` /
-      ``chol_std`` the mean and standard deviation over clouds of ``cholesky(S_c + 1e-5 I)``
-      (the reference's ``ambient_gaussian``; on the torus in the angle chart, as there).
+    - ``"ambient_gaussian"``: per cloud :math:`c`, the mass-weighted mean :math:`\mu_c` and
+      covariance :math:`S_c` of the real points' coordinates; ``loc`` the mean over clouds of
+      :math:`\mu_c`, ``chol_mean`` / ``chol_std`` the mean and standard deviation over clouds of
+      :math:`\operatorname{chol}(S_c + 10^{-5} I)` (the reference's ``ambient_gaussian``; on the
+      torus in the angle chart, as there).
     - ``"wrapped_normal"``: ``loc = manifold.mean`` of all real points (extrinsic: projected
       on the sphere, circular per angle on the torus), ``scale`` the root mean squared
-      geodesic distance to it over ``sqrt(intrinsic_dim)``.
+      geodesic distance to it over :math:`\sqrt{\text{intrinsic\_dim}}`.
     - ``"uniform"``: nothing to fit.
 
     Args:
@@ -263,10 +265,15 @@ def validate_batch(manifold: Manifold, batch: CloudBatch, name: str = "batch") -
 
 
 def flow_matching_loss(v_pred: Array, v_target: Array, weights: Array) -> Array:
-    """Returns the mass-weighted tangent squared error, averaged over clouds.
+    r"""Returns the mass-weighted tangent squared error, averaged over clouds.
 
-    ``mean_b sum_i a_bi |v_pred - v_target|^2 / sum_i a_bi`` (the ambient Euclidean norm is
-    the Riemannian norm of tangent vectors on the sphere, the flat torus and ``R^d``).
+    .. math::
+
+       \frac{1}{B} \sum_b \frac{\sum_i a_{bi} \|v^{\text{pred}}_{bi} - v^{\text{target}}_{bi}\|^2}
+         {\sum_i a_{bi}}
+
+    with :math:`a` the ``weights`` (the ambient Euclidean norm is the Riemannian norm of tangent
+    vectors on the sphere, the flat torus and :math:`\mathbb{R}^d`).
 
     Args:
       v_pred, v_target: ``[B, n, d]``.
@@ -297,7 +304,7 @@ def pair_clouds(
 
     Cloud-level minibatch OT: the ``[B, B]`` cost between clouds is the entropic OT cost
     (ott-jax Sinkhorn with ``inner_iterations`` iterations, vmapped over all pairs) for
-    ``d_M^2``; a second ott-jax Sinkhorn on that cost (``plan_epsilon`` relative to its mean)
+    :math:`d_M^2`; a second ott-jax Sinkhorn on that cost (``plan_epsilon`` relative to its mean)
     gives a plan, and each data cloud draws its noise cloud from its column of the plan
     (with replacement, as in minibatch OT flow matching, arXiv:2302.00482).
 
@@ -312,7 +319,7 @@ def pair_clouds(
       plan_epsilon: regularisation of the cloud-level plan, relative to the mean cost (static).
       rows_per_block: noise clouds whose ``B`` point-level solves run together (static).
         ``None`` picks all ``B`` on accelerators and, on CPU, as many as keep a block near
-        ``2**20`` cost entries: the ``B^2`` solves are memory-bound there, and blocks that stay
+        ``2**20`` cost entries: the :math:`B^2` solves are memory-bound there, and blocks that stay
         in cache run faster than one ``[B, B, n, m]`` batch (same result, exactly).
 
     >>> from hexad.geometry import Torus
@@ -354,6 +361,8 @@ def pair_clouds(
 
 
 PAIRINGS = ("matching", "sample", "none")
+"""How a minibatch pairs noise clouds with data clouds, by a one-to-one matching
+(:func:`match_clouds`), by a draw from the cloud-level plan (:func:`pair_clouds`), or as drawn."""
 
 
 def match_clouds(
@@ -367,7 +376,7 @@ def match_clouds(
     """Returns ``[B]`` indices, a permutation: noise cloud ``idx[j]`` pairs with data cloud ``j``.
 
     Cloud-level minibatch OT as in the RWEFM reference: the ``[B, B]`` cost is the Chamfer
-    cost for ``d_M^2`` (:func:`hexad.ot.chamfer`, each noise cloud costed under the data
+    cost for :math:`d_M^2` (:func:`hexad.ot.chamfer`, each noise cloud costed under the data
     cloud's padding mask, the mask it is then used with), an ott-jax Sinkhorn plan on it with
     ``plan_epsilon`` relative to its largest entry, rounded to a one-to-one matching
     (:func:`hexad.ot.greedy_matching`).

@@ -79,7 +79,7 @@ def backdoorbench_steps(epochs: int = BB_EPOCHS, n_clean: int = 500, batch_size:
     return epochs * math.ceil(n_clean / batch_size)
 
 
-#: Every defense's default step budget: BackdoorBench's 100 epochs over a 500-image clean
+#: Every defense's default step budget, BackdoorBench's 100 epochs over a 500-image clean
 #: split at batch 64 (:func:`backdoorbench_steps`).
 DEFAULT_STEPS = backdoorbench_steps()
 

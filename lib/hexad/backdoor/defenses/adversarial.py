@@ -60,18 +60,21 @@ def ibau(
     batch_size=64,
     unrolled=False,
 ):
-    """Returns :class:`DefenseOutput`: Implicit Backdoor Adversarial Unlearning-style
+    r"""Returns :class:`DefenseOutput`: Implicit Backdoor Adversarial Unlearning-style
     minimax (I-BAU; Zeng et al., arXiv 2110.03735), with BackdoorBench's ``i-bau`` settings.
 
-    Outer: ``min_theta 0.5 CE(f(x), y) + 0.5 CE(f(x + delta*), y)`` (BackdoorBench stamps
-    ``delta*`` on 1% of each batch of 256, two images; at batch 64 that is none, so every
-    image is taken clean and perturbed); inner: a batch-universal perturbation ``delta*``
+    Outer: :math:`\min_\theta \frac{1}{2} \mathrm{CE}(f(x), y) + \frac{1}{2} \mathrm{CE}(f(x +
+    \delta^*), y)` (BackdoorBench stamps :math:`\delta^*` on 1% of each batch of 256, two images;
+    at batch 64 that is none, so every image is taken clean and perturbed); inner: a
+    batch-universal perturbation :math:`\delta^*`
     from ``inner_steps`` gradient-ascent steps of ``inner_lr`` (BackdoorBench: one SGD step
     of lr 10 per batch over its split each round; ``K`` 5 fixed-point iterations for the
-    hypergradient) on ``CE - reg ||delta||^2`` (L2 regulariser 1e-3, no projection). The
+    hypergradient) on :math:`\mathrm{CE} - \text{reg} \|\delta\|^2` (L2 regulariser 1e-3, no
+    projection). The
     hypergradient: by default the outer gradient at the fixed ``delta*`` (Danskin's theorem;
     at an inner optimum it differs from the paper's implicit hypergradient by a term
-    proportional to ``reg``, since there ``grad_delta CE = 2 reg delta*``), about a third of
+    proportional to ``reg``, since there :math:`\nabla_\delta \mathrm{CE} = 2\, \text{reg}\,
+    \delta^*`), about a third of
     the cost of ``unrolled=True``, reverse-mode through the inner steps (the paper's unrolled
     alternative). Adam at ``lr`` on the outer problem. Budget: ``n_rounds`` of
     BackdoorBench's epochs of outer steps (``n_steps`` standing for 100 of them; each of its
@@ -165,14 +168,16 @@ def sau(
     lr=1e-4,
     batch_size=64,
 ):
-    """Returns :class:`DefenseOutput`: Shared Adversarial Unlearning (SAU; Wei et al.,
+    r"""Returns :class:`DefenseOutput`: Shared Adversarial Unlearning (SAU; Wei et al.,
     NeurIPS 2023, arXiv 2307.10562).
 
     Each step finds shared adversarial examples of the frozen backdoored model ``h0`` and
-    the model being purified ``h`` (``adv_steps`` signed steps of ``adv_lr`` in the L-inf
-    ball ``eps``, minimising ``beta_1 L_adv + beta_2 L_share``), then one Adam step on
-    ``lmd_1 CE(h(x)) + lmd_2 CE(h(x + delta)) + lmd_3 L_sar`` with ``L_sar`` the mean over
-    samples ``h0`` is fooled on of ``-log(1 - p_h(y0' | x + delta))`` (paper eq. 9).
+    the model being purified :math:`h` (``adv_steps`` signed steps of ``adv_lr`` in the
+    :math:`L_\infty` ball ``eps``, minimising :math:`\beta_1 L_{\text{adv}} + \beta_2
+    L_{\text{share}}`), then one Adam step on :math:`\lambda_1 \mathrm{CE}(h(x)) + \lambda_2
+    \mathrm{CE}(h(x + \delta)) + \lambda_3 L_{\text{sar}}` with :math:`L_{\text{sar}}` the mean
+    over samples :math:`h_0` is fooled on of :math:`-\log(1 - p_h(y_0' \mid x + \delta))`
+    (paper eq. 9).
     BackdoorBench's ``sau`` settings (its Adam is AMSGrad). Budget: ``n_steps`` steps
     (BackdoorBench's ``n_rounds`` 100 epochs). ``info``: ``acted``, ``retrains``.
     """

@@ -135,8 +135,8 @@ def ac(
 ):
     """Returns :class:`DefenseOutput`: :func:`activation_clustering` on ``data.x_train``
     under ``params``, then training on the samples not flagged (BackdoorBench's ``ac``
-    retrains a new model; the kept rows are cycled to the set's size,
-    :func:`~hexad.backdoor.defenses.abl.cycled`), by SGD at ``lr`` (``momentum``,
+    retrains a new model; the kept rows are repeated cyclically to the set's size, so one
+    compile serves any number kept), by SGD at ``lr`` (``momentum``,
     ``weight_decay``, cosine decay). Budget: ``retrain_factor * n_steps`` steps. ``info``:
     ``flags [n]``, ``n_flagged``, ``acted``, ``retrains`` (``from_scratch``)."""
     check_data(model, params, data, need_train=True)

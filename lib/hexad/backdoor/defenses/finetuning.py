@@ -168,18 +168,18 @@ def nad(
     pad=2,
     batch_size=64,
 ):
-    """Returns :class:`DefenseOutput`: Neural Attention Distillation (NAD; Li et al., arXiv
+    r"""Returns :class:`DefenseOutput`: Neural Attention Distillation (NAD; Li et al., arXiv
     2101.05930), as BackdoorBench's ``nad``.
 
-    A teacher is fine-tuned from ``params`` for ``teacher_epochs``; the student (``params``)
-    is then trained for ``epochs`` on ``CE + sum_l beta_l mean((A_s^l - A_t^l)^2)``, ``A^l``
-    the L2-normalised attention map ``mean_c |f|^p`` of conv layer ``l`` on the last three
-    conv layers (fewer layers take the last betas; BackdoorBench takes its PreAct-ResNet18's
-    last two stage outputs and the pooled features). Both by SGD at a constant ``lr``
-    (``momentum``, ``weight_decay``; BackdoorBench's student schedule holds 0.01 for its
-    first 20 epochs, and its teacher's cosine over 100 epochs barely decays in 10) with
-    ``pad``-pixel shifts. Budget: ``teacher_epochs`` and ``epochs`` of BackdoorBench's epochs
-    (``n_steps`` standing for 100 of them; its student trains for ``te_epochs`` too).
+    A teacher is fine-tuned from ``params`` for ``teacher_epochs``; the student (``params``) is then
+    trained for ``epochs`` on :math:`\mathrm{CE} + \sum_l \beta_l \operatorname{mean}((A_s^l -
+    A_t^l)^2)`, :math:`A^l` the L2-normalised attention map :math:`\operatorname{mean}_c |f|^p` of
+    conv layer :math:`l` on the last three conv layers (fewer layers take the last betas;
+    BackdoorBench takes its PreAct-ResNet18's last two stage outputs and the pooled features). Both
+    by SGD at a constant ``lr`` (``momentum``, ``weight_decay``; BackdoorBench's student schedule
+    holds 0.01 for its first 20 epochs, and its teacher's cosine over 100 epochs barely decays in
+    10) with ``pad``-pixel shifts. Budget: ``teacher_epochs`` and ``epochs`` of BackdoorBench's
+    epochs (``n_steps`` standing for 100 of them; its student trains for ``te_epochs`` too).
     ``info``: ``acted``, ``retrains``.
     """
     check_data(model, params, data)

@@ -183,13 +183,18 @@ def anp(
     acc_drop=0.1,
     batch_size=64,
 ):
-    """Returns :class:`DefenseOutput`: Adversarial Neuron Pruning (ANP; Wu & Wang, arXiv
+    r"""Returns :class:`DefenseOutput`: Adversarial Neuron Pruning (ANP; Wu & Wang, arXiv
     2110.14430), as BackdoorBench's ``anp``.
 
     Per-channel masks ``m`` in [0, 1] of every :func:`~hexad.backdoor.mask_layers` layer
     (the GroupNorms of a PreAct-ResNet, as BackdoorBench masks its batch norms; else the
-    conv layers) minimise ``alpha L(m) + (1 - alpha) max_{|delta|,|xi| <= eps} L(m + delta,
-    1 + xi)`` (paper eq. 5; one signed ascent step of ``eps`` from a random start, as the
+    conv layers) minimise
+
+    .. math::
+
+       \alpha L(m) + (1 - \alpha) \max_{|\delta|, |\xi| \le \epsilon} L(m + \delta, 1 + \xi)
+
+    (paper eq. 5; one signed ascent step of ``eps`` from a random start, as the
     reference code's ``anp_steps 1``; the natural term masks the weights only), by SGD
     (momentum 0.9) at ``mask_lr`` (BackdoorBench's ``lr``, which its ``anp.py`` gives the mask
     optimiser), then the channels whose mask is at most the threshold are pruned (module

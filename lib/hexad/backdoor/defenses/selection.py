@@ -38,12 +38,13 @@ from hexad.backdoor.defenses._common import (
 
 
 def paired_drop(before, after) -> tuple[float, float]:
-    """Returns ``(drop, se)``: the accuracy lost from ``before`` to ``after`` on the same images
+    r"""Returns ``(drop, se)``: the accuracy lost from ``before`` to ``after`` on the same images
     and its paired standard error.
 
-    ``before``, ``after``: ``[n]`` bools (image ``i`` classified correctly). With ``d_i =
-    before_i - after_i`` in {-1, 0, 1}, ``drop = mean(d)`` and ``se = sqrt((mean(d^2) -
-    drop^2) / n)``, the standard error of a difference of two paired proportions (the one of
+    ``before``, ``after``: ``[n]`` bools (image :math:`i` classified correctly). With
+    :math:`d_i = \text{before}_i - \text{after}_i \in \{-1, 0, 1\}`,
+    :math:`\text{drop} = \bar d` and :math:`\text{se} = \sqrt{(\overline{d^2} - \text{drop}^2) /
+    n}`, the standard error of a difference of two paired proportions (the one of
     McNemar's test, unpooled): only images whose verdict changed add to it, so two models
     that agree on most images are compared far more tightly than two independent accuracies.
 

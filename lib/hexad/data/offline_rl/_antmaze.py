@@ -44,10 +44,16 @@ __all__ = [
 ]
 
 ANTMAZE_ENV = "AntMaze_UMaze-v5"
+"""The gymnasium-robotics environment of the AntMaze data sets."""
 ANTMAZE_SCALING = 4.0
-ANT_OBS_DIM = 27  # Ant-v5 observation without the x, y position
+"""The side length of an AntMaze cell (gymnasium-robotics' ``maze_size_scaling``)."""
+ANT_OBS_DIM = 27
+"""The size of an ``Ant-v5`` observation without the torso's x, y position."""
 ANT_ACT_DIM = 8
-ANT_INPUT_DIM = ANT_OBS_DIM + 2  # + (cos, sin) of the command relative to the yaw
+"""The size of an ant action (eight joint torques)."""
+ANT_INPUT_DIM = ANT_OBS_DIM + 2
+"""The size of the controller's input, the observation and then the (cos, sin) of the command
+relative to the torso's yaw (:func:`ant_command_features`)."""
 
 
 def torso_yaw(obs: np.ndarray) -> np.ndarray:
@@ -95,10 +101,12 @@ def ant_command_features(obs: np.ndarray, command: np.ndarray) -> np.ndarray:
 
 
 class AntCommandEnv:
-    """``Ant-v5`` with a commanded direction, in the shape :func:`hexad.policy.train_online` steps.
+    r"""``Ant-v5`` with a commanded direction, in the shape :func:`hexad.policy.train_online` steps.
 
     The policy sees :func:`ant_command_features` ``[E, 29]``. The reward of a step is
-    ``v . (cos, sin)(command) + 1 (healthy) - ctrl_cost |a|^2``. An episode terminates when
+    :math:`v^\top (\cos \theta, \sin \theta) + 1 - c \|a\|^2`, with :math:`v` the torso's
+    planar velocity, :math:`\theta` the command, 1 the healthy bonus and :math:`c` the
+    ``ctrl_cost``. An episode terminates when
     ``Ant-v5`` finds the torso unhealthy (height outside [0.2, 1]) and, with
     ``terminate_flipped``, when the torso turns upside down (that env alone is then reset).
     The command is redrawn uniformly every ``command_every`` steps and at every reset.
@@ -114,7 +122,7 @@ class AntCommandEnv:
       n_envs: parallel environments (``SyncVectorEnv``).
       episode_steps: episode length (timeout).
       command_every: steps between command redraws.
-      ctrl_cost: weight of ``|a|^2`` in the reward.
+      ctrl_cost: weight of :math:`\|a\|^2` in the reward.
       terminate_flipped: end an episode as a termination when the torso turns upside down.
         ``Ant-v5``'s own health check is the torso height alone, which an ant lying on its
         back passes.

@@ -29,8 +29,10 @@ D4RL_FIELDS = (
     "terminals",
     "timeouts",
 )
+"""The fields every offline-RL data set has, with D4RL's names."""
 
-CACHE_FOLDER = "offline_rl"  # generated sets live in hexad.data.cache_dir(CACHE_FOLDER)
+CACHE_FOLDER = "offline_rl"
+"""The sub-folder of :func:`hexad.data.cache_dir` that holds the generated sets."""
 
 
 def spec_tag(spec: dict) -> str:

@@ -23,7 +23,9 @@ __all__ = [
 ]
 
 LOCOMOTION_ENVS = ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5")
+"""The gymnasium MuJoCo tasks of the locomotion data sets."""
 LOCOMOTION_LEVELS = ("random", "medium", "expert", "medium-replay")
+"""The D4RL-style levels of each locomotion task (:func:`locomotion_levels`)."""
 # Each task's per-step healthy bonus (gymnasium's default ``healthy_reward``; HalfCheetah has none).
 _HEALTHY_REWARD = {"HalfCheetah-v5": 0.0, "Hopper-v5": 1.0, "Walker2d-v5": 1.0}
 

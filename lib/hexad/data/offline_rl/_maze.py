@@ -25,15 +25,16 @@ UMAZE = (
     (1, 0, 0, 0, 1),
     (1, 1, 1, 1, 1),
 )
+"""The U-shaped maze of PointMaze and AntMaze UMaze, ``[5, 5]`` cells, 1 a wall and 0 free."""
 
 
 class MazeGeometry:
-    """Cell <-> coordinate maps and shortest-path next cells of a gymnasium-robotics maze.
+    r"""Cell <-> coordinate maps and shortest-path next cells of a gymnasium-robotics maze.
 
-    Coordinates follow gymnasium-robotics: cell ``(r, c)`` has centre
-    ``x = (c + 0.5) s - W s / 2``, ``y = H s / 2 - (r + 0.5) s`` for a ``H x W`` map and
-    scaling ``s``. The next cell towards every goal cell is found by breadth-first search over
-    the free cells (4-neighbourhood).
+    Coordinates follow gymnasium-robotics: cell :math:`(r, c)` has centre :math:`x = (c +
+    \frac{1}{2}) s - W s / 2`, :math:`y = H s / 2 - (r + \frac{1}{2}) s` for an :math:`H \times W`
+    map and scaling :math:`s`. The next cell towards every goal cell is found by breadth-first
+    search over the free cells (4-neighbourhood).
 
     Args:
       maze_map: ``[H, W]`` grid, 1 for a wall and 0 for a free cell.
@@ -106,7 +107,8 @@ def sample_free_goals(
     margin: float = 0.2,
     geom: MazeGeometry | None = None,
 ) -> np.ndarray:
-    """Returns ``[n, 2]`` goals uniform in the disk ``|g - center| <= radius`` of free space.
+    r"""Returns ``[n, 2]`` goals uniform in the disk :math:`\|g - \text{center}\| \le`
+    ``radius`` of free space.
 
     A goal is kept only if it and the four points ``margin`` away along each axis lie in free
     cells of the maze (rejection sampling), so it is reachable.

@@ -25,6 +25,7 @@ __all__ = [
 ]
 
 POINTMAZE_ENV = "PointMaze_UMaze-v3"
+"""The gymnasium-robotics environment of the PointMaze data sets."""
 
 
 def pointmaze_oracle(geom: MazeGeometry, obs: np.ndarray, goal: np.ndarray) -> np.ndarray:
