@@ -4,8 +4,9 @@ Reads ``results/<study>/config.json`` (the config and its provenance: commit, da
 machine) and ``results/<study>/summary.json`` for every study of a paper (or of each part, one
 subfolder per part, when a study was run in parts), copies the study's PNG plots next to the
 page, and writes ``docs/reproduction/papers/<paper>.md``: the verdict per claim first, then each
-rule once with its pre-stated margin, the runs with their commits, and each study's figures.
-Nothing on the pages is typed by hand.
+rule once with its pre-stated margin, the runs with their commits, and per study its method x
+metric tables (``METRIC_TABLES``, read by the summary's key names), its own tables, its figures
+at full width and the keys no table showed, folded. Nothing on the pages is typed by hand.
 
 - Every interval and test comes from ``experiments/_verdicts.py`` (paired t intervals, TOST
   against a margin stated in advance, the seeds an undecided claim would need); no rule here
@@ -27,6 +28,7 @@ import functools
 import json
 import math
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -86,11 +88,15 @@ class Paper:
     source: str
     studies: tuple[str, ...]
     claims: tuple[Claim, ...] = field(default=())
-    # a study's own tables (markdown lines), placed after its key/value table
+    # a study's own tables (markdown lines), placed after its method x metric tables
     tables: Mapping[str, Callable[[Mapping[str, Any]], list[str]]] = field(default_factory=dict)
     # the method's code (library and shared study helpers); with experiments/<study>.py it is
     # what a run is stale against
     code: tuple[str, ...] = ()
+    # keys of docs/references.bib: the paper itself ("" while it is not public) and the prior
+    # work its claims rest on, cited under the page's title
+    cite: str = ""
+    prior: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,10 @@ RWEFM_SETTINGS = (
 #: (issue 49: T^2 mixtures at >= 10); until then it reads undecided with interim figures, so
 #: the verdict is not taken at whichever look first crosses a threshold.
 RWEFM_PLANNED_SEEDS = {("rwefm_synthetic", "t2_"): 10}
+
+#: The seeds each PoE/KL study is decided at (its Config's ``n_seeds``, stated before its
+#: runs): run in seed parts, a setting reads undecided until that many are in.
+POLICY_PLANNED_SEEDS = {"policy_pointmaze": 5, "policy_locomotion": 3}
 
 #: Stated in the statistics module, where the studies read it too.
 RWEFM_MARGIN = _verdicts.MARGINS["rwefm"]
@@ -341,6 +351,14 @@ def _policy_runs(
         if old := _policy_old(where, parts):
             verdicts.append("not tested")
             texts.append(old)
+            continue
+        seeds, planned = sum(int(p["n_seeds"]) for p in parts), POLICY_PLANNED_SEEDS.get(study, 0)
+        if seeds < planned:
+            verdicts.append("undecided")
+            texts.append(
+                f"{where}: interim, {seeds} of the {planned} pre-stated seeds in (each part's "
+                "figures are in its run below); decided when all are in"
+            )
             continue
         yield where, parts
 
@@ -592,8 +610,9 @@ _POLICY_COMBINE = (
 )
 _POLICY_JOIN = (
     "a study run in seed-group parts is decided on their units joined (a one-seed part's "
-    "episodes as their mean) by the same rule, margin and level, and a cell not tested in any "
-    "part is not tested; a run from before the rebuilt rules (issue 52) is not tested"
+    "episodes as their mean) by the same rule, margin and level, once its pre-stated seeds "
+    "are in (pointmaze 5, locomotion 3 per env; undecided before), and a cell not tested in "
+    "any part is not tested; a run from before the rebuilt rules (issue 52) is not tested"
 )
 _POLICY_GATES = (
     "tested only where the actor beats the zero action on the selection episodes and the prior "
@@ -762,36 +781,23 @@ def _pm(s: Mapping[str, Any], key: str) -> str:
     return f"{v:.3f}" if sd is None or float(sd) == 0.0 else f"{v:.3f} ± {float(sd):.3f}"
 
 
-def _rwefm_table(s: Mapping[str, Any], prefix: str, label: str) -> list[str]:
-    """One RWEFM setting: each metric for both arms, their paired difference and the data
-    floor (mean ± sd over seeds or floor draws), then the maps' convergence."""
+def _rwefm_maps(s: Mapping[str, Any], prefix: str, label: str) -> list[str]:
+    """One RWEFM setting's noise, pairing and solves, below its method x metric table: the
+    share of each arm's training maps that converged and their iterations, and the share of
+    evaluation solves that converged."""
     if f"{prefix}emd_1nna_diff_mean" not in s:
         return []
-
-    def msd(key: str) -> str:
-        return f"{float(s[f'{prefix}{key}_mean']):.4f} ± {float(s[f'{prefix}{key}_sd']):.4f}"
-
-    lines = [f"{label}, mean ± sd over {s.get('n_seeds', '?')} seeds (lower is better; "
-             "1-NNA: 0.5 is ideal):", "",
-             "| metric | RWEFM | baseline | RWEFM - baseline (paired) | data floor |",
-             "| --- | --- | --- | --- | --- |"]  # fmt: skip
-    for g in ("emd", "chamfer"):
-        for m in ("1nna", "mm", "kmmd"):
-            k = f"{prefix}{g}_{m}"
-            diff = f"{float(s[f'{k}_diff_mean']):+.4f} ± {float(s[f'{k}_diff_sd']):.4f}"
-            cells = [msd(f"rwefm_{g}_{m}"), msd(f"euclid_{g}_{m}"), diff, msd(f"floor_{g}_{m}")]
-            lines.append(f"| {g} {m} | " + " | ".join(cells) + " |")
     conv = [f"{a}: {float(s[f'{prefix}map_converged_frac_{a}']):.3f} of the training maps "
             f"converged within {s[f'{prefix}map_iterations_{a}']} iterations"
             for a in ("rwefm", "euclid")]  # fmt: skip
     conv.append(f"evaluation solves converged: {float(s[f'{prefix}eval_converged_frac']):.3f}")
-    head = f"Noise `{s[f'{prefix}noise']}`, pairing `{s[f'{prefix}pairing']}`; "
-    return [*lines, "", head + "; ".join(conv) + ".", ""]
+    head = f"{label}: noise `{s[f'{prefix}noise']}`, pairing `{s[f'{prefix}pairing']}`; "
+    return [head + "; ".join(conv) + ".", ""]
 
 
 def _rwefm_tables(study: str) -> Callable[[Mapping[str, Any]], list[str]]:
     settings = [(p, lb) for st, p, lb in RWEFM_SETTINGS if st == study]
-    return lambda s: [line for p, lb in settings for line in _rwefm_table(s, p, lb)]
+    return lambda s: [line for p, lb in settings for line in _rwefm_maps(s, p, lb)]
 
 
 def _dtb_table(s: Mapping[str, Any]) -> list[str]:
@@ -812,6 +818,293 @@ def _dtb_table(s: Mapping[str, Any]) -> list[str]:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
+
+
+#: An arm's or a metric's name in the summary's keys, or several (the first present wins).
+Names = str | tuple[str, ...]
+#: Arms, metrics or settings: ``(names, label)`` pairs, or a function of the summary giving them
+#: (for those a study lists in its summary, such as its priors or its fault kinds).
+Axis = Sequence[tuple[Names, str]] | Callable[[Mapping[str, Any]], Sequence[tuple[Names, str]]]
+
+
+@dataclass(frozen=True)
+class MetricTable:
+    """A study's method x metric table, read from its summary by the keys' naming convention.
+
+    The cell of arm ``a`` and metric ``m`` in setting ``p`` (a manifold's part, a likelihood
+    space) reads the key that ``key`` names once its ``{arm}``, ``{metric}`` and ``{setting}``
+    are filled in, ``_``-separated, an empty part dropping out with its ``_`` (so an arm named
+    ``""`` is the study's unprefixed one): the cell shows ``<key>_mean`` or else ``<key>``,
+    with ``± <key>_sd`` where the summary has it (the sd over seeds). An arm or metric name
+    holding a ``{`` is a key template of its own, for a figure the study names otherwise
+    (``"{setting}_{metric}_diff"``). Arms, metrics and settings with no key in a summary are
+    left out, and so is a table with none.
+    """
+
+    arms: Axis
+    metrics: Axis
+    key: str = "{setting}_{arm}_{metric}"
+    settings: Axis = (("", ""),)
+    title: str = ""  # the caption, before a setting's label
+    note: str = ""  # how to read the figures, in parentheses after the caption
+    arm_header: str = "method"
+    seeds: str = "n_seeds"  # the key counting the seeds an sd is over
+
+
+def _axis(axis: Axis, s: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
+    pairs = axis(s) if callable(axis) else axis
+    return [((n,) if isinstance(n, str) else tuple(n), label) for n, label in pairs]
+
+
+def _fill(template: str, **parts: str) -> str:
+    """``template`` with its parts filled in, ``_``-joined, empty parts left out."""
+    return "_".join(t for t in (tok.format(**parts) for tok in template.split("_")) if t)
+
+
+def _cell(s: Mapping[str, Any], table: MetricTable, setting: str, arm: tuple[str, ...],
+          metric: tuple[str, ...]) -> tuple[str, tuple[str, ...]] | None:  # fmt: skip
+    """The cell's text and the keys it shows; ``None`` when the summary has no such key."""
+    for a in arm:
+        for m in metric:
+            template = a if "{" in a else m if "{" in m else table.key
+            k = _fill(template, setting=setting, arm=a, metric=m)
+            for mean in (f"{k}_mean", k):
+                if mean in s:
+                    if f"{k}_sd" not in s:
+                        return _fmt(s[mean]), (mean,)
+                    return f"{_fmt(s[mean])} ± {_fmt(s[f'{k}_sd'])}", (mean, f"{k}_sd")
+    return None
+
+
+def metric_tables(
+    tables: Sequence[MetricTable], s: Mapping[str, Any], shown: set[str] | None = None
+) -> list[str]:
+    """The markdown of ``tables`` on summary ``s``: per setting, a row per arm and a column per
+    metric that the summary has. The keys the cells show are added to ``shown``."""
+    lines: list[str] = []
+    for table in tables:
+        arms, metrics = _axis(table.arms, s), _axis(table.metrics, s)
+        for (setting, *_), label in _axis(table.settings, s):
+            cells = {(i, j): c for i, (a, _) in enumerate(arms) for j, (m, _) in enumerate(metrics)
+                     if (c := _cell(s, table, setting, a, m)) is not None}  # fmt: skip
+            if not cells:
+                continue
+            rows, cols = sorted({i for i, _ in cells}), sorted({j for _, j in cells})
+            caption = ", ".join(x for x in (table.title, label) if x)
+            if shown is not None:
+                shown.update(k for _, keys in cells.values() for k in keys)
+            if any(len(keys) > 1 for _, keys in cells.values()):
+                n = s.get(_fill("{setting}_" + table.seeds, setting=setting), s.get(table.seeds))
+                caption += f"{', ' if caption else ''}mean ± sd" + (
+                    f" over {_fmt(n)} seeds" if n is not None else ""
+                )
+            if table.note:
+                caption += f" ({table.note})"
+            lines += [f"{caption[:1].upper()}{caption[1:]}:", ""] if caption else []
+            lines += [
+                f"| {table.arm_header} | " + " | ".join(metrics[j][1] for j in cols) + " |",
+                "| --- " * (len(cols) + 1) + "|",
+            ]
+            lines += [
+                f"| {arms[i][1]} | " + " | ".join(cells.get((i, j), ("-",))[0] for j in cols) + " |"
+                for i in rows
+            ]
+            lines.append("")
+    return lines
+
+
+def _names_before(suffix: str, skip: tuple[str, ...] = ()) -> Callable[[Mapping[str, Any]], list]:
+    """The arms a summary names by the keys ``<arm>_<suffix>``, in the summary's order."""
+    tail = f"_{suffix}"
+    return lambda s: [(k[: -len(tail)], k[: -len(tail)]) for k in s
+                      if k.endswith(tail) and k[: -len(tail)] not in skip]  # fmt: skip
+
+
+def _listed(key: str) -> Callable[[Mapping[str, Any]], list]:
+    """The arms, metrics or settings a summary lists under ``key``."""
+    return lambda s: [(str(v), str(v)) for v in s.get(key, ())]
+
+
+_RWEFM_ARMS = (
+    ("rwefm", "RWEFM"),
+    ("euclid", "Euclidean baseline"),
+    ("euclid_periodic", "Euclidean on (cos, sin) features"),
+    ("{setting}_{metric}_diff", "RWEFM - baseline (paired)"),
+    ("floor", "data floor"),
+)
+_RWEFM_METRICS = (
+    *((f"{g}_{m}", f"{g} {m}") for g in ("emd", "chamfer") for m in ("1nna", "mm", "kmmd")),
+    ("final_loss", "final loss"),
+)
+
+
+def _rwefm_metric_table(study: str) -> MetricTable:
+    settings = tuple((p.rstrip("_"), lb) for st, p, lb in RWEFM_SETTINGS if st == study)
+    return MetricTable(_RWEFM_ARMS, _RWEFM_METRICS, settings=settings,
+                       note="lower is better; 1-NNA: 0.5 is ideal")  # fmt: skip
+
+
+def _prefmh_arms(ks: Sequence[int], *rest: tuple[Names, str]) -> tuple[tuple[Names, str], ...]:
+    # ESS per 1000 comparisons names a K-budget chain k<K>, its other figures prefmh_k<K>
+    chains = tuple(((f"prefmh_k{k}", f"k{k}"), f"Pref-MH, K = {k}") for k in ks)
+    return (("mh", "exact MH"), *chains, *rest)
+
+
+_POLICY_METHODS = (
+    ("actor_return_{setting}", "actor alone"),
+    ("poe_kl", "PoE at the KL-budget alpha"),
+    ("oracle", "PoE at the oracle alpha"),
+    ("oracle_mid", "PoE at the oracle alpha in [0.1, 0.9]"),
+    ("fixed", "PoE at alpha 0.5"),
+    ("poe_contrast", "PoE at the contrast alpha"),
+    ("additive_contrast", "additive at the contrast alpha"),
+    ("prior_only", "prior alone"),
+)
+
+
+def _policy_metric_table(settings: Axis) -> MetricTable:
+    # the priors are the columns: each method's test return under each prior
+    return MetricTable(_POLICY_METHODS, _listed("priors"), key="{arm}_return_{metric}_{setting}",
+                       settings=settings, title="test return per prior")  # fmt: skip
+
+
+#: Each study's method x metric tables: arms (rows) and metrics (columns) named as its summary
+#: names them (its docstring lists the keys). The keys no table shows are listed, folded, below.
+METRIC_TABLES: Mapping[str, tuple[MetricTable, ...]] = {
+    **{
+        st: (_rwefm_metric_table(st),)
+        for st in ("rwefm_synthetic", "rwefm_protein", "rwefm_singlecell")
+    },
+    "prefmh_mixture": (
+        MetricTable(
+            _prefmh_arms(
+                (1, 3, 5, 9),
+                ("majority_k3", "majority vote, K = 3"),
+                ("two_coin", "two-coin"),
+                ("iid", "i.i.d. draws"),
+            ),
+            (
+                ("tv", "grid TV"),
+                ("sw1", "sliced W1"),
+                ("acc", "acceptance"),
+                ("rhat", "R-hat"),
+                ("ess_per_step", "ESS / step"),
+                ("ess_per_kcall", "ESS / 1000 calls"),
+                ("calls_per_step", "calls / step"),
+                ("truncated", "steps cut at max_rounds"),
+            ),
+            key="{metric}_{arm}",
+        ),
+    ),
+    "prefmh_digits": (
+        MetricTable(
+            (
+                ("mh_latent", "exact MH (latent)"),
+                ("prefmh_k1_latent", "Pref-MH, K = 1 (latent)"),
+                ("prefmh_k3_latent", "Pref-MH, K = 3 (latent)"),
+                ("prefmh_k1_indep", "Pref-MH, K = 1 (independent)"),
+                ("base_{metric}", "generator draws"),
+            ),
+            (
+                ("rate", "target rate"),
+                ("judge_rate", "judge's rate"),
+                ("diversity", "diversity"),
+                ("sw1_to_mh", "sliced W1 to MH"),
+                ("acc", "acceptance"),
+                ("ess_per_step", "ESS / step"),
+                ("ess_per_kcall", "ESS / 1000 calls"),
+            ),
+            key="{metric}_{arm}",
+        ),
+    ),
+    "prefmh_text": (
+        MetricTable(
+            _prefmh_arms(
+                (1, 3),
+                ("majority_k3", "majority vote, K = 3"),
+                ("exact_{metric}", "tilted reference"),
+                ("base_{metric}", "p0"),
+            ),
+            (
+                ("rate", "property rate"),
+                ("tv_count", "count TV"),
+                ("mean_count", "mean count"),
+                ("hamming", "Hamming"),
+                ("unique_frac", "unique"),
+                ("acc", "acceptance"),
+                ("ess_per_step", "ESS / step"),
+                ("ess_per_kcall", "ESS / 1000 calls"),
+            ),
+            key="{metric}_{arm}",
+        ),
+    ),
+    "backdoor_dtb": (
+        MetricTable(
+            # DTB's keys have no prefix, but its implant's training figures are dtb_<figure>
+            ((("", "dtb"), "DTB"), ("naive", "naive"), ("oracle", "oracle (trained against FP)")),
+            (
+                ("clean_acc_before", "clean acc before"),
+                ("decoy_asr_before", "decoy ASR before"),
+                ("hidden_asr_before", "hidden ASR before"),
+                ("decoy_asr_after_mean", "decoy ASR after (mean)"),
+                ("hidden_asr_after_mean", "hidden ASR after (mean)"),
+                ("hidden_asr_after_suppressed_mean", "hidden ASR after suppressing defenses"),
+                ("n_defenses_suppressed", "defenses suppressing the decoy"),
+                ("implant_ok", "implant ok"),
+                ("implant_best_step", "implant's best step"),
+            ),
+            seeds="n_seeds_run",
+        ),
+    ),
+    "cachex_bench": (
+        MetricTable(
+            (
+                ("cachex", "CacheX"),
+                ("orbax", "orbax async"),
+                ("orbax_emergency_{metric}", "orbax emergency (multi-tier)"),
+            ),
+            (
+                ("stall_ms", "mean stall (ms)"),
+                ("stall_ms_median", "median stall (ms)"),
+                ("stall_ms_p99", "p99 stall (ms)"),
+                ("stage_ms", "host copy (ms)"),
+                ("pfs_durable_s", "PFS-durable (s)"),
+                ("variability", "p99/p50"),
+                ("variability_save", "p99/p50 per save"),
+                ("spread_iqr_s", "IQR (s)"),
+            ),
+            key="{metric}_{arm}",
+        ),
+    ),
+    "cachex_durability": (
+        MetricTable(
+            # the totals over every fault are fault_<figure>, or unprefixed
+            lambda s: [*_names_before("runs", ("fault",))(s), (("fault", ""), "all faults")],
+            (
+                ("runs", "runs"),
+                (("exact", "exact_restores"), "exact restores"),
+                (("corrupt", "corrupt_restores"), "corrupt restores"),
+                ("steps_lost", "steps lost"),
+                # per fault, not the total's fault_steps_lost_vs_orbax (floored at 0 per run)
+                ("lost_vs_orbax", "lost vs orbax"),
+                (("false_claims", "false_durable_claims"), "false durable claims"),
+                ("max_lag_steps", "max lag (steps)"),
+            ),
+            arm_header="fault",
+        ),
+    ),
+    "policy_pointmaze": (_policy_metric_table(_listed("spaces")),),
+    "policy_antmaze": (_policy_metric_table(_listed("spaces")),),
+    "policy_locomotion": (
+        _policy_metric_table(
+            lambda s: [
+                (f"{lv}_{sp}", f"{lv}, {sp}")
+                for lv in s.get("levels", ())
+                for sp in s.get("spaces", ())
+            ]
+        ),
+    ),
+}
 
 
 def _rwefm_claim(study: str, prefix: str) -> Callable[[Summaries], tuple[str, str]]:
@@ -842,6 +1135,8 @@ PAPERS = (
         {st: _rwefm_tables(st) for st in ("rwefm_synthetic", "rwefm_protein", "rwefm_singlecell")},
         # the method calls the geometry and OT code for its maps, noise and scores
         ("lib/hexad/rwefm", "lib/hexad/geometry", "lib/hexad/ot", "experiments/_rwefm.py"),
+        cite="haviv2025wfm",
+        prior=("pooladian2021entropic", "lipman2023flow", "chen2024flow"),
     ),
     Paper(
         "prefmh",
@@ -862,6 +1157,12 @@ PAPERS = (
             ),
         ),
         code=("lib/hexad/prefmh", "experiments/_prefmh.py"),
+        prior=(
+            "metropolis1953equation",
+            "hastings1970monte",
+            "bradley1952rank",
+            "vats2020bernoulli",
+        ),
     ),
     Paper(
         "cvxclust",
@@ -887,6 +1188,8 @@ PAPERS = (
         ),
         {"cvxclust_phase": _cvxclust_table, "cvxclust_planetoid": _planetoid_table},
         ("lib/hexad/cvxclust", "experiments/_cvxclust.py"),
+        cite="shahriarimehr2025bounds",
+        prior=("chen2014improved", "chi2015splitting"),
     ),
     Paper(
         "policy",
@@ -929,6 +1232,8 @@ PAPERS = (
             ),
         ),
         code=("lib/hexad/policy", "experiments/_policy.py"),
+        cite="hossain2026steering",
+        prior=("hinton2002training", "kostrikov2022offline", "kumar2020conservative", "fu2020d4rl"),
     ),
     Paper(
         "dtb",
@@ -945,6 +1250,13 @@ PAPERS = (
         ),
         {"backdoor_dtb": _dtb_table},
         ("lib/hexad/backdoor", "experiments/_backdoor.py"),
+        prior=(
+            "gu2017badnets",
+            "liu2018fine",
+            "wang2019neural",
+            "li2021anti",
+            "wu2022backdoorbench",
+        ),
     ),
     Paper(
         "cachex",
@@ -980,6 +1292,7 @@ PAPERS = (
             "experiments/_cachex.py",
             "experiments/_cachex_faultworker.py",
         ),
+        prior=("orbaxcheckpoint",),
     ),
 )
 PAPERS_BY_SLUG = {p.slug: p for p in PAPERS}
@@ -1149,9 +1462,10 @@ def _code_of(rev: str, path: str) -> str | None:
 
 
 def code_fingerprint(source: str) -> str:
-    """What of a Python source can change behaviour: its syntax tree with every statement
-    that is only a string literal (docstrings) removed; the source itself if it does not
-    parse."""
+    """What of a Python source can change behaviour: its syntax tree without the statements
+    that do nothing (a docstring or other bare constant such as ``...``, and ``pass``), so
+    that a stub written ``...`` and one given a docstring instead compare equal; the source
+    itself if it does not parse."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -1159,13 +1473,14 @@ def code_fingerprint(source: str) -> str:
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
-            kept = [
-                s for s in body
-                if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
-                        and isinstance(s.value.value, str))
-            ]  # fmt: skip
+            kept = [s for s in body if not _does_nothing(s)]
             node.body = kept or [ast.Pass()]
     return ast.dump(tree)
+
+
+def _does_nothing(stmt: ast.stmt) -> bool:
+    bare = isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+    return bare or isinstance(stmt, ast.Pass)
 
 
 def _code_changed(a: str, b: str, paths: Sequence[str]) -> bool:
@@ -1204,6 +1519,30 @@ def _runs(study: str) -> list[Run]:
     ]
 
 
+def _command(run: Run) -> str:
+    """The run's recorded command as a reader would type it here: ``--out`` is the folder the
+    run is committed in, and the scratch ``--ckpt`` folder (where it resumed from) is left out,
+    so no page shows the folders of the machine that ran it."""
+    cmd = run.config.get("provenance", {}).get("command")
+    if not isinstance(cmd, str):
+        return "?"
+    try:
+        words = shlex.split(cmd)
+    except ValueError:
+        return cmd
+    out, i = [], 0
+    while i < len(words):
+        flag, _, value = words[i].partition("=")
+        if flag in ("--out", "--ckpt"):
+            i += 1 if value else 2
+            if flag == "--out":
+                out += ["--out", "/".join(("results", run.study, run.part)).rstrip("/")]
+            continue
+        out.append(words[i])
+        i += 1
+    return shlex.join(out)
+
+
 def _run_lines(paper: Paper, run: Run, prov: Provenance) -> list[str]:
     config, summary = run.config, run.summary
     meta = config.get("provenance", {})
@@ -1213,7 +1552,7 @@ def _run_lines(paper: Paper, run: Run, prov: Provenance) -> list[str]:
         lines += ["**A `--quick` run, not the full study.**", ""]
     failed = _failed_checks(run)
     lines += [
-        f"- command: `{meta.get('command', '?')}`",
+        f"- command: `{_command(run)}`",
         f"- commit: `{meta.get('commit', '?')}`"
         + (" (with local changes)" if meta.get("dirty") else ""),
         f"- code since the run: {prov.text}",
@@ -1223,20 +1562,49 @@ def _run_lines(paper: Paper, run: Run, prov: Provenance) -> list[str]:
         f"- machine: {machine.get('cpu', '?')}, {machine.get('cores', '?')} cores, "
         f"{machine.get('backend', '?')}, jax {machine.get('jax', '?')}",
         "",
-        "| key | value |",
-        "| --- | --- |",
     ]
-    lines += [f"| `{k}` | {_fmt(v)} |" for k, v in sorted(summary.items())]
-    lines.append("")
+    shown: set[str] = set()
+    lines += metric_tables(METRIC_TABLES.get(run.study, ()), summary, shown)
     if run.study in paper.tables:
         lines += paper.tables[run.study](summary)
+    return lines + _figures(run) + _folded(summary, shown)
+
+
+def _figures(run: Run) -> list[str]:
+    """The run's plots, copied next to the page, each a figure of the column's full width (a
+    click opens the full-size image)."""
     src = RESULTS / run.study / run.part
     img_dir = OUT / "_img" / run.name
+    lines = []
     for png in sorted(src.glob("*.png")):
         img_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy2(png, img_dir / png.name)
-        lines += [f"![{png.stem}](_img/{run.name}/{png.name})", ""]
+        path = f"{run.name}/{png.name}"
+        lines += [f":::{{figure}} _img/{path}", ":width: 100%", f":alt: {png.stem}", "",
+                  f"`results/{path}`", ":::", ""]  # fmt: skip
     return lines
+
+
+def _folded(summary: Mapping[str, Any], shown: set[str]) -> list[str]:
+    """The summary's keys that no method x metric table showed (a study's own tables round
+    their figures, so theirs stay), in a block folded until opened (raw HTML, which the HTML
+    build keeps and other builders drop)."""
+    rest = sorted(k for k in summary if k not in shown)
+    if not rest:
+        return []
+    n = f"{len(rest)} key{'s' if len(rest) > 1 else ''}"
+    what = f"The other {n}" if shown else f"All {n}"
+    return [
+        "<details>",
+        f"<summary>{what} of <code>summary.json</code></summary>",
+        "",
+        "| key | value |",
+        "| --- | --- |",
+        *(f"| `{k}` | {_fmt(summary[k])} |" for k in rest),
+        "",
+        "</details>",
+        "",
+    ]
 
 
 def _claim_runs(claim: Claim, runs: Mapping[str, list[Run]]) -> list[Run]:
@@ -1298,8 +1666,16 @@ def merge_parts(merged: Mapping[str, Any], part: Mapping[str, Any]) -> dict[str,
     return out
 
 
+def _citations(paper: Paper) -> str:
+    """The line citing the paper and its prior work (sphinxcontrib-bibtex roles)."""
+    parts = [f"Paper: {{cite:t}}`{paper.cite}`." if paper.cite else ""]
+    parts.append(f"Prior work: {{cite:t}}`{','.join(paper.prior)}`." if paper.prior else "")
+    return " ".join(p for p in parts if p)
+
+
 def render(paper: Paper) -> str:
-    lines = [f"# {paper.title}", "", f"Source of the claims: {paper.source}.", ""]
+    lines = [f"# {paper.title}", "", f"Source of the claims: {paper.source}."]
+    lines += ["", cited, ""] if (cited := _citations(paper)) else [""]
     summaries: dict[str, dict] = {}
     runs: dict[str, list[Run]] = {}
     provs: dict[str, Provenance] = {}
@@ -1333,19 +1709,19 @@ def render(paper: Paper) -> str:
         for run in runs[study]:
             study_lines += _run_lines(paper, run, provs[run.name])
     rules = list(dict.fromkeys(c.rule for c in paper.claims))
-    lines += [
-        "## Verdicts",
-        "",
-        "| claim | verdict | rule | measured |",
-        "| --- | --- | --- | --- |",
-    ]
+    # one rule for every claim is named once under the table, not in a column of its own
+    head = ["claim", "verdict", *(["rule"] if len(rules) > 1 else []), "measured"]
+    lines += ["## Verdicts", "", "| " + " | ".join(head) + " |", "| --- " * len(head) + "|"]
     for claim in paper.claims:
         read = _claim_runs(claim, runs)
         verdict, reason = decide(claim, summaries, read)
         note = _stale_note([(r, provs[r.name]) for r in read])
-        rule = f"R{rules.index(claim.rule) + 1}"
-        cells = [claim.text, f"**{verdict}**{note}", rule, reason]
+        rule = [f"R{rules.index(claim.rule) + 1}"] if len(rules) > 1 else []
+        cells = [claim.text, f"**{verdict}**{note}", *rule, reason]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    if len(rules) == 1:
+        lines += ["", f"{'Each claim is' if len(paper.claims) > 1 else 'The claim is'} decided "
+                  "by rule **R1** below."]  # fmt: skip
     lines += ["", "## Rules", ""]
     for i, rule in enumerate(rules, 1):
         margin = f" Equivalence margin, stated in advance: {rule.margin}." if rule.margin else ""

@@ -448,6 +448,10 @@ def test_policy_seed_parts_are_joined_and_decided_again(tmp_path, monkeypatch):
     a = _pm_summary(**one) | _pclaim("graceful_good_pretanh", diffs=[-1.0, 0.5])
     b = _pm_summary(**one) | _pclaim("graceful_good_pretanh", diffs=[1.0, -1.5])
     assert a["verdict_graceful_good_pretanh"] == b["verdict_graceful_good_pretanh"] == "undecided"
+    # decided at the seeds stated before the parts ran; one part of two is an interim look
+    monkeypatch.setattr(render, "POLICY_PLANNED_SEEDS", {"policy_pointmaze": 4})
+    verdict, reason = _pdecide("Composition", policy_pointmaze__seed0=a)
+    assert verdict == "undecided" and "interim, 2 of the 4 pre-stated seeds" in reason
     verdict, reason = _pdecide("Composition", policy_pointmaze__seed0=a, policy_pointmaze__seed2=b)
     assert verdict == "reproduced"
     assert "units: per-seed means of 4 seeds joined from 2 parts" in reason
@@ -519,3 +523,151 @@ def test_dtb_is_not_tested_when_an_implant_collapsed():
     assert render._failed_checks(bad) == [
         "`implant_ok` = 0.5, not = 1 (every seed's implant kept its clean accuracy >= 0.5)"
     ]
+
+
+def test_metric_table_builds_arms_by_metrics_from_the_key_names():
+    # <setting>_<arm>_<metric>[_mean|_sd]; an arm template of its own (the paired difference);
+    # a metric or arm or setting with no key drops out
+    s = {"s2_rwefm_emd_1nna_mean": 0.52, "s2_rwefm_emd_1nna_sd": 0.03125,
+         "s2_rwefm_emd_1nna_seeds": [0.5, 0.52, 0.54], "s2_euclid_emd_1nna_mean": 0.67,
+         "s2_euclid_emd_1nna_sd": 0.04, "s2_emd_1nna_diff_mean": -0.15,
+         "s2_emd_1nna_diff_sd": 0.0183, "s2_rwefm_final_loss_mean": 0.33, "s2_n_seeds": 3,
+         "t2_rwefm_emd_1nna_mean": 0.6}  # fmt: skip
+    table = render.MetricTable(
+        (("rwefm", "RWEFM"), ("euclid", "baseline"), ("{setting}_{metric}_diff", "paired"),
+         ("floor", "floor")),
+        (("emd_1nna", "emd 1nna"), ("final_loss", "loss"), ("chamfer_mm", "chamfer mm")),
+        settings=(("s2", "S^2"), ("t2", "T^2"), ("s7", "S^7")),
+        note="lower is better",
+    )  # fmt: skip
+    shown = set()
+    assert render.metric_tables([table], s, shown) == [
+        "S^2, mean ± sd over 3 seeds (lower is better):",
+        "",
+        "| method | emd 1nna | loss |",
+        "| --- | --- | --- |",
+        "| RWEFM | 0.52 ± 0.03125 | 0.33 |",
+        "| baseline | 0.67 ± 0.04 | - |",
+        "| paired | -0.15 ± 0.0183 | - |",
+        "",
+        "T^2 (lower is better):",
+        "",
+        "| method | emd 1nna |",
+        "| --- | --- |",
+        "| RWEFM | 0.6 |",
+        "",
+    ]
+    assert shown == set(s) - {"s2_rwefm_emd_1nna_seeds", "s2_n_seeds"}
+    # an arm named "" is the study's unprefixed one; alternatives: the first present wins
+    dtb = render.MetricTable(((("", "dtb"), "DTB"), ("naive", "naive")),
+                             (("acc_before", "acc"), ("best_step", "best step")))  # fmt: skip
+    s = {"acc_before": 0.97, "naive_acc_before": 0.99, "dtb_best_step": 480, "naive_best_step": 450}
+    assert render.metric_tables([dtb], s) == [
+        "| method | acc | best step |",
+        "| --- | --- | --- |",
+        "| DTB | 0.97 | 480 |",
+        "| naive | 0.99 | 450 |",
+        "",
+    ]
+    assert render.metric_tables([dtb], {"runtime_s": 1.0}) == []
+
+
+def test_declared_tables_read_arms_the_summary_lists():
+    # cachex_durability: one row per fault kind the summary has, and the totals
+    s = {"bit_flip_runs": 5, "bit_flip_exact": 5, "bit_flip_corrupt": 0, "fault_runs": 5,
+         "fault_exact_restores": 5, "fault_corrupt_restores": 0, "steps_lost": 0,
+         "false_durable_claims": 0, "faults_tried": 1}  # fmt: skip
+    lines = render.metric_tables(render.METRIC_TABLES["cachex_durability"], s)
+    assert lines[0] == (
+        "| fault | runs | exact restores | corrupt restores | steps lost | false durable claims |"
+    )
+    assert lines[2:4] == ["| bit_flip | 5 | 5 | 0 | - | - |", "| all faults | 5 | 5 | 0 | 0 | 0 |"]
+    # policy (experiments/policy_locomotion.py's keys): a table per level and space, a column
+    # per prior, a row per method
+    s = {"priors": ["good", "bad"], "spaces": ["pretanh"], "levels": ["medium"],
+         "actor_return_medium_pretanh": 10.0, "poe_kl_return_good_medium_pretanh": 12.0,
+         "poe_kl_return_bad_medium_pretanh": 9.0,
+         "prior_only_return_bad_medium_pretanh": 1.5}  # fmt: skip
+    lines = render.metric_tables(render.METRIC_TABLES["policy_locomotion"], s)
+    assert lines[:4] == ["Test return per prior, medium, pretanh:", "",
+                         "| method | good | bad |", "| --- | --- | --- |"]  # fmt: skip
+    assert lines[4:7] == ["| actor alone | 10 | 10 |", "| PoE at the KL-budget alpha | 12 | 9 |",
+                          "| prior alone | - | 1.5 |"]  # fmt: skip
+
+
+def test_page_shows_a_method_table_figures_and_the_other_keys_folded(tmp_path, monkeypatch):
+    summary = _prefmh_summary() | {"acc_mh": 0.33, "acc_prefmh_k1": 0.22,
+                                   "ess_per_kcall_k1": 12.5, "num_samples": 4096}  # fmt: skip
+    row, page = _prefmh_row(tmp_path, monkeypatch, summary, "")
+    (tmp_path / "prefmh_mixture" / "mixture.png").write_bytes(b"png")
+    page = render.render(render.PAPERS_BY_SLUG["prefmh"])
+    lines = page.splitlines()
+    i = lines.index("| method | grid TV | acceptance | R-hat | ESS / 1000 calls | "
+                    "steps cut at max_rounds |")  # fmt: skip
+    assert lines[i + 2 : i + 5] == [
+        "| exact MH | 0.011 | 0.33 | 1.02 | - | - |",
+        "| Pref-MH, K = 1 | 0.012 | 0.22 | - | 12.5 | - |",  # ESS per call names it k1
+        "| Pref-MH, K = 3 | 0.013 | - | - | - | - |",
+    ]
+    assert "| two-coin | - | - | - | - | 11 |" in lines  # the truncated steps, surfaced
+    # the keys no table showed, and only they, in a folded block after the figure
+    start, end = lines.index("<details>"), lines.index("</details>")
+    assert lines[start + 1] == "<summary>The other 1 key of <code>summary.json</code></summary>"
+    assert [x for x in lines[start:end] if x.startswith("| `")] == ["| `num_samples` | 4096 |"]
+    assert not any(x.startswith("| `tv_mh` |") for x in lines)
+    fig = lines.index(":::{figure} _img/prefmh_mixture/mixture.png")
+    assert lines[fig + 1] == ":width: 100%" and i < fig < start
+    assert (tmp_path / "out" / "_img" / "prefmh_mixture" / "mixture.png").is_file()
+    assert page.startswith("# Pref-MH")
+
+
+def test_each_rule_is_stated_once_and_the_verdicts_come_first(tmp_path, monkeypatch):
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    monkeypatch.setattr(render, "OUT", tmp_path / "out")
+    for paper in render.PAPERS:
+        page = render.render(paper)
+        rules = list(dict.fromkeys(c.rule for c in paper.claims))
+        for rule in rules:
+            assert page.count(rule.text) == 1, (paper.slug, rule.text[:40])
+        heads = [x for x in page.splitlines() if x.startswith("| claim | verdict |")]
+        # a rule shared by every claim is named once under the table, not in a column
+        assert heads == ["| claim | verdict | rule | measured |" if len(rules) > 1
+                         else "| claim | verdict | measured |"], paper.slug  # fmt: skip
+        assert ("decided by rule **R1** below" in page) == (len(rules) == 1)
+        assert page.index("## Verdicts") < page.index("## Rules") < page.index("## Runs")
+    assert len(render.PAPERS_BY_SLUG["rwefm"].claims) == 4  # four rows, one R1
+
+
+def test_citations_name_keys_of_the_bibliography():
+    bib = ROOT / "docs" / "references.bib"
+    if not bib.is_file():
+        pytest.skip("docs/references.bib is not there")
+    import re
+
+    keys = set(re.findall(r"^@\w+\{([^,\s]+),", bib.read_text(encoding="utf-8"), re.M))
+    for paper in render.PAPERS:
+        cited = [k for k in (paper.cite, *paper.prior) if k]
+        assert set(cited) <= keys, (paper.slug, set(cited) - keys)
+        line = render._citations(paper)
+        if paper.cite:
+            assert line.startswith(f"Paper: {{cite:t}}`{paper.cite}`.")
+        if paper.prior:
+            assert f"Prior work: {{cite:t}}`{','.join(paper.prior)}`." in line
+
+
+def test_a_runs_command_names_its_results_folder_not_the_machines():
+    def run(command: str, part: str = "") -> render.Run:
+        return render.Run("rwefm_synthetic", part, {"provenance": {"command": command}}, {})
+
+    cmd = (
+        "python -m experiments.rwefm_synthetic --set manifolds=t2 --seed 4 "
+        "--out .../scratch/t2-seed4 --ckpt .../scratch/ckpt-t2-seed4"
+    )
+    assert render._command(run(cmd, "t2-seed4")) == (
+        "python -m experiments.rwefm_synthetic --set manifolds=t2 --seed 4 "
+        "--out results/rwefm_synthetic/t2-seed4"
+    )
+    assert render._command(run("python -m experiments.rwefm_synthetic --out=/x/y")) == (
+        "python -m experiments.rwefm_synthetic --out results/rwefm_synthetic"
+    )
+    assert render._command(render.Run("rwefm_synthetic", "", {}, {})) == "?"

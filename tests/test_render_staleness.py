@@ -42,6 +42,15 @@ def test_fingerprint_ignores_docstrings_and_comments_only():
     assert render.code_fingerprint("def (:") == "def (:"  # unparsable: compared as text
 
 
+def test_fingerprint_a_stub_documented_instead_of_ellipsis_is_unchanged():
+    # a Protocol member written ``...`` and the same member given a docstring run alike
+    stub = "class P:\n    def exp(self, x, v): ...\n"
+    documented = 'class P:\n    def exp(self, x, v):\n        """The exponential map."""\n'
+    assert render.code_fingerprint(stub) == render.code_fingerprint(documented)
+    assert render.code_fingerprint(stub) == render.code_fingerprint(stub.replace("...", "pass"))
+    assert render.code_fingerprint(stub) != render.code_fingerprint(stub.replace("...", "x"))
+
+
 RUN, LATER, HEAD = "a" * 40, "b" * 40, "c" * 40
 
 
