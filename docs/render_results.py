@@ -1635,7 +1635,20 @@ def decide(claim: Claim, summaries: Summaries, runs: Sequence[Run] = ()) -> tupl
     return verdict, reason
 
 
-def _stale_note(provs: Sequence[tuple[Run, Provenance]]) -> str:
+def _same_code(provs: Sequence[tuple[Run, Provenance]], code: Sequence[str]) -> bool:
+    """Whether every part ran the same code: their commits differ at most in docstrings,
+    comments and files outside the method's code and the study's module (any commit git does
+    not know counts as different)."""
+    commits = list(dict.fromkeys(p.commit for _, p in provs))
+    if len(commits) < 2:
+        return True
+    if any(p.state == "unknown" for _, p in provs):
+        return False
+    paths = [*code, *(f"experiments/{s}.py" for s in dict.fromkeys(r.study for r, _ in provs))]
+    return not any(_code_changed(commits[0], c, paths) for c in commits[1:])
+
+
+def _stale_note(provs: Sequence[tuple[Run, Provenance]], code: Sequence[str] = ()) -> str:
     notes = []
     for r, p in provs:
         where = f" (`{r.name}`)" if r.part else ""
@@ -1643,9 +1656,9 @@ def _stale_note(provs: Sequence[tuple[Run, Provenance]]) -> str:
             notes.append(f"stale: code changed after the run, commits {p.range}{where}")
         elif p.state == "unknown":
             notes.append(f"provenance unknown{where}")
-    if len({p.commit for _, p in provs}) > 1:
+    if not _same_code(provs, code):
         notes.append(
-            "parts from different commits: "
+            "parts from commits whose code differs: "
             + ", ".join(f"`{r.name}` `{p.commit[:7]}`" for r, p in provs)
         )
     return f" ({'; '.join(notes)})" if notes else ""
@@ -1697,13 +1710,17 @@ def render(paper: Paper) -> str:
                 summaries[run.name] = dict(run.summary)
             provs[run.name] = _provenance(run, paper.code)
         if len(runs[study]) > 1 or runs[study][0].part:
-            commits = {provs[r.name].commit for r in runs[study]}
+            pairs = [(r, provs[r.name]) for r in runs[study]]
+            if len({p.commit for _, p in pairs}) < 2:
+                same = "."
+            elif _same_code(pairs, paper.code):
+                same = ": different commits, the same code (no code change between them)."
+            else:
+                same = ": parts from commits whose code differs."
             study_lines += [
                 f"Run in parts, one folder each under `results/{study}/`: "
-                + ", ".join(
-                    f"`{r.part}` (commit `{provs[r.name].commit[:7]}`)" for r in runs[study]
-                )
-                + (": parts from different commits." if len(commits) > 1 else "."),
+                + ", ".join(f"`{r.part}` (commit `{p.commit[:7]}`)" for r, p in pairs)
+                + same,
                 "",
             ]
         for run in runs[study]:
@@ -1715,7 +1732,7 @@ def render(paper: Paper) -> str:
     for claim in paper.claims:
         read = _claim_runs(claim, runs)
         verdict, reason = decide(claim, summaries, read)
-        note = _stale_note([(r, provs[r.name]) for r in read])
+        note = _stale_note([(r, provs[r.name]) for r in read], paper.code)
         rule = [f"R{rules.index(claim.rule) + 1}"] if len(rules) > 1 else []
         cells = [claim.text, f"**{verdict}**{note}", *rule, reason]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -82,7 +83,7 @@ def test_a_study_run_in_parts_is_read_from_its_part_folders(tmp_path, monkeypatc
     assert [r.part for r in render._runs("rwefm_synthetic")] == ["s2", "t2"]
     page = render.render(next(p for p in render.PAPERS if "rwefm_synthetic" in p.studies))
     assert "### run `s2`" in page and "### run `t2`" in page
-    assert "parts from different commits" in page
+    assert "parts from commits whose code differs" in page  # "c" and "d": unknown commits
     rows = [line for line in page.splitlines() if line.startswith("| S^2") or
             line.startswith("| T^2 (mixtures")]  # fmt: skip
     assert "**reproduced**" in rows[0] and "**not reproduced**" in rows[1]
@@ -671,3 +672,29 @@ def test_a_runs_command_names_its_results_folder_not_the_machines():
         "python -m experiments.rwefm_synthetic --out results/rwefm_synthetic"
     )
     assert render._command(render.Run("rwefm_synthetic", "", {}, {})) == "?"
+
+
+# Two commits of this repository with the same RWEFM code (only docstrings, results and other
+# methods changed between them), and one before an RWEFM code change.
+RWEFM_SAME = ("b8607bd", "34f99be")
+RWEFM_OLDER = "513b7c7"
+
+
+def test_parts_from_commits_with_the_same_code_are_not_flagged(tmp_path, monkeypatch):
+    if any(_git("rev-parse", "--verify", "--quiet", f"{c}^{{commit}}") is None
+           for c in (*RWEFM_SAME, RWEFM_OLDER)):  # fmt: skip
+        pytest.skip("needs the repository's history")
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    monkeypatch.setattr(render, "OUT", tmp_path / "out")
+    good, bad = [0.6, 0.62, 0.61], [0.7, 0.75, 0.72]
+    study = tmp_path / "rwefm_synthetic"
+    _write(study / "s2", _summary(good, bad, prefix="s2_"), commit=RWEFM_SAME[0])
+    _write(study / "t2", _summary(bad, good, prefix="t2_"), commit=RWEFM_SAME[1])
+    paper = render.PAPERS_BY_SLUG["rwefm"]
+    page = render.render(paper)
+    assert "different commits, the same code (no code change between them)." in page
+    assert "whose code differs" not in page
+    shutil.rmtree(study / "t2")
+    _write(study / "t2", _summary(bad, good, prefix="t2_"), commit=RWEFM_OLDER)
+    page = render.render(paper)
+    assert "parts from commits whose code differs" in page
