@@ -93,9 +93,9 @@ Command:  python -m experiments.policy_pointmaze [--quick] [--out DIR] [--seed N
           units (``<claim>_diffs``) for the parts to be joined.
 Runtime:  --quick (20k transitions, 64-wide, 1000 updates, 1 seed, 2 selection and 3 test
           episodes of 100 steps): 2.4 min wall measured from an empty data cache on 2 CPU
-          cores shared with other runs (load about 6). Full (5 seeds): not yet measured at
-          this design; the earlier one took 17 to 23 min for 3 seeds on 2 shared cores with
-          a similar number of rows, so expect 30 to 40 min.
+          cores shared with other runs (load about 6). Full (5 seeds): run as five one-seed
+          parts (``--seed k --set n_seeds=1``), 8.0-8.3 min each on 2 cores shared with
+          one other study, about 41 min in all.
 
 summary.json keys (Q in ``priors``; ``<space>`` in ``spaces``; each claim ``C`` has
 ``verdict_C`` with ``C_ci_low``, ``C_ci_high`` (the interval its rule reads), ``C_ci_level``,
