@@ -352,7 +352,7 @@ def _policy_runs(
             verdicts.append("not tested")
             texts.append(old)
             continue
-        seeds, planned = sum(int(p["n_seeds"]) for p in parts), POLICY_PLANNED_SEEDS.get(study, 0)
+        seeds, planned = _policy_seeds(parts), POLICY_PLANNED_SEEDS.get(study, 0)
         if seeds < planned:
             verdicts.append("undecided")
             texts.append(
@@ -361,6 +361,11 @@ def _policy_runs(
             )
             continue
         yield where, parts
+
+
+def _policy_seeds(parts: Sequence[Mapping[str, Any]]) -> int:
+    """The seeds that seed-group parts hold together."""
+    return sum(int(p["n_seeds"]) for p in parts)
 
 
 def _policy_units(parts: Sequence[Mapping[str, Any]], name: str) -> list[float]:
@@ -444,7 +449,7 @@ def _policy_combine(verdicts: Sequence[str]) -> str:
 def _policy_head(where: str, parts: Sequence[Mapping[str, Any]], what: str) -> str:
     s = parts[0]
     if len(parts) > 1:
-        units = f"per-seed means of {sum(int(p['n_seeds']) for p in parts)} seeds"
+        units = f"per-seed means of {_policy_seeds(parts)} seeds"
         units += f" joined from {len(parts)} parts"
     elif s["stat_unit"] == "seed":
         units = f"per-seed means of {s['n_seeds']} seeds"
@@ -1412,11 +1417,16 @@ def _git(*args: str) -> tuple[int, str] | None:
     return r.returncode, r.stdout.strip()
 
 
+def _code_paths(code: Sequence[str], *studies: str) -> tuple[str, ...]:
+    """What a run is stale against: its method's code and its study's module."""
+    return (*code, *(f"experiments/{study}.py" for study in studies))
+
+
 def _provenance(run: Run, code: Sequence[str]) -> Provenance:
     prov = run.config.get("provenance", {})
     commit, date = str(prov.get("commit") or ""), str(prov.get("date", "?"))
     dirty = "; run with local changes" if prov.get("dirty") else ""
-    paths = (*code, f"experiments/{run.study}.py")
+    paths = _code_paths(code, run.study)
 
     def unknown(why: str) -> Provenance:
         return Provenance(commit, date, "unknown", f"provenance unknown: {why}")
@@ -1644,11 +1654,11 @@ def _same_code(provs: Sequence[tuple[Run, Provenance]], code: Sequence[str]) -> 
         return True
     if any(p.state == "unknown" for _, p in provs):
         return False
-    paths = [*code, *(f"experiments/{s}.py" for s in dict.fromkeys(r.study for r, _ in provs))]
+    paths = _code_paths(code, *dict.fromkeys(r.study for r, _ in provs))
     return not any(_code_changed(commits[0], c, paths) for c in commits[1:])
 
 
-def _stale_note(provs: Sequence[tuple[Run, Provenance]], code: Sequence[str] = ()) -> str:
+def _stale_note(provs: Sequence[tuple[Run, Provenance]], code: Sequence[str]) -> str:
     notes = []
     for r, p in provs:
         where = f" (`{r.name}`)" if r.part else ""
