@@ -88,8 +88,11 @@ def test_stall_goal_report(monkeypatch):
             (256, timed(101.0), timed(100.0), 7),  # overhead 1 ms, ratio 1.01: met
         ],
     )
+    monkeypatch.setattr(kc, "_LOOPS", {32: (timed(14.0), timed(11.0), 7)})
     rows = kc.stall_goal()
     assert [r["goal_met"] for r in rows] == [True, False, False, True]
+    assert rows[0]["loop_overhead_ms"] is None  # no stall+steps row at 4 MiB
+    assert rows[1]["loop_overhead_ms"] == pytest.approx(3.0)
     assert rows[1]["overhead_ms"] == pytest.approx(4.0)
     assert rows[2]["stall_over_copy"] == pytest.approx(1.2)
     assert rows[0]["copy_ms"] == pytest.approx(0.5) and rows[0]["stall_ms"] == pytest.approx(1.5)

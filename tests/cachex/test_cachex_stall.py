@@ -94,3 +94,52 @@ def test_overlapped_crc_writes_the_manifest_only_after_the_data_fsync(tmp_path, 
     _, pieces = _format.read_rank_dir(tmp_path)  # sizes and CRC-32s verify
     got = {leaf: arr for leaf, _, arr in pieces}  # leaves in key order: n, w
     assert int(got[0]) == 5 and np.array_equal(got[1], _state(5)["w"])
+
+
+def test_orbax_save_call_runs_off_the_callers_thread(tmp_path):
+    # The blocking part is the T0 copy and CacheX's checks; orbax's save call (its event
+    # loop, its threads) runs on the manager's orbax thread after save() has returned.
+    callers: list[threading.Thread] = []
+    with cachex.CacheXManager(tmp_path) as m:
+        real = m._mngr.save
+
+        def save(*args, **kwargs):
+            callers.append(threading.current_thread())
+            return real(*args, **kwargs)
+
+        m._mngr.save = save
+        for step in range(3):
+            m.save(step, _state(step))
+        m.wait_until_finished()
+        assert m.restore(_state(0)).step == 2
+    assert len(callers) == 3 and len(set(callers)) == 1
+    assert callers[0] is not threading.main_thread()
+    assert callers[0].name.startswith("cachex-orbax")
+
+
+def test_an_orbax_save_call_error_is_raised_by_the_next_wait_and_frees_its_slot(tmp_path):
+    with cachex.CacheXManager(tmp_path) as m:
+        m.save(0, _state(0))
+        m.wait_until_finished()
+        real, calls = m._mngr.save, []
+
+        def save(step, *args, **kwargs):
+            calls.append(step)
+            if step == 1:
+                raise RuntimeError("orbax refused")
+            return real(step, *args, **kwargs)
+
+        m._mngr.save = save
+        assert m.save(1, _state(1)) is True  # started; orbax's call has not run yet
+        try:
+            m.wait_until_finished()
+        except RuntimeError as e:
+            assert "orbax refused" in str(e)
+        else:
+            raise AssertionError("the failed orbax save call was not raised")
+        assert m.pool._free.qsize() == m.pool.n_slots  # the staged slot went back
+        assert m._node.staged == {}
+        m.save(2, _state(2))
+        m.wait_until_finished()
+        assert m.all_steps() == [0, 2]
+        assert calls == [1, 2]

@@ -4,8 +4,10 @@ Tiers (CacheX, NeurIPS 2026): T0 host-DRAM staging, T1 node-local write with fil
 ``fsync``, T2 a neighbour's replica server (TCP, shared token, bounded messages, ``fsync`` +
 rename + ack), T3 an eventual PFS drain by a separate drainer process. :class:`CacheXManager`
 runs them under ``orbax.checkpoint.CheckpointManager``. A ``save`` blocks for the host copy of
-the arrays (T0) plus bookkeeping, measured by ``stall_seconds`` (the copy alone by
-``stage_seconds``); the local write, the replication and the PFS drain happen after it returns.
+the arrays (T0) plus CacheX's checks, measured by ``stall_seconds`` (the copy alone by
+``stage_seconds``); orbax's own save call (its bookkeeping), the local write, the replication and
+the PFS drain run on the manager's threads after it returns (their errors are raised by the next
+``save``, ``wait_until_finished`` or ``close``).
 orbax keeps one save in flight: a ``save`` called while the previous one is still committing
 first waits for the rest of that commit. ``CacheXManager.health()`` reports the drainer's and
 the neighbour's liveness and the durability lag (steps and seconds not yet PFS-committed: the

@@ -8,15 +8,19 @@ commit future returns, so an orbax-committed CacheX step is replica-durable; the
 ``fsync``s orbax's renames (the step folder and ``steps/``), so the local copy is durable too.
 T3 (PFS) runs outside orbax's commit, in the drainer process (:mod:`hexad.cachex._pfs`).
 
-What blocks training. orbax keeps at most one save in flight: ``CheckpointManager.save``
-first waits for the previous save's commit (T1 + T2 + finalize). So a ``save`` call blocks for
+What blocks training. orbax keeps at most one save in flight: a save first waits for the
+previous save's commit (T1 + T2 + finalize). So a ``save`` call blocks for
 ``stall ~ max(T0, T1 + T2 - interval)`` (``interval``: the time since the previous ``save``
 returned), and :meth:`CacheXManager.stall_seconds` reports exactly that measured blocking
 time; the T0 copy alone is :meth:`CacheXManager.stage_seconds`. A second staging slot is
-therefore only used while a save fails over. Besides T0, the blocking part holds only orbax's
-own bookkeeping: the step folders are made by the commit (:class:`_TemporaryPath`), the
-commits run on one long-lived thread per manager (:class:`_CommitWorker`) that starts
-writing once the save call has returned, and the previous step's ``fsync``s run there too.
+therefore only used while a save fails over. Besides T0, the blocking part holds only CacheX's
+checks: ``save`` stages the arrays itself and hands orbax's ``CheckpointManager.save`` (its
+bookkeeping: an event loop, its threads, the finalize thread) to one long-lived thread per
+manager, so orbax's Python runs after the training loop has its arrays back. The step folders
+are made by the commit (:class:`_TemporaryPath`), the commits run on a second long-lived thread
+(:class:`_SerialWorker`) that starts writing once orbax's save call has returned, and the
+previous step's ``fsync``s run there too. An error of orbax's save call is raised by the next
+``save``, ``wait_until_finished`` or ``close``, as a failed commit's is.
 
 ``CacheXManager`` wraps ``orbax.checkpoint.CheckpointManager`` with that handler, a
 preservation policy that never deletes the newest PFS-durable step nor any newer step still
@@ -117,8 +121,12 @@ class _Node:
         self.events: list[dict] = []
         self.replica_retries = 0
         self.replica_backoff_s = 0.0
-        self.worker = _CommitWorker(f"cachex-commit-rank{rank}")
-        # Set once the save call that staged a step has returned (see CacheXHandler._commit).
+        self.worker = _SerialWorker(f"cachex-commit-rank{rank}")
+        # orbax's save calls (CacheXManager.save), off the training loop's thread
+        self.caller = _SerialWorker(f"cachex-orbax-rank{rank}")
+        # step -> (slot, snapshot, t0): staged by CacheXManager.save for the handler
+        self.staged: dict[int, tuple[int, Any, float]] = {}
+        # Set once orbax's save call of a step has returned (see CacheXHandler._commit).
         self.gate = threading.Event()
         self.gate.set()
         self.after_commit: Callable[[], None] | None = None
@@ -175,8 +183,9 @@ class _CommitFuture:
         return False
 
 
-class _CommitWorker:
-    """One long-lived thread that runs a node's commits (T1 + T2) in order.
+class _SerialWorker:
+    """One long-lived thread that runs a node's jobs in order: its commits (T1 + T2), or its
+    orbax save calls.
 
     orbax keeps one save in flight, so one thread is enough; starting a thread per save
     would cost the training loop a thread start (the caller waits until the new thread runs,
@@ -325,10 +334,14 @@ class CacheXHandler(ocp.AsyncCheckpointHandler):
                 "CacheXHandler.async_save: expected args=CacheXSave(...) via a manager"
             )
         node = self._node
-        t0 = time.perf_counter()
-        node.fault("staging", args.step)
-        slot, snap = node.pool.stage(args.state)
-        node.stages[args.step] = time.perf_counter() - t0
+        staged = node.staged.pop(args.step, None)
+        if staged is not None:  # CacheXManager.save staged it before calling orbax
+            slot, snap, t0 = staged
+        else:
+            t0 = time.perf_counter()
+            node.fault("staging", args.step)
+            slot, snap = node.pool.stage(args.state)
+            node.stages[args.step] = time.perf_counter() - t0
         node.gate.clear()
         step, dirs, extra = args.step, list(node.pending_dirs), dict(args.meta or {})
         node.pending_dirs.clear()
@@ -671,6 +684,7 @@ class CacheXManager:
         self._mngr = ocp.CheckpointManager(
             self.steps_dir, item_handlers={ITEM: self.handler}, options=options
         )
+        self._pending: _CommitFuture | None = None  # orbax's save call on the orbax thread
         self._drainer = None
         self._drainer_restarts = 0
         self._neighbour_down = False
@@ -709,12 +723,14 @@ class CacheXManager:
     # -- saving ----------------------------------------------------------------------------------
 
     def save(self, step: int, state: Any, force: bool = False) -> bool:
-        """Starts saving ``state`` as ``step``; returns orbax's bool.
+        """Starts saving ``state`` as ``step``; returns True (the save is under way).
 
         Blocks for the T0 copy and, before it, for the previous save's commit (orbax keeps one
         save in flight): ``stall ~ max(T0, T1 + T2 - interval)``, measured by
         :meth:`stall_seconds`. Checks the drainer first (restarts it if it has exited) and
-        the pinned-steps cap (raises :class:`PinnedLimitError`).
+        the pinned-steps cap (raises :class:`PinnedLimitError`). orbax's own save call runs
+        after this returns, on the manager's orbax thread; its error, like a failed commit's,
+        is raised by the next ``save``, :meth:`wait_until_finished` or :meth:`close`.
 
         Durability records left under ``step``'s number by a step no longer on the local disk
         (a failed save, an abandoned timeline) are removed first, so they never vouch for
@@ -722,24 +738,31 @@ class CacheXManager:
 
         Raises:
           ValueError: ``step`` is not newer than the latest local step (orbax would skip
-            the save and return False, while records of that number may still claim it
-            durable); unless ``force``.
+            the save, while records of that number may still claim it durable); unless
+            ``force``.
           PinnedLimitError: the pinned-steps cap is reached.
         """
         _fsio.validate_step_name(step)
         t0 = time.perf_counter()
         self._check_services()
         self._check_pinned()
-        saved = self._orbax_save(int(step), state, force, fresh=not force)
+        self._orbax_save(int(step), state, force, fresh=not force, t0=t0)
         self._node.stalls[int(step)] = time.perf_counter() - t0
-        return saved
+        return True
 
     def _orbax_save(
-        self, step: int, state: Any, force: bool, fresh: bool = False, meta: dict | None = None
-    ) -> bool:
-        # The commit starts writing once orbax's save has returned (CacheXHandler._commit);
-        # it also fsyncs the previous step's orbax renames, off the training loop's path.
-        # Waits for this manager's previous commit first (orbax would, inside its save).
+        self,
+        step: int,
+        state: Any,
+        force: bool,
+        fresh: bool = False,
+        meta: dict | None = None,
+        t0: float | None = None,
+    ) -> None:
+        """Waits for the previous save, stages ``state`` (T0) and hands orbax's save call to
+        the orbax thread. The commit starts writing once that call has returned
+        (CacheXHandler._commit); it also fsyncs the previous step's orbax renames."""
+        t0 = time.perf_counter() if t0 is None else t0
         self._wait_orbax()
         if fresh:
             latest = self._mngr.latest_step()
@@ -752,15 +775,35 @@ class CacheXManager:
             self._drop_stale_records(step)
         if meta is None:
             meta = {"save_id": secrets.token_hex(8), **self._current_lineage()}
+        node = self._node
+        node.fault("staging", step)
+        t_stage = time.perf_counter()
+        slot, snap = node.pool.stage(state)
+        node.stages[step] = time.perf_counter() - t_stage
+        node.staged[step] = (slot, snap, t0)
+        self._pending = node.caller.submit(lambda: self._orbax_call(step, force, meta))
+
+    def _orbax_call(self, step: int, force: bool, meta: dict) -> None:
+        """orbax's save of the staged ``step`` (on the orbax thread)."""
+        node = self._node
         try:
-            item = CacheXSave(state, step, meta)
-            return self._mngr.save(step, args=ocp.args.Composite(**{ITEM: item}), force=force)
+            # orbax raises a failed finalize once per calling thread: the caller's thread has
+            # raised it already (_wait_orbax, before this job was submitted), so here it is
+            # consumed rather than raised again by the save below.
+            with contextlib.suppress(Exception):
+                self._mngr.wait_until_finished()
+            item = CacheXSave(None, step, meta)
+            if not self._mngr.save(step, args=ocp.args.Composite(**{ITEM: item}), force=force):
+                raise RuntimeError(f"step {step}: orbax declined to save it")
         except BaseException:
             self._relist()
             raise
         finally:
-            self._node.pending_dirs.clear()  # folders no handler claimed (a failed save)
-            self._node.gate.set()
+            staged = node.staged.pop(step, None)
+            if staged is not None:  # orbax never reached the handler: free the slot
+                node.pool.release(staged[0])
+            node.pending_dirs.clear()  # folders no handler claimed (a failed save)
+            node.gate.set()
 
     def _current_lineage(self) -> dict[str, str]:
         """The ``timeline`` (and ``branched_from``) new saves carry: what a restore set, else
@@ -800,8 +843,12 @@ class CacheXManager:
         self._node.event("stale_records_removed", step, tiers=stale)
 
     def _wait_orbax(self) -> None:
-        """orbax's ``wait_until_finished``; after a failed save, orbax relists the disk."""
+        """Waits for orbax's save call (the orbax thread) and orbax's ``wait_until_finished``;
+        after a failed save, orbax relists the disk."""
+        pending, self._pending = self._pending, None
         try:
+            if pending is not None:
+                pending.result()
             self._mngr.wait_until_finished()
         except BaseException:
             self._relist()
@@ -1331,6 +1378,7 @@ class CacheXManager:
         self._wait_orbax()
         self._mngr.close()
         self._fsync_committed()
+        self._node.caller.stop()
         self._node.worker.stop()
         if self.pfs_dir is not None:
             (self.records_dir / "drainer.stop").write_bytes(b"")
