@@ -772,6 +772,21 @@ def _cachex_faults(summaries: Summaries) -> tuple[str, str]:
         f"cachex_durability: {exact} of {runs} fault runs restored the newest complete step "
         f"bit-exact, {corrupt} returned corrupt bytes"
     )
+    if "steps_lost" in s:
+        reason += (
+            f"; {int(s['steps_lost'])} steps lost, {int(s['false_durable_claims'])} false "
+            f"durability claims over {int(s['faults_tried'])} fault kinds"
+        )
+    if "orbax_emergency_fault_runs" in s:  # the peer under the faults its API allows
+        em = {k: int(s[f"orbax_emergency_{k}"]) for k in (
+            "faults_tried", "fault_runs", "exact_restores", "corrupt_restores",
+            "failed_restores", "steps_lost", "false_durable_claims")}  # fmt: skip
+        reason += (
+            f"; orbax's emergency manager under {em['faults_tried']} of them "
+            f"({em['fault_runs']} runs): {em['exact_restores']} exact, "
+            f"{em['corrupt_restores']} corrupt and {em['failed_restores']} failed restores, "
+            f"{em['steps_lost']} steps lost, {em['false_durable_claims']} false claims"
+        )
     if corrupt == 0 and exact == runs:
         return "reproduced", reason
     return ("partly" if corrupt == 0 else "not reproduced"), reason

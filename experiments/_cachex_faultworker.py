@@ -43,6 +43,7 @@ Slurm-like ``SLURM_*`` set, which ``jax.distributed.initialize()`` detects).
 
 from __future__ import annotations
 
+import collections
 import os
 import select
 import shutil
@@ -187,6 +188,34 @@ class EmergencyPeer:
         self._send((0, 1), "check")
         self._read((0, 1), "check")
 
+    def latest(self) -> int:
+        """The newest step both processes' managers list (-1: none); the next
+        :meth:`restore` reads it. The processes must agree (``RuntimeError`` otherwise)."""
+        self._send((0, 1), "latest")
+        steps = {int(w[0]) for w in self._read((0, 1), "latest")}
+        if len(steps) != 1:
+            raise RuntimeError(f"orbax emergency workers list different newest steps {steps}")
+        return steps.pop()
+
+    def match(self, newest: int) -> int:
+        """The step in ``0 .. newest`` whose state the last restore returned on both
+        processes, or -1 when its bytes are no saved step's (a corrupt restore)."""
+        self._send((0, 1), f"match {newest}")
+        hits = {int(w[0]) for w in self._read((0, 1), "match")}
+        return hits.pop() if len(hits) == 1 else -1
+
+    def reopen(self) -> None:
+        """Both processes make their managers again, on the disk as it is now."""
+        self._send((0, 1), "reopen")
+        self._read((0, 1), "reopen")
+
+    def kill(self) -> None:
+        """SIGKILLs both workers (a job lost mid-flight); the folders stay as they are."""
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+        self.close()
+
     def close(self) -> None:
         for proc in self._procs:
             if proc.poll() is None:
@@ -248,6 +277,114 @@ def emergency_summary(root: Path, mib: float, n_saves: int) -> dict:
     return out
 
 
+#: The faults of the orbax emergency peer's campaign (``experiments.cachex_durability``):
+#: the job SIGKILLed with a save's commit in flight and restarted; the local slice's node
+#: storage lost; a bit flipped in, or the second half cut off, the largest file of the newest
+#: step of the local tier; a bit flipped in the persistent tier's newest step with the local
+#: tier lost; plain files named like steps in every tier's root.
+EMERGENCY_FAULTS = (
+    "kill_mid_save", "node_lost", "bit_flip_local", "truncated_local", "bit_flip_persistent",
+    "stray_entries",
+)  # fmt: skip
+
+
+def _largest_file(folder: Path) -> Path:
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    if not files:
+        raise RuntimeError(f"{folder}: no file to damage")
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+def _damage(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "flip":
+        data[len(data) // 2] ^= 0xFF
+    else:  # truncate
+        del data[len(data) // 2 :]
+    path.write_bytes(bytes(data))
+
+
+def emergency_fault_run(fault: str, root: Path, n_good: int, mib: float) -> dict:
+    """One run of the peer's campaign: steps ``0 .. n_good-1`` saved and committed on both
+    tiers, ``fault`` struck, the newest listed step restored. Returns ``guaranteed`` (the
+    newest step committed before the fault: ``n_good - 1``), ``restored`` (the step whose
+    exact state came back, -1 for none), ``listed`` (the step the manager offered, -1 for
+    none), ``exact``, ``corrupt`` (bytes of no saved step), ``failed`` (the restore raised),
+    ``false_claims`` (1 when the step the manager lists does not restore as that step's
+    state) and ``error`` (the failure's text, or None)."""
+    if fault not in EMERGENCY_FAULTS:
+        raise ValueError(f"fault: expected one of {EMERGENCY_FAULTS}, got {fault!r}")
+    peer = EmergencyPeer(root, mib)
+    out = dict(guaranteed=n_good - 1, restored=-1, listed=-1, exact=0, corrupt=0, failed=0,
+               false_claims=0, error=None)  # fmt: skip
+    try:
+        for _ in range(n_good):
+            peer.save()
+            peer.wait()
+        newest = str(n_good - 1)
+        if fault == "kill_mid_save":
+            peer.save()  # step n_good: its commit is in flight
+            peer.kill()
+            peer = EmergencyPeer(root, mib)
+        elif fault == "node_lost":
+            peer.lose_local()
+        elif fault in ("bit_flip_local", "truncated_local"):
+            how = "flip" if fault == "bit_flip_local" else "truncate"
+            _damage(_largest_file(root / "local1" / newest), how)
+            peer.reopen()
+        elif fault == "bit_flip_persistent":
+            _damage(_largest_file(root / "persistent" / newest), "flip")
+            peer.lose_local()
+        else:  # stray_entries
+            for d in (root / "local0", root / "local1", root / "persistent"):
+                (d / str(n_good + 5)).write_bytes(b"not a step\n")
+            peer.reopen()
+        out["listed"] = peer.latest()
+        hit = -1
+        if out["listed"] >= 0:
+            peer.restore()
+            hit = peer.match(n_good)
+        out["restored"] = hit
+        out["corrupt"] = int(out["listed"] >= 0 and hit < 0)
+        out["exact"] = int(hit == max(out["guaranteed"], out["listed"]) and hit >= 0)
+        out["false_claims"] = int(out["listed"] >= 0 and hit != out["listed"])
+    except RuntimeError as e:  # the restore (or the job) failed: nothing came back
+        out.update(failed=1, error=str(e)[-500:])
+        out["false_claims"] = int(out["listed"] >= 0)
+    finally:
+        peer.kill()
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+_EM_KINDS = ("runs", "exact", "corrupt", "failed", "steps_lost", "false_claims")
+
+
+def emergency_campaign(faults, runs: int, n_good: int, root: Path, ctx) -> dict:
+    """The ``orbax_emergency_*`` fault keys of ``experiments.cachex_durability`` (see its
+    docstring): ``runs`` runs of :func:`emergency_fault_run` per fault, each logged through
+    the study's context ``ctx``, with a 1 MiB state."""
+    per: dict = {f: collections.Counter() for f in faults}
+    jobs = [(f, i) for f in faults for i in range(runs)]
+    for fault, i in ctx.progress(jobs, desc="orbax emergency faults"):
+        res = emergency_fault_run(fault, root / f"{fault}-{i}", n_good, 1.0)
+        res["steps_lost"] = max(res["guaranteed"] - res["restored"], 0)
+        per[fault].update({k: res[k] for k in _EM_KINDS[1:]}, runs=1)
+        ctx.log(peer="orbax_emergency", fault=fault, run=i, **res)
+    out = {f"orbax_emergency_{f}_{k}": int(c[k]) for f, c in per.items() for k in _EM_KINDS}
+    totals = {k: sum(c[k] for c in per.values()) for k in _EM_KINDS}
+    out.update(
+        orbax_emergency_faults_tried=len(per),
+        orbax_emergency_fault_runs=totals["runs"],
+        orbax_emergency_steps_lost=totals["steps_lost"],
+        orbax_emergency_false_durable_claims=totals["false_claims"],
+        orbax_emergency_exact_restores=totals["exact"],
+        orbax_emergency_corrupt_restores=totals["corrupt"],
+        orbax_emergency_failed_restores=totals["failed"],
+    )
+    return out
+
+
 def _median(xs: list[float]) -> float:
     ys = sorted(xs)
     return 0.5 * (ys[(len(ys) - 1) // 2] + ys[len(ys) // 2])
@@ -302,10 +439,20 @@ def _emergency_worker(root: str, mib: str) -> None:
     mesh = jax.sharding.Mesh(np.array(jax.devices()).reshape(2, 1), ("replica", "data"))
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     n = max(1, int(float(mib) * 2**20 / 4 / 4))
-    host = {f"w{i}": np.random.default_rng(i).standard_normal(n, np.float32) for i in range(4)}
-    tree = {k: jax.make_array_from_callback(v.shape, sharding, lambda i, v=v: v[i])
-            for k, v in host.items()}  # fmt: skip
-    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
+    base = {f"w{i}": np.random.default_rng(i).standard_normal(n, np.float32) for i in range(4)}
+
+    def host(step: int) -> dict:  # step s's state: the base plus s (exact in float32)
+        return {k: v + np.float32(step) for k, v in base.items()}
+
+    def device(step: int) -> dict:
+        return {k: jax.make_array_from_callback(v.shape, sharding, lambda i, v=v: v[i])
+                for k, v in host(step).items()}  # fmt: skip
+
+    def equal(tree, step: int) -> bool:
+        return all(np.array_equal(np.asarray(tree[k].addressable_data(0)), v)
+                   for k, v in host(step).items())  # fmt: skip
+
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, device(0))
     options = em.CheckpointManagerOptions(
         local=em.LocalCheckpointOptions(save_interval_steps=1, max_to_keep=2),
         persistent=em.PersistentCheckpointOptions(save_interval_steps=1, max_to_keep=2),
@@ -323,6 +470,7 @@ def _emergency_worker(root: str, mib: str) -> None:
                 break
             if cmd == "save":
                 step = int(arg[0])
+                tree = device(step)
                 started = time.perf_counter()
                 m.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(tree)))
                 answer = f"{time.perf_counter() - started:.6f}"
@@ -337,18 +485,27 @@ def _emergency_worker(root: str, mib: str) -> None:
                             shutil.rmtree(entry)
                 m.close()
                 m, answer = manager(), "0"
-            elif cmd == "restore":
+            elif cmd == "reopen":  # a restarted job's manager, on the disk as it is
+                m.close()
+                m, answer = manager(), "0"
+            elif cmd == "latest":  # the newest step the manager lists; restore reads it next
+                latest = m.latest_step()
+                step = -1 if latest is None else int(latest)
+                answer = str(step)
+            elif cmd == "restore":  # the last step saved, or the one "latest" answered
                 t0 = time.perf_counter()
-                restored = jax.block_until_ready(m.restore(step).state)
-                answer = f"{time.perf_counter() - t0:.6f}"
+                restored = None
+                if step >= 0:
+                    restored = jax.block_until_ready(m.restore(step).state)
+                answer = f"{time.perf_counter() - t0:.6f} {step}"
             elif cmd == "check":
-                ok = restored is not None and all(
-                    np.array_equal(np.asarray(restored[k].addressable_data(0)), v)
-                    for k, v in host.items()
-                )  # fmt: skip
-                if not ok:
+                if restored is None or not equal(restored, step):
                     raise RuntimeError(f"the restore of step {step} returned other bytes")
                 answer = "0"
+            elif cmd == "match":  # which step's state the last restore returned (-1: none)
+                hits = [s for s in range(int(arg[0]) + 1) if restored is not None
+                        and equal(restored, s)]  # fmt: skip
+                answer = str(hits[0] if hits else -1)
             else:
                 raise ValueError(f"unknown command {cmd!r}")
         except Exception as e:  # answered, so that the other side does not hang on us

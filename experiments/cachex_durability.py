@@ -34,6 +34,20 @@ step recorded PFS-durable when it takes both) and the *false durability claims*:
 ``tier_done(s, "pfs")`` (or another node's ``pfs`` record) calls PFS-durable while the PFS does
 not read back as exactly that step's state (after a rollback: the new one).
 
+The same campaign, where its API allows, on orbax's own multi-tier checkpointing, the emergency
+``CheckpointManager`` run as two ``jax.distributed`` processes
+(:class:`~experiments._cachex_faultworker.EmergencyPeer`; it has no fault hooks, so its faults
+strike between calls): ``n_good`` steps of a 1 MiB state (step ``s``'s state differs from every
+other's) saved and committed on both tiers, then the job SIGKILLed with the next save's commit
+in flight and restarted; the local slice's node storage lost; a bit flipped in, or the second
+half cut off, the largest file of the newest local step; a bit flipped in the newest persistent
+step with the local tier lost; plain files named like steps in every tier's root. The newest
+step its manager lists is restored and matched against every saved state: *exact* when it is
+that step's state, *corrupt* when it is no saved step's, *failed* when the restore (or the job)
+fails; its *steps lost* are the newest step committed before the fault minus the step restored
+exactly (-1 when none), its *false durability claims* the listed steps that do not restore as
+themselves.
+
 Then the durability model: per-rank PFS write times are drawn from the PFS model (lognormal
 body) for ``model_saves`` saves of ``model_writers`` writers under ``contention``; the model fit
 (lognormal MLE with the contention factor removed, Gumbel MLE of the log slowest writer) is
@@ -44,10 +58,12 @@ Before each restore the study reads the manager's ``health()`` (drainer and neig
 liveness, and the durability lag: committed local steps not yet PFS-committed, i.e. the steps
 a loss of the node and its neighbour would roll back) and logs it with the run.
 
-Runtime: ``--quick`` about 1 min on 2 CPU cores (1 run per fault, 19 faults); full (5 runs
-per fault, 95 runs) 103 s measured on 2 idle cores (results/cachex_durability).
+Runtime: ``--quick`` about 3 min on 2 CPU cores (1 run per fault, 19 faults, and 6 on the
+peer, whose truncated-file run waits about a minute for its job to fail); full (5 runs per
+fault, 95 runs and 30 on the peer) about 10 min on 2 idle cores.
 
-``--set faults=bit_flip,node_wiped`` restricts the faults. The faults that make a save fail on
+``--set faults=bit_flip,node_wiped`` restricts the faults, ``--set emergency_faults=node_lost``
+the peer's (a config with ``emergency_faults=()`` runs none). The faults that make a save fail on
 purpose (``neighbour_dead``, ``disk_full``) silence the ``absl`` logger while they strike, so
 orbax's ``Save Finalize thread failed`` error lines, expected there, are not printed.
 
@@ -58,7 +74,12 @@ summary.json keys: ``faults_tried`` (fault kinds run), ``steps_lost`` and
 ``fault_steps_gained_vs_orbax`` (sum of ours minus orbax's, floored at 0); per fault ``F``:
 ``F_runs``, ``F_exact``, ``F_corrupt``, ``F_lost_vs_orbax``, ``F_max_lag_steps`` (the largest
 ``health()`` durability lag in steps seen before a restore), ``F_steps_lost``,
-``F_false_claims``; the model: ``model_mu_true``,
+``F_false_claims``; the peer: ``orbax_emergency_faults_tried``,
+``orbax_emergency_fault_runs``, ``orbax_emergency_steps_lost``,
+``orbax_emergency_false_durable_claims``, ``orbax_emergency_exact_restores``,
+``orbax_emergency_corrupt_restores``, ``orbax_emergency_failed_restores`` and per fault ``F``
+``orbax_emergency_F_runs``, ``_exact``, ``_corrupt``, ``_failed``, ``_steps_lost``,
+``_false_claims``; the model: ``model_mu_true``,
 ``model_mu_fit``, ``model_sigma_true``, ``model_sigma_fit``, ``model_gumbel_loc``,
 ``model_gumbel_scale``, ``t_stage_p99_s``, ``c_star_p50_n64``, ``c_star_p99_n64``,
 ``stage_path_chosen`` (1 if stage-and-replicate is the faster durable path at ``contention``
@@ -92,7 +113,7 @@ from experiments._cachex import (
     strike,
     study_token,
 )
-from experiments._cachex_faultworker import run_killed
+from experiments._cachex_faultworker import EMERGENCY_FAULTS, emergency_campaign, run_killed
 from hexad import cachex
 
 # The trainer kills (a fault worker process), then the faults struck in this process.
@@ -106,6 +127,7 @@ FAULTS = (*KILL_POINTS, *IN_PROCESS.split(), *NEW_FAULTS)
 @dataclasses.dataclass(frozen=True)
 class Config(PFSConfig):
     faults: tuple[str, ...] = FAULTS
+    emergency_faults: tuple[str, ...] = EMERGENCY_FAULTS
     runs_per_fault: int = 5
     n_good: int = 3
     model_saves: int = 2000
@@ -115,6 +137,7 @@ class Config(PFSConfig):
     def __post_init__(self):
         super().__post_init__()
         _runner.one_of(self, FAULTS, "faults")
+        _runner.one_of(self, EMERGENCY_FAULTS, "emergency_faults")  # () runs none
         _runner.at_least(self, 1, "runs_per_fault", "n_good", "model_saves", "model_writers")
         _runner.positive(self, "state_mib_model")
 
@@ -211,6 +234,9 @@ def run(cfg: Config, ctx: _runner.Context) -> dict:
         fault_steps_lost_vs_orbax=sum(max(d, 0) for d in diffs),
         fault_steps_gained_vs_orbax=sum(max(-d, 0) for d in diffs),
     )
+    em = emergency_campaign(cfg.emergency_faults, cfg.runs_per_fault, cfg.n_good,
+                            root / "orbax_emergency", ctx)  # fmt: skip
+    summary.update(em)
     t99 = float(np.percentile(t_stage, 99)) if t_stage else float("nan")
     summary.update(_model_part(cfg, ctx.seed, t99, ctx))
     return summary

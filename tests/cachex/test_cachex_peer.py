@@ -96,3 +96,9 @@ def test_stall_goal_report(monkeypatch):
     assert rows[1]["overhead_ms"] == pytest.approx(4.0)
     assert rows[2]["stall_over_copy"] == pytest.approx(1.2)
     assert rows[0]["copy_ms"] == pytest.approx(0.5) and rows[0]["stall_ms"] == pytest.approx(1.5)
+
+
+def test_emergency_fault_run_names_an_unknown_fault(tmp_path):
+    with pytest.raises(ValueError, match="fault: expected one of"):
+        fw.emergency_fault_run("disk_full", tmp_path / "em", 2, 1.0)
+    assert not (tmp_path / "em").exists()  # no job was started

@@ -53,11 +53,20 @@ def test_cachex_durability_smoke(tmp_path):
                 "pfs_down",
                 "rollback_reuse",
             ),
+            "emergency_faults": ("node_lost", "bit_flip_local"),
             "n_good": 2,
             "model_saves": 200,
         },
     )
     s = cachex_durability.STUDY.execute(cfg, out_dir=tmp_path, show_progress=False)
+    # orbax's emergency manager under two of the same faults: its persistent tier survives a
+    # lost node; a flipped bit in its local tier comes back as data (it keeps no checksum)
+    assert s["orbax_emergency_faults_tried"] == 2 and s["orbax_emergency_fault_runs"] == 2
+    assert s["orbax_emergency_node_lost_exact"] == 1
+    assert s["orbax_emergency_node_lost_steps_lost"] == 0
+    assert s["orbax_emergency_bit_flip_local_corrupt"] == 1
+    assert s["orbax_emergency_bit_flip_local_false_claims"] == 1
+    assert s["orbax_emergency_steps_lost"] == 2  # n_good = 2: steps 0 and 1, none came back
     assert s["fault_runs"] == 6
     assert s["fault_corrupt_restores"] == 0
     assert s["fault_exact_restores"] == 6
