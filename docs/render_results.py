@@ -200,6 +200,14 @@ def _cvxclust(summaries: Summaries) -> tuple[str, str]:
             "joint program ran at eps far below n/K, where the features cannot act, and its "
             "synergy had no paired test; rerun it"
         )
+    from experiments import _cvxclust, cvxclust_phase
+
+    parts = [v for k, v in summaries.items() if k.startswith("cvxclust_phase/")]
+    if parts:  # panel parts: Holm over the cells of all of them, the verdicts decided again
+        s = _cvxclust.join_panels(parts, cvxclust_phase.CONTROL, cvxclust_phase.VERDICTS)
+    full = cvxclust_phase.Config()
+    planned = [f"K{k}_d{d}" for k in full.ks for d in full.dims]
+    missing = [p for p in planned if p not in s["panels"]]
     # the study decides with the shared module (experiments._verdicts.mcnemar, Holm over the
     # run's cells); the report states its figures and keeps its outcome
     reason = (
@@ -210,6 +218,11 @@ def _cvxclust(summaries: Summaries) -> tuple[str, str]:
         f"{int(s['candidate_cells_fixed'])} candidate(s) by the rates; under exact recovery: "
         f"{s['verdict_exact']}; with every arm tuned on separate draws: {s['verdict_tuned']}"
     )
+    if missing:  # Holm's family is the whole study's cells: no verdict before every panel
+        return "undecided", (
+            f"interim, panels {', '.join(s['panels'])} of the {len(planned)} pre-stated "
+            f"(missing {', '.join(missing)}): " + reason
+        )
     return str(s["verdict"]), reason
 
 

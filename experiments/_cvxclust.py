@@ -615,6 +615,80 @@ class PhaseTally:
         }
 
 
+#: Keys of a phase summary that are the same in every panel part (the run's design).
+_PANEL_SHARED = ("dpq_grid", "sep_grid", "programs", "mcnemar_arms", "n", "trials",
+                 "trials_near", "tune_trials", "near_band", "grid", "eps_grid", "eps_fixed",
+                 "alpha", "feature_threshold")  # fmt: skip
+
+
+def _panel_keys(s: dict) -> list[str]:
+    """The keys of a phase summary indexed by panel first."""
+    keys = ["panels", "trials_per_cell", "positive_control", "graph_threshold"]
+    for regime in PHASE_REGIMES:
+        for p in PHASE_PROGRAMS:
+            keys += [f"{regime}_{p}_{t}" for t in ("recovery", "lo", "hi", "exact")]
+        for sfx, _ in PHASE_CRITERIA:
+            keys.append(f"synergy_p_{regime}{sfx}")
+    return keys + [f"tuned_{p}_choice" for p in PHASE_PROGRAMS if f"tuned_{p}_choice" in s]
+
+
+def join_panels(parts: list[dict], control: float, verdicts: dict[str, str]) -> dict:
+    """The phase study's summary over panel parts (each run with its own ``--set ks=..
+    --set dims=..``, same seed and design): panel-indexed figures side by side, synergy
+    counts summed, Holm's correction redone over the cells of all panels (the family of the
+    assembled study), the verdicts decided again with ``control`` (the positive control's
+    least rate) and ``verdicts`` (``{regime + criterion suffix: verdict key}``), and the solve
+    checks combined. Raises ``ValueError`` for parts of different designs or a panel twice."""
+    if not parts:
+        raise ValueError("parts: expected at least one phase summary, got none")
+    first = parts[0]
+    for s in parts[1:]:
+        diff = [k for k in _PANEL_SHARED if s.get(k) != first.get(k)]
+        if diff:
+            raise ValueError(f"parts: panel parts of different designs (they differ in {diff})")
+    out = {k: first[k] for k in _PANEL_SHARED if k in first}
+    for k in _panel_keys(first):
+        out[k] = [row for s in parts for row in s[k]]
+    if len(set(out["panels"])) != len(out["panels"]):
+        raise ValueError(f"parts: a panel in more than one part: {out['panels']}")
+    ok = min(out["positive_control"]) >= control
+    arms = list(first["mcnemar_arms"])
+    reasons = []
+    for regime in PHASE_REGIMES:
+        for sfx, _ in PHASE_CRITERIA:
+            key = f"{regime}{sfx}"
+            listed = [c for s in parts for c in s[f"synergy_cell_list_{key}"]]
+            out[f"synergy_cell_list_{key}"] = listed
+            out[f"synergy_cells_{key}"] = len(listed)
+            out[f"candidate_cells_{key}"] = sum(int(s[f"candidate_cells_{key}"]) for s in parts)
+            p = np.asarray(out[f"synergy_p_{key}"], np.float64)  # [panel][dpq][sep][arm]
+            p_cell = np.max([p[..., arms.index(a)] for a in SYNERGY_PARTS], 0)
+            syn = np.zeros(p_cell.shape, bool)
+            for panel, dpq, sep in listed:
+                at = (out["panels"].index(panel), out["dpq_grid"].index(dpq),
+                      out["sep_grid"].index(sep))  # fmt: skip
+                syn[at] = True
+            strong = syn & holm(p_cell, float(out["alpha"]))
+            out[f"synergy_cells_{key}_holm"] = int(strong.sum())
+            if (name := verdicts.get(key)) is not None:
+                cand = out[f"candidate_cells_{key}"]
+                out[name] = phase_verdict(ok, bool(strong.any()), cand > 0)
+                reasons.append(
+                    f"{name}: {out[name]} ({int(strong.sum())} synergy cell(s) surviving "
+                    f"Holm, {int(syn.sum())} before it, {cand} candidate(s))"
+                )
+    bad = [row for s in parts for row in s["uncertified_list"]]
+    by = {p: sum(int(s["uncertified_by_program"][p]) for s in parts) for p in PHASE_PROGRAMS}
+    out |= {
+        "verdict_reason": "; ".join(reasons) + f"; positive control {'passes' if ok else 'fails'}",
+        "max_min_eig_violation": min(float(s["max_min_eig_violation"]) for s in parts),
+        "uncertified_solves": sum(int(s["uncertified_solves"]) for s in parts),
+        "uncertified_list": bad[:20],
+        "uncertified_by_program": by,
+    }
+    return out
+
+
 def plot_phase(ctx, cfg, panels, cells: SynergyCells, regime: str) -> None:
     """Saves ``phase_<regime>.png``: per panel, the joint's rate less the larger of its parts'
     over the ``dpq`` x ``sep`` grid, the dense graph threshold (and for ``K = 2, d = 1`` the

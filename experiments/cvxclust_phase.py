@@ -98,9 +98,12 @@ Runtime:  --quick (n = 24, one panel, 2 x 2 grid, 4 / 3 scored and 2 tuning draw
           load 6-9 (compiles included): K2 d1 (0.3, 4), 40 draws, 345 s wall; K3 d5 (0.4,
           5), 40 draws, 156 CPU-s and 229 s wall; K2 d1 (0.1, 2), 15 draws, 200 s wall; i.e.
           about 120-170 CPU-s a near cell and 60-100 a far one, about 1 CPU-hour a panel.
-          Run it in parts (``--set ks=2 --set dims=1`` and so on, one process per panel, two
-          at a time on 2 cores: about 2 h idle, 4-7 h on busy cores) on one ``--ckpt``
-          folder, and assemble the study with ``--resume``.
+          Run it in parts (``--set ks=2 --set dims=1 --out results/cvxclust_phase/K2_d1`` and
+          so on, one process per panel, two at a time on 2 cores: about 2 h idle, 4-7 h on
+          busy cores): the report joins the panel folders into the study
+          (``experiments._cvxclust.join_panels``: Holm over the cells of every panel, the
+          verdicts decided again) and reads "undecided" until all four are in; on one
+          ``--ckpt`` folder, ``--resume`` also assembles them into one run.
 
 summary.json keys: ``dpq_grid``, ``sep_grid``, ``panels`` (``"K{k}_d{d}"``), ``programs``;
 for regime in ``fixed``, ``tuned`` and program in ``programs`` (``graph``, ``node``,

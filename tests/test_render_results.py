@@ -210,11 +210,15 @@ def _phase(verdict="reproduced", holm=1, uncertified=()):
 def test_cvxclust_claim_is_the_studys_rule_and_table_marks_synergy():
     claim = render.PAPERS_BY_SLUG["cvxclust"].claims[0]
 
-    def verdict(s):
+    def verdict(s, panels=("K2_d1", "K2_d5", "K3_d1", "K3_d5")):  # the pre-stated four
+        s = {**s, "panels": list(panels)}
         run = render.Run("cvxclust_phase", "", {}, s)
         return render.decide(claim, {"cvxclust_phase": s}, [run])
 
     assert verdict(_phase())[0] == "reproduced"
+    # Holm's family is every cell of the study: a run of fewer panels is an interim
+    v, why = verdict(_phase(), panels=("K2_d1",))
+    assert v == "undecided" and "interim" in why and "missing K2_d5, K3_d1, K3_d5" in why
     assert verdict(_phase("undecided", holm=0))[0] == "undecided"
     assert verdict(_phase("not tested", holm=0))[0] == "not tested"
     # uncertified solves keep a cell out of the study's own count; the report does not also

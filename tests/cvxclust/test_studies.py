@@ -96,6 +96,18 @@ def test_phase_study_resumes_cell_by_cell(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()]
     assert [x["restored"] for x in lines] == [True, True, False, False]
     assert two["fixed_graph_recovery"][0] == first["fixed_graph_recovery"][0]
+    # The same two panels run as two parts (each its own folder; here restored) join to the
+    # two-panel run's summary: Holm over both panels' cells, the verdicts decided again.
+    d2 = study.execute(study.make_config(True, over | {"dims": (2,)}), out_dir=tmp_path / "e",
+                       resume=True, **kw)  # fmt: skip
+    joined = _cvxclust.join_panels([first, d2], cvxclust_phase.CONTROL, cvxclust_phase.VERDICTS)
+    two.pop("runtime_s")
+    assert joined == {k: v for k, v in two.items() if k in joined}
+    assert set(two) - set(joined) == set()
+    with pytest.raises(ValueError, match="different designs"):
+        _cvxclust.join_panels([first, {**d2, "trials": 3}], 0.25, {})
+    with pytest.raises(ValueError, match="more than one part"):
+        _cvxclust.join_panels([first, first], 0.25, {})
 
 
 def test_phase_solves_continue_until_certified():
