@@ -122,7 +122,11 @@ RWEFM_SETTINGS = (
 #: The paired seeds a setting run in seed parts is decided at, stated before its parts ran
 #: (issue 49: T^2 mixtures at >= 10); until then it reads undecided with interim figures, so
 #: the verdict is not taken at whichever look first crosses a threshold.
-RWEFM_PLANNED_SEEDS = {("rwefm_synthetic", "t2_"): 10}
+RWEFM_PLANNED_SEEDS = {
+    ("rwefm_synthetic", "t2_"): 10,
+    ("rwefm_protein", ""): 3,  # its Config's n_seeds
+    ("rwefm_singlecell", ""): 3,  # its Config's n_seeds
+}
 
 #: The seeds each PoE/KL study is decided at (its Config's ``n_seeds``, stated before its
 #: runs): run in seed parts, a setting reads undecided until that many are in.
@@ -140,7 +144,8 @@ RWEFM_RULE = Rule(
     "torus, a run that has the third arm (the Euclidean flow on angles fed the same (cos, sin) "
     "features as RWEFM) is decided against it, so that the verdict is the transport's, not "
     "the features'; the raw-angle baseline is reported beside. A setting run in seed parts "
-    "is decided once its pre-stated number of seeds is in (T^2 mixtures: 10); before that it "
+    "is decided once its pre-stated number of seeds is in (T^2 mixtures: 10; protein and "
+    "PBMC: 3, their studies' n_seeds); before that it "
     "reads undecided, with the interim figures",
     f"±{RWEFM_MARGIN} in 1-NNA distance",
 )
@@ -156,18 +161,20 @@ def _rwefm_setting(summaries: Summaries, study: str, prefix: str) -> tuple[str, 
     floor = float(s[f"{prefix}floor_emd_1nna_mean"])
     v = _verdicts.paired(dist("rwefm"), dist("euclid"), margin=RWEFM_MARGIN, direction="less",
                          alpha=ALPHA)  # fmt: skip
+    n, planned = len(dist("rwefm")), RWEFM_PLANNED_SEEDS.get((study, prefix), 0)
+    interim = f"interim, {n} of the {planned} pre-stated seeds: " if n < planned else ""
     if f"{prefix}euclid_periodic_emd_1nna_seeds" not in s:
-        return v.outcome, f"{where}: {v.figures()}; data floor 1-NNA {floor:.3f}"
+        line = v.line() if interim else v.figures()
+        reason = f"{where}: {interim}{line}; data floor 1-NNA {floor:.3f}"
+        return ("undecided" if interim else v.outcome), reason
     # On a torus the run also has the chart flow fed the torus's (cos, sin) features: the
     # claim (transport on M) is decided against it; the raw-angle baseline is reported beside.
     vp = _verdicts.paired(dist("rwefm"), dist("euclid_periodic"), margin=RWEFM_MARGIN,
                           direction="less", alpha=ALPHA)  # fmt: skip
-    n, planned = len(dist("rwefm")), RWEFM_PLANNED_SEEDS.get((study, prefix), 0)
-    if n < planned:
+    if interim:
         return "undecided", (
-            f"{where}: interim, {n} of the {planned} pre-stated seeds: against the chart flow "
-            f"with (cos, sin) features {vp.line()}; against the raw-angle baseline {v.line()}; "
-            f"data floor 1-NNA {floor:.3f}"
+            f"{where}: {interim}against the chart flow with (cos, sin) features {vp.line()}; "
+            f"against the raw-angle baseline {v.line()}; data floor 1-NNA {floor:.3f}"
         )
     return vp.outcome, (
         f"{where}: against the chart flow with (cos, sin) features {vp.figures()}; against "

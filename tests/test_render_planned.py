@@ -32,3 +32,15 @@ def test_t2_mixtures_read_undecided_until_the_pre_stated_seeds_are_in():
         {"rwefm_synthetic": _t2(planned)}, "rwefm_synthetic", "t2_"
     )
     assert verdict == "reproduced" and "interim" not in text
+
+
+def test_protein_and_pbmc_parts_read_undecided_until_their_three_seeds_are_in():
+    # the S^7 setting has no third arm: the rule is against the baseline, interim the same way
+    assert render.RWEFM_PLANNED_SEEDS[("rwefm_singlecell", "")] == 3
+    two = {k.removeprefix("t2_"): v[:2] if isinstance(v, list) else v for k, v in _t2(2).items()
+           if "periodic" not in k}  # fmt: skip
+    verdict, text = render._rwefm_setting({"rwefm_singlecell": two}, "rwefm_singlecell", "")
+    assert verdict == "undecided" and "interim, 2 of the 3 pre-stated seeds" in text
+    three = {k.removeprefix("t2_"): v for k, v in _t2(3).items() if "periodic" not in k}
+    verdict, text = render._rwefm_setting({"rwefm_singlecell": three}, "rwefm_singlecell", "")
+    assert verdict == "reproduced" and "interim" not in text

@@ -74,6 +74,7 @@ def _write(d, summary, commit="c", **config):
 
 
 def test_a_study_run_in_parts_is_read_from_its_part_folders(tmp_path, monkeypatch):
+    monkeypatch.setattr(render, "RWEFM_PLANNED_SEEDS", {})  # decided at any count here
     monkeypatch.setattr(render, "RESULTS", tmp_path)
     monkeypatch.setattr(render, "OUT", tmp_path / "out")
     good, bad = [0.6, 0.62, 0.61], [0.7, 0.75, 0.72]
@@ -498,6 +499,7 @@ def test_parts_of_one_setting_join_their_seeds(tmp_path, monkeypatch):
     # Two seed groups of T^2 (e.g. --seed 0 and --seed 1 with n_seeds=2): the rule reads all
     # four pairs. Differences -0.10, -0.13 and -0.11, -0.12: reproduced only when joined (two
     # pairs alone give a 95% interval of -0.115 -/+ 12.71 * 0.015 / sqrt(2), across 0).
+    monkeypatch.setattr(render, "RWEFM_PLANNED_SEEDS", {})  # decided at any count here
     monkeypatch.setattr(render, "RESULTS", tmp_path)
     monkeypatch.setattr(render, "OUT", tmp_path / "out")
     a = _summary([0.6, 0.62], [0.7, 0.75], prefix="t2_")
