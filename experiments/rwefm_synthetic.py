@@ -22,8 +22,8 @@ Runtime:  --quick about 3-4 minutes on 2 idle cores (mostly compilation); the fu
           (2 manifolds x 2 arms x 3 seeds x 5000 steps) about an hour per manifold on 2 idle
           cores (S^2: 95 min beside two other jobs, 35-90 s per chunk). T^2 is run in one-seed
           parts (``--set manifolds=t2 --set n_seeds=1 --seed k --out .../t2-seed<k>``, three
-          arms): 32-44 min each on 2 cores (12-13 s per 100-step chunk per arm), about 60 min
-          beside a second part (set ``manifolds=t2`` or
+          arms): 32-44 min each on 2 cores (12-13 s per 100-step chunk per arm), 29-60 min
+          beside a second part, depending on the host (set ``manifolds=t2`` or
           ``manifolds=s2`` to run one: it draws the same data as in the full study, and a
           later full run with the same ``--out`` name and ``--resume`` reuses its training).
 
