@@ -410,6 +410,9 @@ class Context:
       settings: the :func:`settings_stamp` of the run's config and seed; checkpoints go to
         ``checkpoint_dir / settings / tag``, so ``--resume`` never restores a checkpoint
         written under other settings ("": straight into ``checkpoint_dir / tag``).
+      writer: whether this process writes ``out_dir`` (metrics, plots, JSON) and draws
+        progress bars: in a ``jax.distributed`` job process 0 alone does (the others run the
+        same study and write nothing there); checkpoints are every process's own.
     """
 
     name: str
@@ -420,6 +423,7 @@ class Context:
     resume: bool = False
     show_progress: bool = True
     settings: str = ""
+    writer: bool = True
     _metrics_file: Any = dataclasses.field(default=None, repr=False)
 
     def key(self):
@@ -430,6 +434,8 @@ class Context:
 
     def log(self, **metrics: Any) -> None:
         """Appends one JSON line of ``metrics`` to ``metrics.jsonl`` (host values only)."""
+        if not self.writer:
+            return
         if self._metrics_file is None:
             self._metrics_file = open(self.out_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
         self._metrics_file.write(json.dumps(to_jsonable(metrics)) + "\n")
@@ -437,7 +443,7 @@ class Context:
 
     def progress(self, iterable: Iterable, desc: str | None = None, total: int | None = None):
         """Wraps ``iterable`` in a tqdm bar (host side: put one jitted chunk per item)."""
-        if not self.show_progress:
+        if not self.show_progress or not self.writer:
             return iterable
         from tqdm.auto import tqdm
 
@@ -451,13 +457,16 @@ class Context:
         if not stem or "/" in stem or "\\" in stem or stem.startswith("."):
             raise ValueError(f"name: expected a plain file name, got {name!r}")
         path = self.out_dir / f"{stem}.png"
-        fig.savefig(path, dpi=110, bbox_inches="tight")
+        if self.writer:
+            fig.savefig(path, dpi=110, bbox_inches="tight")
         plt.close(fig)
         return path
 
     def write_json(self, name: str, obj: Any) -> Path:
-        """Writes ``obj`` as pretty JSON to ``out_dir/<name>``."""
+        """Writes ``obj`` as pretty JSON to ``out_dir/<name>`` (process 0 of a job only)."""
         path = self.out_dir / name
+        if not self.writer:
+            return path
         path.write_text(json.dumps(to_jsonable(obj), indent=2, sort_keys=True) + "\n")
         return path
 
@@ -629,16 +638,116 @@ def _checkpoints(root: Path | None, tag: str, init_state: Any, resume: bool):
         return
     import shutil
 
+    import jax
+
     from hexad import cachex
 
-    if not resume and (root / tag).exists():
+    folder = root / tag
+    if jax.process_count() > 1:  # each process its own local tier (its rank's steps)
+        folder = folder / f"process{jax.process_index()}"
+    if not resume and folder.exists():
         # A fresh run replaces an earlier run's checkpoints in the same folder, as it replaces
         # its summary: CacheX refuses to save a step at or below one already there.
-        shutil.rmtree(root / tag)
-    with cachex.CacheXManager(root / tag) as mngr:
+        shutil.rmtree(folder)
+    with cachex.CacheXManager(folder) as mngr:
         start, state = cachex.resume(mngr, init_state, resume)
         yield start, state, lambda step, st: mngr.save(step, st)
         mngr.wait_until_finished()
+
+
+def _process_index() -> int:
+    import jax
+
+    return jax.process_index()
+
+
+def _process_count() -> int:
+    import jax
+
+    return jax.process_count()
+
+
+#: Seconds a process waits for the job's coordinator (and its peers) before giving up.
+DISTRIBUTED_TIMEOUT_S = int(os.environ.get("HEXAD_DISTRIBUTED_TIMEOUT_S", "120"))
+
+
+def initialize_distributed(timeout_s: int | None = None) -> None:
+    """Joins this process to its ``jax.distributed`` job (``--distributed``).
+
+    The job comes from the launcher's environment, as ``jax.distributed.initialize()`` reads
+    it: Slurm's ``SLURM_*`` (``srun``), Open MPI's, a TPU pod's metadata, or
+    ``JAX_COORDINATOR_ADDRESS`` with ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` (see
+    BUILD.md). Host-CPU collectives use gloo. A coordinator that does not answer within
+    ``timeout_s`` (default :data:`DISTRIBUTED_TIMEOUT_S`, ``$HEXAD_DISTRIBUTED_TIMEOUT_S``)
+    is a ``RuntimeError`` naming it, not a hang.
+    """
+    import jax
+
+    timeout_s = DISTRIBUTED_TIMEOUT_S if timeout_s is None else int(timeout_s)
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    kw: dict[str, Any] = {"initialization_timeout": timeout_s}
+    if "JAX_NUM_PROCESSES" in os.environ:  # a plain launcher: address, count and id
+        kw.update(
+            coordinator_address=os.environ.get("JAX_COORDINATOR_ADDRESS"),
+            num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+            process_id=int(os.environ["JAX_PROCESS_ID"]),
+        )
+    where = kw.get("coordinator_address") or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    # jax's client aborts the process (no Python exception) when its coordinator never
+    # answers: a process other than the coordinator's checks that it listens first.
+    if where and kw.get("process_id", 0) != 0:
+        _wait_for_coordinator(where, timeout_s)
+    try:
+        jax.distributed.initialize(**kw)
+    except Exception as e:  # jax raises its runtime's own error types
+        raise RuntimeError(
+            f"--distributed: could not join the job's coordinator {where or '(from the launcher)'}"
+            f" within {timeout_s} s: {type(e).__name__}: {e}"
+        ) from None
+
+
+def _wait_for_coordinator(address: str, timeout_s: float) -> None:
+    """Waits until ``host:port`` accepts a TCP connection; ``RuntimeError`` after
+    ``timeout_s``."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                return
+        except OSError as e:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"--distributed: could not join the job's coordinator {address} within "
+                    f"{timeout_s:g} s ({e}); is process 0 running, and is the address its?"
+                ) from None
+            time.sleep(0.2)
+
+
+def agree_across_processes(cfg: Any, seed: int, quick: bool) -> None:
+    """Raises ``ValueError`` naming the config fields (or ``seed``, ``quick``) on which the
+    processes of the job differ: every process must run the same study."""
+    import hashlib
+
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    items = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    items |= {"seed": seed, "quick": quick}
+    digest = [
+        int.from_bytes(hashlib.sha256(repr(to_jsonable(v)).encode()).digest()[:4], "little")
+        for v in items.values()
+    ]
+    local = np.asarray(digest, np.uint32).view(np.int32)
+    every = np.asarray(multihost_utils.process_allgather(local))  # [process, item]
+    differ = [k for k, col in zip(items, every.T, strict=True) if len(set(col.tolist())) > 1]
+    if differ:
+        raise ValueError(
+            f"processes of the job run different studies: they differ in {', '.join(differ)} "
+            f"(this is process {_process_index()} of {_process_count()})"
+        )
 
 
 def _plain_scalar(v: Any) -> bool | int | float:
@@ -780,6 +889,12 @@ class Study:
         )
         p.add_argument("--ckpt", type=Path, default=None, help="checkpoint folder")
         p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+        p.add_argument(
+            "--distributed",
+            action="store_true",
+            help="join a jax.distributed job (the launcher's environment, see BUILD.md); "
+            "process 0 alone writes --out",
+        )
         return p
 
     def make_config(self, quick: bool = False, overrides: Mapping[str, Any] | None = None):
@@ -832,9 +947,13 @@ class Study:
         # ones, and a study may change directory.
         out_dir = Path(out_dir) if out_dir is not None else REPO_ROOT / "runs" / self.name / stamp
         out_dir = out_dir.resolve()
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("summary.json",) if resume else ("summary.json", "metrics.jsonl"):
-            (out_dir / stale).unlink(missing_ok=True)
+        writer = _process_index() == 0
+        if _process_count() > 1:
+            agree_across_processes(cfg, seed, quick)
+        if writer:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for stale in ("summary.json",) if resume else ("summary.json", "metrics.jsonl"):
+                (out_dir / stale).unlink(missing_ok=True)
         if checkpoint_dir is None:
             checkpoint_dir = checkpoint_root() / self.name / out_dir.name
         ctx = Context(
@@ -846,6 +965,7 @@ class Study:
             resume=resume,
             show_progress=show_progress,
             settings=settings_stamp(cfg, seed, self.resume_shared),
+            writer=writer,
         )
         ctx.write_json(
             "config.json",
@@ -871,13 +991,16 @@ class Study:
 
     def main(self, argv: list[str] | None = None) -> dict[str, Any]:
         """The CLI: parses ``argv``, runs, prints the summary. Exit code 2 on a bad config, a
-        ``--seed`` outside ``0 <= N < 2**32``, or ``--resume`` without ``--out`` or ``--ckpt``."""
+        ``--seed`` outside ``0 <= N < 2**32``, ``--resume`` without ``--out`` or ``--ckpt``, or
+        ``--distributed`` without a coordinator that answers."""
         args = self.parser().parse_args(argv)
         try:
+            if args.distributed:
+                initialize_distributed()
             located = args.out is not None or args.ckpt is not None
             _check_run(self.name, args.seed, args.resume, located, cli=True)
             cfg = self.make_config(args.quick, parse_set(args.overrides))
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, RuntimeError) as e:
             print(f"error: {e}", file=sys.stderr)
             raise SystemExit(2) from None
         summary = self.execute(

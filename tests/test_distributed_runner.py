@@ -1,0 +1,102 @@
+"""The study runner in a jax.distributed job (BUILD.md, "Several processes"): 2 local processes
+on loopback run one study with ``--distributed``; process 0 alone writes ``--out``, each
+process checkpoints into its own folder, and the summary is the one-process run's; processes
+with different settings, and a coordinator that never answers, are clear errors."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = Path(__file__).with_name("_dist_study.py")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "lib"), str(ROOT)])
+    env["JAX_PLATFORMS"] = "cpu"
+    return env | extra
+
+
+def _job(tmp_path: Path, args_of, timeout_s: float = 240) -> list[subprocess.CompletedProcess]:
+    """Runs the tiny study as the 2 processes of one job; ``args_of(i)`` gives process i's
+    command-line arguments. Output goes to files (a worker blocked on a full pipe would stall
+    the whole job)."""
+    port, procs, logs = _port(), [], []
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for i in range(2):
+        env = _env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+                   JAX_PROCESS_ID=str(i), HEXAD_DISTRIBUTED_TIMEOUT_S="60")  # fmt: skip
+        out, err = tmp_path / f"p{i}.out", tmp_path / f"p{i}.err"
+        logs.append((out, err))
+        with open(out, "w") as o, open(err, "w") as e:
+            cmd = [sys.executable, str(SCRIPT), "--distributed", "--no-progress", *args_of(i)]
+            procs.append(subprocess.Popen(cmd, stdout=o, stderr=e, env=env, cwd=ROOT))
+    deadline = time.monotonic() + timeout_s
+    try:
+        for p in procs:
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+            p.wait()
+        pytest.fail("job timed out: " + " | ".join(e.read_text()[-800:] for _, e in logs))
+    return [
+        subprocess.CompletedProcess(p.args, p.returncode, o.read_text(), e.read_text())
+        for p, (o, e) in zip(procs, logs, strict=True)
+    ]
+
+
+def test_two_processes_write_one_output_and_match_one_process(tmp_path):
+    single = subprocess.run(
+        [sys.executable, str(SCRIPT), "--no-progress", "--out", str(tmp_path / "one")],
+        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=240,
+    )  # fmt: skip
+    assert single.returncode == 0, single.stderr[-2000:]
+    out, ckpt = tmp_path / "two", tmp_path / "ckpt"
+    runs = _job(tmp_path, lambda i: ["--out", str(out), "--ckpt", str(ckpt)])
+    for r in runs:
+        assert r.returncode == 0, r.stderr[-3000:]
+    one = json.loads((tmp_path / "one" / "summary.json").read_text())
+    two = json.loads((out / "summary.json").read_text())
+    assert one["process_count"] == 1 and two["process_count"] == 2
+    assert two["loss"] == pytest.approx(one["loss"], rel=1e-6)
+    # process 0 alone wrote the output folder: one metrics line per step, one plot
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == [0, 1, 2]
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["config.json", "metrics.jsonl", "summary.json", "w.png"]
+    )
+    # every process printed the same summary and checkpointed into its own folder
+    printed = [json.loads(r.stdout[r.stdout.index("{") :]) for r in runs]
+    assert printed[0]["loss"] == printed[1]["loss"]
+    folders = sorted(p.name for p in ckpt.glob("*/train/process*"))
+    assert folders == ["process0", "process1"]
+
+
+def test_processes_with_different_configs_are_refused_by_name(tmp_path):
+    runs = _job(tmp_path, lambda i: ["--out", str(tmp_path / "o"), "--set", f"lr={0.1 + i}"])
+    assert all(r.returncode != 0 for r in runs)
+    assert any("differ in lr" in r.stderr for r in runs), runs[0].stderr[-2000:]
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
+def test_a_coordinator_that_never_answers_is_a_clear_error(tmp_path):
+    env = _env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{_port()}", JAX_NUM_PROCESSES="2",
+               JAX_PROCESS_ID="1", HEXAD_DISTRIBUTED_TIMEOUT_S="5")  # fmt: skip
+    r = subprocess.run([sys.executable, str(SCRIPT), "--distributed", "--out", str(tmp_path)],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)  # fmt: skip
+    assert r.returncode == 2
+    assert "error: --distributed: could not join the job's coordinator 127.0.0.1:" in r.stderr
