@@ -2,10 +2,12 @@
 a 2-process ``jax.distributed`` job (``--distributed``, launcher environment set by the test)."""
 
 import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from experiments import _runner
 
@@ -14,17 +16,24 @@ from experiments import _runner
 class Config:
     steps: int = 3
     lr: float = 0.1
+    crash_at: int = -1  # process 1 exits right after starting this step's save (a lost node)
 
 
 def run(cfg: Config, ctx: _runner.Context) -> dict:
     w = jnp.zeros(4)
     target = jax.random.normal(ctx.key(), (4,))
     step = jax.jit(lambda w: w - cfg.lr * 2.0 * (w - target))
+
+    def lockstep(w):  # every process's w, averaged: a collective, as a sharded step has
+        return jnp.asarray(np.mean(multihost_utils.process_allgather(np.asarray(w)), 0))
+
     with ctx.checkpointed("train", {"w": np.zeros(4, np.float32)}) as (start, state, save):
         w = jnp.asarray(state["w"])
         for i in ctx.progress(range(start, cfg.steps), desc="train"):
-            w = step(w)
+            w = step(lockstep(w))
             save(i, {"w": np.asarray(w)})
+            if i == cfg.crash_at and jax.process_index() == 1 and not ctx.resume:
+                os._exit(3)  # its step i commit dies with it; process 0's goes through
             ctx.log(step=i, loss=float(jnp.sum((w - target) ** 2)))
     import matplotlib.pyplot as plt
 

@@ -44,15 +44,19 @@ def _job(tmp_path: Path, args_of, timeout_s: float = 240) -> list[subprocess.Com
         with open(out, "w") as o, open(err, "w") as e:
             cmd = [sys.executable, str(SCRIPT), "--distributed", "--no-progress", *args_of(i)]
             procs.append(subprocess.Popen(cmd, stdout=o, stderr=e, env=env, cwd=ROOT))
-    deadline = time.monotonic() + timeout_s
-    try:
-        for p in procs:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-            p.wait()
-        pytest.fail("job timed out: " + " | ".join(e.read_text()[-800:] for _, e in logs))
+    deadline, lost = time.monotonic() + timeout_s, None
+    while any(p.poll() is None for p in procs):
+        if lost is None and any(p.poll() not in (None, 0) for p in procs):
+            lost = time.monotonic()  # a process died: the job is torn down, as a launcher does
+        if lost is not None and time.monotonic() > lost + 5.0:
+            for p in procs:
+                p.kill()
+        if time.monotonic() > deadline:
+            for p in procs:
+                p.kill()
+                p.wait()
+            pytest.fail("job timed out: " + " | ".join(e.read_text()[-800:] for _, e in logs))
+        time.sleep(0.1)
     return [
         subprocess.CompletedProcess(p.args, p.returncode, o.read_text(), e.read_text())
         for p, (o, e) in zip(procs, logs, strict=True)
@@ -84,6 +88,24 @@ def test_two_processes_write_one_output_and_match_one_process(tmp_path):
     assert printed[0]["loss"] == printed[1]["loss"]
     folders = sorted(p.name for p in ckpt.glob("*/train/process*"))
     assert folders == ["process0", "process1"]
+
+
+def test_a_job_that_lost_a_process_resumes_at_one_agreed_step(tmp_path):
+    whole = _job(tmp_path / "a", lambda i: ["--out", str(tmp_path / "whole"), "--set", "steps=6"])
+    assert all(r.returncode == 0 for r in whole), whole[0].stderr[-2000:]
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    args = ["--out", str(out), "--ckpt", str(ckpt), "--set", "steps=6", "--set", "crash_at=3"]
+    crashed = _job(tmp_path / "b", lambda i: args)
+    assert crashed[1].returncode == 3  # process 1 lost with its step 3 commit in flight
+    resumed = _job(tmp_path / "c", lambda i: [*args, "--resume"])
+    assert all(r.returncode == 0 for r in resumed), resumed[0].stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    # both restored step 2, the newest both hold; process 0 discarded its own step 3
+    assert s["start"] == 3
+    assert s["loss"] == json.loads((tmp_path / "whole" / "summary.json").read_text())["loss"]
+    events = [json.loads(x) for f in ckpt.glob("*/train/process0/**/events.jsonl")
+              for x in f.read_text().splitlines()]  # fmt: skip
+    assert [e["steps"] for e in events if e["event"] == "discarded_steps"] == [[3]]
 
 
 def test_processes_with_different_configs_are_refused_by_name(tmp_path):

@@ -376,6 +376,41 @@ def test_save_at_or_below_the_latest_step_is_a_clear_error(tmp_path):
     m.close()
 
 
+def test_resume_after_a_fallback_continues_from_the_restored_step(tmp_path):
+    # resume() restores the newest step every rank can read; newer local steps (corrupt here;
+    # in a job, ones the other ranks never committed) are discarded, so the loop saves again
+    # from the next step instead of failing on "not newer than the latest saved step".
+    m = cachex.CacheXManager(tmp_path / "local", pfs_dir=tmp_path / "pfs", drainer=False)
+    for s in range(4):
+        m.save(s, _state(s))
+        m.wait_until_finished()
+        assert cachex.drain_once(m.drainer_config) == [s]
+    _flip(m.steps_dir / "3" / "state" / _format.DATA_FILE)
+    _flip(tmp_path / "pfs" / "3" / "rank_0" / _format.DATA_FILE)
+    start, state = cachex.resume(m, _state(0))
+    assert start == 3 and int(state["n"]) == 2
+    assert max(m.all_steps()) == 2 and not m.tier_done(3, "pfs")
+    assert [e["steps"] for e in m.events if e["event"] == "discarded_steps"] == [[3]]
+    m.save(3, _state(33))
+    m.wait_until_finished()
+    assert m.restore(_state(0)).state["w"][0] == 33
+    m.close()
+
+
+def test_discard_after_removes_newer_steps_and_their_records(tmp_path):
+    with cachex.CacheXManager(tmp_path, max_to_keep=4) as m:
+        for s in range(4):
+            m.save(s, _state(s))
+        m.wait_until_finished()
+        assert m.discard_after(1) == [2, 3] and m.discard_after(1) == []
+        assert _disk_steps(m) == [0, 1] and m.all_steps() == [0, 1]
+        assert not any(p.name.startswith(".discarded") for p in tmp_path.iterdir())
+        assert not (m.records_dir / "3").exists()
+        m.save(2, _state(22))
+        m.wait_until_finished()
+        assert m.restore(_state(0)).step == 2
+
+
 def test_records_left_under_a_reused_step_number_are_removed(tmp_path):
     m = cachex.CacheXManager(tmp_path / "local", pfs_dir=tmp_path / "pfs", drainer=False)
     m.save(0, _state(0))

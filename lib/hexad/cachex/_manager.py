@@ -854,6 +854,26 @@ class CacheXManager:
             self._relist()
             raise
 
+    def discard_after(self, step: int) -> list[int]:
+        """Removes the local steps newer than ``step`` (and their durability records), so
+        that saving continues from ``step + 1``; returns them. :func:`resume` calls it when
+        the ranks agreed on an older step than this rank's newest (a rank that committed a
+        step the others never did): those steps belong to no timeline the job can continue.
+        Each is renamed aside before it is removed, so a kill midway never leaves a
+        half-deleted step listed; a ``discarded_steps`` event names them."""
+        self._wait_orbax()
+        newer = [s for s in self.all_steps() if s > int(step)]
+        for s in newer:
+            trash = self.directory / f".discarded-{s}-{time.monotonic_ns()}"
+            os.rename(self.steps_dir / str(s), trash)
+            _fsio.fsync_dir(self.steps_dir)
+            shutil.rmtree(trash, ignore_errors=True)
+            self._drop_stale_records(s)
+        if newer:
+            self._mngr.reload()
+            self._node.event("discarded_steps", int(step), steps=newer)
+        return newer
+
     def _relist(self) -> None:
         """Makes orbax's list of steps the disk's again after a failed save.
 
@@ -1488,7 +1508,9 @@ def resume(manager: CacheXManager, init_state: Any, enabled: bool = True) -> tup
       enabled: the study's ``ctx.resume``; when False, returns ``(0, init_state)``.
 
     Returns ``(0, init_state)`` only when no step exists (nothing readable and nothing
-    skipped).
+    skipped). In a multi-process job every rank restores the newest step all of them can read;
+    a rank's newer local steps are then discarded (:meth:`CacheXManager.discard_after`), so
+    every rank saves again from ``next_step``.
 
     Raises:
       UnreadableCheckpointError: steps or tiers exist that could not be read or listed, and
@@ -1512,6 +1534,9 @@ def resume(manager: CacheXManager, init_state: Any, enabled: bool = True) -> tup
         ) from e
     except FileNotFoundError:
         return 0, init_state
+    # The ranks agreed on the newest step all of them hold: a rank that had committed newer
+    # ones (the others died first) continues from the agreed step too.
+    manager.discard_after(r.step)
     return r.step + 1, r.state
 
 
