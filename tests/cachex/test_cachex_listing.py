@@ -358,15 +358,21 @@ def _flip(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_save_at_or_below_the_latest_step_is_a_clear_error(tmp_path):
+def _drained_with_step_3_corrupt(tmp_path):
+    """Steps 0-3 saved and drained, then step 3 corrupt in every tier."""
     m = cachex.CacheXManager(tmp_path / "local", pfs_dir=tmp_path / "pfs", drainer=False)
     for s in range(4):
         m.save(s, _state(s))
         m.wait_until_finished()
         assert cachex.drain_once(m.drainer_config) == [s]
-    # step 3 corrupt in every tier: the restore falls back to step 2 ...
     _flip(m.steps_dir / "3" / "state" / _format.DATA_FILE)
     _flip(tmp_path / "pfs" / "3" / "rank_0" / _format.DATA_FILE)
+    return m
+
+
+def test_save_at_or_below_the_latest_step_is_a_clear_error(tmp_path):
+    # step 3 corrupt in every tier: the restore falls back to step 2 ...
+    m = _drained_with_step_3_corrupt(tmp_path)
     assert m.restore(_state(0)).step == 2
     # ... and resuming at step 3 must not return False while step 3's records say durable
     with pytest.raises(ValueError, match=r"^step: .*latest saved step 3, got 3"):
@@ -380,13 +386,7 @@ def test_resume_after_a_fallback_continues_from_the_restored_step(tmp_path):
     # resume() restores the newest step every rank can read; newer local steps (corrupt here;
     # in a job, ones the other ranks never committed) are discarded, so the loop saves again
     # from the next step instead of failing on "not newer than the latest saved step".
-    m = cachex.CacheXManager(tmp_path / "local", pfs_dir=tmp_path / "pfs", drainer=False)
-    for s in range(4):
-        m.save(s, _state(s))
-        m.wait_until_finished()
-        assert cachex.drain_once(m.drainer_config) == [s]
-    _flip(m.steps_dir / "3" / "state" / _format.DATA_FILE)
-    _flip(tmp_path / "pfs" / "3" / "rank_0" / _format.DATA_FILE)
+    m = _drained_with_step_3_corrupt(tmp_path)
     start, state = cachex.resume(m, _state(0))
     assert start == 3 and int(state["n"]) == 2
     assert max(m.all_steps()) == 2 and not m.tier_done(3, "pfs")
