@@ -159,9 +159,17 @@ def _rwefm_setting(summaries: Summaries, study: str, prefix: str) -> tuple[str, 
 
     where = f"{study} {prefix.rstrip('_')}".strip()
     floor = float(s[f"{prefix}floor_emd_1nna_mean"])
+    n, planned = len(dist("rwefm")), RWEFM_PLANNED_SEEDS.get((study, prefix), 0)
+    if n < min(2, planned):  # one seed part in: no interval yet, the seed's figures
+        arms = [a for a in ("rwefm", "euclid_periodic", "euclid")
+                if f"{prefix}{a}_emd_1nna_seeds" in s]  # fmt: skip
+        figs = ", ".join(f"{a} {float(s[f'{prefix}{a}_emd_1nna_seeds'][0]):.3f}" for a in arms)
+        return "undecided", (
+            f"{where}: interim, {n} of the {planned} pre-stated seeds (EMD 1-NNA {figs}); "
+            f"data floor 1-NNA {floor:.3f}"
+        )
     v = _verdicts.paired(dist("rwefm"), dist("euclid"), margin=RWEFM_MARGIN, direction="less",
                          alpha=ALPHA)  # fmt: skip
-    n, planned = len(dist("rwefm")), RWEFM_PLANNED_SEEDS.get((study, prefix), 0)
     interim = f"interim, {n} of the {planned} pre-stated seeds: " if n < planned else ""
     if f"{prefix}euclid_periodic_emd_1nna_seeds" not in s:
         line = v.line() if interim else v.figures()

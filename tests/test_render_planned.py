@@ -37,6 +37,10 @@ def test_t2_mixtures_read_undecided_until_the_pre_stated_seeds_are_in():
 def test_protein_and_pbmc_parts_read_undecided_until_their_three_seeds_are_in():
     # the S^7 setting has no third arm: the rule is against the baseline, interim the same way
     assert render.RWEFM_PLANNED_SEEDS[("rwefm_singlecell", "")] == 3
+    one = {k.removeprefix("t2_"): v[:1] if isinstance(v, list) else v for k, v in _t2(1).items()}
+    verdict, text = render._rwefm_setting({"rwefm_protein": one}, "rwefm_protein", "")
+    assert verdict == "undecided" and "interim, 1 of the 3 pre-stated seeds" in text
+    assert "rwefm 0.530, euclid_periodic 0.560, euclid 0.620" in text  # no interval from one
     two = {k.removeprefix("t2_"): v[:2] if isinstance(v, list) else v for k, v in _t2(2).items()
            if "periodic" not in k}  # fmt: skip
     verdict, text = render._rwefm_setting({"rwefm_singlecell": two}, "rwefm_singlecell", "")

@@ -51,7 +51,9 @@ def test_rwefm_rule_decides_on_the_paired_distance_from_one_half():
     assert "95% t interval" in reason and "seeds would give 80% power" in reason
 
 
-def test_rwefm_rule_needs_converged_evaluation_and_two_seeds():
+def test_rwefm_rule_needs_converged_evaluation_and_two_seeds(monkeypatch):
+    # a setting without a pre-stated seed count (test_render_planned covers those)
+    monkeypatch.setattr(render, "RWEFM_PLANNED_SEEDS", {})
     claim = _claim("rwefm_protein")
     assert _claim("rwefm_synthetic/t2").text.startswith("T^2 (mixtures")
     s = _summary([0.6, 0.62, 0.61], [0.7, 0.75, 0.72], conv=0.98)
