@@ -124,6 +124,7 @@ RWEFM_SETTINGS = (
 #: the verdict is not taken at whichever look first crosses a threshold.
 RWEFM_PLANNED_SEEDS = {
     ("rwefm_synthetic", "t2_"): 10,
+    ("rwefm_synthetic", "s2_"): 3,  # its Config's n_seeds
     ("rwefm_protein", ""): 3,  # its Config's n_seeds
     ("rwefm_singlecell", ""): 3,  # its Config's n_seeds
 }
@@ -144,8 +145,8 @@ RWEFM_RULE = Rule(
     "torus, a run that has the third arm (the Euclidean flow on angles fed the same (cos, sin) "
     "features as RWEFM) is decided against it, so that the verdict is the transport's, not "
     "the features'; the raw-angle baseline is reported beside. A setting run in seed parts "
-    "is decided once its pre-stated number of seeds is in (T^2 mixtures: 10; protein and "
-    "PBMC: 3, their studies' n_seeds); before that it "
+    "is decided once its pre-stated number of seeds is in (T^2 mixtures: 10; S^2, protein "
+    "and PBMC: 3, their studies' n_seeds); before that it "
     "reads undecided, with the interim figures",
     f"±{RWEFM_MARGIN} in 1-NNA distance",
 )
