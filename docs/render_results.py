@@ -116,8 +116,21 @@ RWEFM_SETTINGS = (
     ("rwefm_synthetic", "s2_", "S^2 (vMF mixtures)"),
     ("rwefm_synthetic", "t2_", "T^2 (mixtures straddling the seam)"),
     ("rwefm_protein", "", "T^2 (alanine dipeptide torsions)"),
+    (
+        "rwefm_protein/chart",
+        "",
+        "T^2 (alanine dipeptide torsions, the chart rotated by (-60, 30) degrees so that the "
+        "Euclidean arms' seam runs through the beta basin)",
+    ),
     ("rwefm_singlecell", "", "S^7 (PBMC cells)"),
 )
+
+#: Config fields (with their default) that make a part a control of its study, not more seeds
+#: of its claim: such parts are kept out of the study's merged summary and merged apart, as
+#: ``"study/<group>"`` (the part's name without ``-seed<k>``), which a claim of their own reads.
+#: The protein study's chart rotation is an isometry of the torus: RWEFM's problem is the same,
+#: the chart flows' seam moves (issue 49's chart-rotation control).
+CONTROL_FIELDS = {"rwefm_protein": ("chart_shift_deg", (0.0, 0.0))}
 
 #: The paired seeds a setting run in seed parts is decided at, stated before its parts ran
 #: (issue 49: T^2 mixtures at >= 10); until then it reads undecided with interim figures, so
@@ -126,6 +139,7 @@ RWEFM_PLANNED_SEEDS = {
     ("rwefm_synthetic", "t2_"): 10,
     ("rwefm_synthetic", "s2_"): 3,  # its Config's n_seeds
     ("rwefm_protein", ""): 3,  # its Config's n_seeds
+    ("rwefm_protein/chart", ""): 3,  # the same study, chart rotated
     ("rwefm_singlecell", ""): 3,  # its Config's n_seeds
 }
 
@@ -146,7 +160,7 @@ RWEFM_RULE = Rule(
     "features as RWEFM) is decided against it, so that the verdict is the transport's, not "
     "the features'; the raw-angle baseline is reported beside. A setting run in seed parts "
     "is decided once its pre-stated number of seeds is in (T^2 mixtures: 10; S^2, protein "
-    "and PBMC: 3, their studies' n_seeds); before that it "
+    "(in either chart) and PBMC: 3, their studies' n_seeds); before that it "
     "reads undecided, with the interim figures",
     f"±{RWEFM_MARGIN} in 1-NNA distance",
 )
@@ -1668,7 +1682,8 @@ def _claim_runs(claim: Claim, runs: Mapping[str, list[Run]]) -> list[Run]:
     out: list[Run] = []
     for name in claim.reads:
         study, _, part = name.partition("/")
-        have = runs.get(study, [])
+        # a claim on the study as a whole does not read its control parts
+        have = [r for r in runs.get(study, []) if part or not _control(r)]
         out += [r for r in have if r.part == part or r.part.startswith(f"{part}-")] or have
     return out
 
@@ -1718,6 +1733,16 @@ def _stale_note(provs: Sequence[tuple[Run, Provenance]], code: Sequence[str]) ->
     return f" ({'; '.join(notes)})" if notes else ""
 
 
+def _control(run: Run) -> str:
+    """The control group a part belongs to (:data:`CONTROL_FIELDS`), "" when it is seeds of its
+    study's claim."""
+    name, default = CONTROL_FIELDS.get(run.study, ("", ()))
+    value = run.config.get("config", {}).get(name, default) if name and run.part else default
+    if [float(v) for v in value] == [float(v) for v in default]:
+        return ""
+    return re.sub(r"-seed\d+$", "", run.part) or "control"
+
+
 def merge_parts(merged: Mapping[str, Any], part: Mapping[str, Any]) -> dict[str, Any]:
     """Adds one part's summary to the parts merged so far. Parts of different settings carry
     different key prefixes (``s2_``, ``t2_``) and merge side by side; parts of one setting are
@@ -1759,7 +1784,11 @@ def render(paper: Paper) -> str:
             continue
         summaries[study] = {}
         for run in runs[study]:
-            summaries[study] = merge_parts(summaries[study], run.summary)
+            if group := _control(run):  # a control's parts merge apart (CONTROL_FIELDS)
+                key = f"{study}/{group}"
+                summaries[key] = merge_parts(summaries.get(key, {}), run.summary)
+            else:
+                summaries[study] = merge_parts(summaries[study], run.summary)
             if run.part:  # each part's own summary too, for rules that join parts themselves
                 summaries[run.name] = dict(run.summary)
             provs[run.name] = _provenance(run, paper.code)

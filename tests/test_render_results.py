@@ -706,3 +706,30 @@ def test_parts_from_commits_with_the_same_code_are_not_flagged(tmp_path, monkeyp
     _write(study / "t2", _summary(bad, good, prefix="t2_"), commit=RWEFM_OLDER)
     page = render.render(paper)
     assert "parts from commits whose code differs" in page
+
+
+def test_chart_rotation_parts_are_a_control_of_their_own(tmp_path, monkeypatch):
+    # Parts run with the chart rotated are not more seeds of the protein claim: they merge apart
+    # and decide the chart-control claim, while the protein claim reads only unrotated parts.
+    monkeypatch.setattr(render, "RWEFM_PLANNED_SEEDS", {})  # decided at any count here
+    monkeypatch.setattr(render, "RESULTS", tmp_path)
+    monkeypatch.setattr(render, "OUT", tmp_path / "out")
+    good, bad = [0.6, 0.62, 0.61], [0.7, 0.75, 0.72]
+    shifted = {"config": {"chart_shift_deg": [-60.0, 30.0]}}
+    _write(tmp_path / "rwefm_protein" / "seed0", _summary(good, bad), config={"n_seeds": 3})
+    for k in range(2):  # equal arms when rotated: no advantage, and never joined to seed0
+        _write(tmp_path / "rwefm_protein" / f"chart-seed{k}",
+               _summary([0.6, 0.7], [0.6, 0.7]), **shifted)  # fmt: skip
+    runs = render._runs("rwefm_protein")
+    assert [render._control(r) for r in runs] == ["chart", "chart", ""]
+    page = render.render(render.PAPERS_BY_SLUG["rwefm"])
+    rows = [line for line in page.splitlines() if line.startswith("| T^2 (alanine")]
+    assert len(rows) == 2
+    assert "**reproduced**" in rows[0] and "n 3" in rows[0]
+    assert "rwefm_protein/chart" in rows[1] and "n 4" in rows[1]
+    assert "**no advantage**" in rows[1]
+    claim = _claim("rwefm_protein")
+    assert [r.part for r in render._claim_runs(claim, {"rwefm_protein": runs})] == ["seed0"]
+    chart = _claim("rwefm_protein/chart")
+    assert [r.part for r in render._claim_runs(chart, {"rwefm_protein": runs})] == [
+        "chart-seed0", "chart-seed1"]  # fmt: skip
