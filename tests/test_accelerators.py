@@ -83,6 +83,14 @@ not_lowered(
     "sharding.batch_sharding",
     "sharding.check_divisible",
     "sharding.data_mesh",
+    "sharding.process_rows",
+)
+not_lowered(
+    "places host data on a mesh (this process's rows, or a whole value resharded): run on 8 "
+    "simulated devices in tests/test_sharding.py and across 2 processes in "
+    "tests/test_distributed_families.py",
+    "sharding.from_process_rows",
+    "sharding.put",
 )
 
 

@@ -135,3 +135,23 @@ def test_backdoor_trainer_step_splits_the_batch_over_the_mesh():
     assert _shards_batch(lowered), "the batch is not split over the 8 devices"
     out_state, _ = lowered.compile().output_shardings
     assert all(s.is_fully_replicated for s in jax.tree.leaves(out_state))
+
+
+# --- a process's rows of a batch (one process here; tests/test_distributed_families.py: two) ---
+
+
+def test_process_rows_are_the_whole_batch_on_one_process():
+    mesh = sharding.data_mesh()
+    assert sharding.process_rows(mesh, 16) == slice(0, 16)
+    x = np.arange(32, dtype=np.float32).reshape(16, 2)
+    tree = sharding.from_process_rows(mesh, {"x": x, "y": x[:, 0]}, 16)
+    assert tree["x"].sharding.spec == PartitionSpec("data")
+    assert len(tree["x"].addressable_shards) == 8
+    np.testing.assert_array_equal(np.asarray(tree["x"]), x)
+    with pytest.raises(ValueError, match=r"local: expected 16 rows .* got shape \(12, 2\)"):
+        sharding.from_process_rows(mesh, x[:12], 16)
+    with pytest.raises(ValueError, match="^n: leading dimension 12"):
+        sharding.process_rows(mesh, 12)
+    put = sharding.put(x, sharding.batch_sharding(mesh))
+    assert put.sharding.spec == PartitionSpec("data")
+    np.testing.assert_array_equal(np.asarray(put), x)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
@@ -125,9 +126,20 @@ def check_finite(name: str, x: Any, what: str = "values") -> None:
     """
     if is_traced(x):
         return
-    values = np.asarray(x)
-    if np.issubdtype(values.dtype, np.inexact) and not np.all(np.isfinite(values)):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        # a jax.distributed job's global array: reduced where its shards are (every process
+        # gets the same answer), as no process can read the whole of it
+        bad = jnp.issubdtype(x.dtype, jnp.inexact) and not bool(_all_finite(x))
+    else:
+        values = np.asarray(x)
+        bad = np.issubdtype(values.dtype, np.inexact) and not np.all(np.isfinite(values))
+    if bad:
         raise ValueError(f"{name}: expected finite {what}, got NaN or inf")
+
+
+@jax.jit
+def _all_finite(x: jax.Array) -> jax.Array:
+    return jnp.all(jnp.isfinite(x))
 
 
 def head_dtype(dtype: Any) -> Any:

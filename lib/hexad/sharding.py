@@ -6,6 +6,11 @@ rejected. hexad's loops shard only their batch (or chains) along one data axis a
 propagate the rest, which is what *Auto* axes mean. These helpers build such a mesh, convert a
 user's mesh to Auto axes on the same devices, and check a batch against it, so the packages do
 not each carry their own workaround.
+
+In a ``jax.distributed`` job the mesh spans every process's devices, and each process loads
+only the rows of a batch its own devices hold: :func:`process_rows` says which, and
+:func:`from_process_rows` assembles the global batch from each process's rows (no process
+holds a full copy). On one process both are the identity on the whole batch.
 """
 
 from __future__ import annotations
@@ -16,7 +21,15 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-__all__ = ["auto_axes", "batch_sharding", "check_divisible", "data_mesh"]
+__all__ = [
+    "auto_axes",
+    "batch_sharding",
+    "check_divisible",
+    "data_mesh",
+    "from_process_rows",
+    "process_rows",
+    "put",
+]
 
 
 def data_mesh(devices: Sequence[jax.Device] | None = None, axis: str = "data") -> Mesh:
@@ -93,3 +106,70 @@ def batch_sharding(mesh: Mesh, axis: str = "data") -> NamedSharding:
     if axis not in mesh.shape:
         raise ValueError(f"axis: {axis!r} is not one of the mesh axes {tuple(mesh.axis_names)}")
     return NamedSharding(mesh, PartitionSpec(axis))
+
+
+def process_rows(mesh: Mesh, n: int, axis: str = "data") -> slice:
+    """The rows of an ``n``-row batch split over ``axis`` that this process's devices hold.
+
+    With the devices of each process contiguous along ``axis`` (as :func:`data_mesh` lays out
+    ``jax.devices()``), they are one slice; a mesh that interleaves processes along ``axis``
+    is a ``ValueError``.
+
+    >>> process_rows(data_mesh(jax.devices()[:1]), 8)
+    slice(0, 8, None)
+    """
+    placement = batch_sharding(mesh, axis)
+    check_divisible(placement.mesh, axis, n, "n")
+    starts = sorted(
+        idx[0].indices(n)[:2] for idx in placement.addressable_devices_indices_map((n,)).values()
+    )
+    lo, hi = starts[0][0], max(stop for _, stop in starts)
+    held = sum(stop - start for start, stop in dict(starts).items())
+    if held != hi - lo:
+        raise ValueError(
+            f"mesh: this process's devices hold rows that are not one contiguous slice of "
+            f"axis {axis!r}; order the mesh's devices by process (data_mesh does)"
+        )
+    return slice(lo, hi)
+
+
+def from_process_rows(mesh: Mesh, local, n: int, axis: str = "data"):
+    """The global ``n``-row batch (a pytree of arrays) split over ``axis``, from this process's
+    rows ``local`` (the leaves' rows :func:`process_rows` names; other dimensions whole).
+
+    Each process passes only its own rows (``jax.make_array_from_process_local_data``); a
+    leaf with the wrong number of rows is a ``ValueError`` naming its shape.
+
+    >>> x = from_process_rows(data_mesh(jax.devices()[:1]), np.ones((4, 2)), 4)
+    >>> x.shape, x.sharding.spec
+    ((4, 2), P('data',))
+    """
+    placement = batch_sharding(mesh, axis)
+    rows = process_rows(mesh, n, axis)
+    want = rows.stop - rows.start
+
+    def one(leaf):
+        leaf = np.asarray(leaf)
+        if leaf.ndim == 0 or leaf.shape[0] != want:
+            raise ValueError(
+                f"local: expected {want} rows (rows {rows.start}:{rows.stop} of {n}) in every "
+                f"leaf, got shape {leaf.shape}"
+            )
+        return jax.make_array_from_process_local_data(placement, leaf, (n, *leaf.shape[1:]))
+
+    return jax.tree.map(one, local)
+
+
+def put(tree, placement: NamedSharding):
+    """``tree``'s leaves placed with ``placement``, also when it spans other processes' devices.
+
+    ``jax.device_put`` places on this process's devices only; in a ``jax.distributed`` job a
+    leaf every process holds whole (the same value: a key, a host array, a replicated result)
+    is resharded by a jitted identity instead, each process keeping only its shards.
+
+    >>> put(np.zeros(4), batch_sharding(data_mesh(jax.devices()[:1]))).sharding.spec
+    P('data',)
+    """
+    if placement.is_fully_addressable:
+        return jax.device_put(tree, placement)
+    return jax.jit(lambda t: t, out_shardings=placement)(tree)

@@ -133,7 +133,7 @@ def run_chains(
         spec = sharding.batch_sharding(mesh, axis)
     states = jax.vmap(lambda p: algorithm.init(p))(positions)
     if spec is not None:
-        states = jax.device_put(states, spec)
+        states = sharding.put(states, spec)
 
     kwargs = {}
     if spec is not None:
@@ -152,7 +152,7 @@ def run_chains(
         # uint32 key (shape [2]) gives [chains, n, 2].
         keys = jax.random.split(sub, (num_chains, n))
         if spec is not None:
-            keys = jax.device_put(keys, spec)
+            keys = sharding.put(keys, spec)
         states, pos, a, c, t, ok = chunk_fn(keys, states)
         if not bool(jnp.all(ok)):
             bad = int(jnp.sum(~ok))
