@@ -22,6 +22,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from hexad import sharding  # noqa: E402
 
@@ -44,8 +45,13 @@ def rwefm(mesh):
     rows = sharding.process_rows(mesh, n)
     batch = sharding.from_process_rows(mesh, jax.tree.map(lambda a: a[rows], full), n)
     model = VectorField(t2, width=8, depth=1, heads=1)
-    tr = make_trainer(t2, model, optax.adam(1e-2), NoiseModel(t2), pairing="none", mesh=mesh)
-    state = tr.init(jax.random.key(1), batch)
+    # SGD, not Adam: some of the network's parameters get an exactly-zero gradient (a bias
+    # ahead of a normalisation), and Adam scales their rounding noise up to the step size
+    tr = make_trainer(t2, model, optax.sgd(0.1), NoiseModel(t2), pairing="none", mesh=mesh)
+    # init reads the clouds on the host (its input checks), so it is given the whole host batch
+    # (every process the same), and its state is replicated over the mesh from there
+    state = tr.init(jax.random.key(1), full)
+    state = sharding.put(jax.tree.map(np.asarray, state), NamedSharding(mesh, PartitionSpec()))
     step = jax.jit(tr.step)
     for i in range(STEPS):
         state, _ = step(jax.random.key(10 + i), state, batch)
