@@ -4,9 +4,10 @@ results as one process on a 4-device mesh, each process loading only its rows of
 (``hexad.sharding.from_process_rows``). The worker is tests/_dist_families.py.
 
 Families: RWEFM's trainer (``init`` on the host batch, its state then replicated over the
-mesh; the step on each process's clouds), Pref-MH's chain runner, the offline-RL trainer (``policy.make_train``, BC), the PoE/KL
-composition (``policy.compose``, jitted over a batch of states) and the backdoor trainer
-(``backdoor.fit``, which DTB's models and the fine-tuning defenses' ``minimize`` share).
+mesh; the step on each process's clouds), Pref-MH's chain runner, the offline-RL trainer
+(``policy.make_train``, BC), the PoE/KL composition (``policy.compose``, jitted over a batch of
+states) and the backdoor trainer (``backdoor.fit``, which DTB's models and the fine-tuning
+defenses' ``minimize`` share).
 About 45 s on 2 idle cores (two compiles of each family), so it runs in ``make test``.
 """
 
