@@ -225,3 +225,25 @@ def test_cli_broken_module_is_reported_and_does_not_hide_the_others(
     assert [json.loads(x)["name"] for x in out.read_text().splitlines()] == ["prefmh/ok"]
     failed = capsys.readouterr().err.splitlines()[-1]
     assert "backdoor" in failed and "cachex" in failed and "prefmh" not in failed
+
+
+@pytest.mark.slow
+def test_cli_scaling_quick_has_every_row(tmp_path):
+    # Worker processes (4 host devices; a 2-process job) step on command; each row is timed
+    # against the 1-device step with the perfect-scaling bound. 100 s on 2 busy cores.
+    out = tmp_path / "bench.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernels", "scaling", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {json.loads(x)["name"]: json.loads(x) for x in out.read_text().splitlines()}
+    want = {f"scaling/{f} {w} {d}" for f, w in (("rwefm", "step"), ("prefmh", "chains"))
+            for d in ("d=2", "d=4", "2 proc x 2")}  # fmt: skip
+    assert set(rows) == want
+    for r in rows.values():
+        assert r["median_s"] > 0 and r["peer_median_s"] > 0
+        d = 2 if r["name"].endswith("d=2") else 4
+        assert abs(r["bound_s"] - r["peer_median_s"] / d) < 1e-12
