@@ -51,14 +51,15 @@ def run_rules(
     resumed with ``--resume`` takes exactly the keys of an uninterrupted one. ``arrays`` (name
     -> ``(shape, dtype)``) are checkpointed with the records (:class:`hexad.cachex.
     ItemCheckpoint`); ``run_rule`` fills its part of them. Each rule's scalar figures go to
-    ``metrics.jsonl``. The checkpoint is kept in ``ctx.settings_dir / "rules"``, so runs
-    with another seed or other settings into the same ``--ckpt`` keep theirs apart.
+    ``metrics.jsonl``. The checkpoint is kept in ``ctx.checkpoint_folder("rules")`` (each
+    process of a job its own), so runs with another seed or other settings into the same
+    ``--ckpt`` keep theirs apart.
 
     Returns:
       ``(summary, arrays)``: the records merged, and the arrays after the last rule.
     """
     summary: dict[str, Any] = {}
-    with cachex.CacheXManager(ctx.settings_dir / "rules") as mngr:
+    with cachex.CacheXManager(ctx.checkpoint_folder("rules")) as mngr:
         done = cachex.ItemCheckpoint(
             mngr,
             names,

@@ -489,8 +489,25 @@ class Context:
         ...     print(start, state["w"].tolist())
         1 [1.0, 1.0]
         """
-        with _checkpoints(self.settings_dir, tag, init_state, self.resume) as out:
+        with _checkpoints(self.checkpoint_folder(tag), init_state, self.resume) as out:
             yield out
+
+    def checkpoint_folder(self, tag: str) -> Path | None:
+        """The folder of checkpoint ``tag``: ``settings_dir / tag``, and in a
+        ``jax.distributed`` job this process's own ``process<k>`` under it (each process its
+        own local tier; processes never write each other's steps). None without a checkpoint
+        folder.
+
+        >>> ctx = Context("doc", Path("out"), checkpoint_dir=Path("ck"), settings="settings-x")
+        >>> ctx.checkpoint_folder("rules").as_posix()
+        'ck/settings-x/rules'
+        """
+        root = self.settings_dir
+        if root is None:
+            return None
+        if _process_count() > 1:
+            return root / tag / f"process{_process_index()}"
+        return root / tag
 
     def memo(self, tag: str, fn: Callable[[], Mapping[str, Any]]) -> dict[str, Any]:
         """``fn()``, a flat ``{name: number or bool}`` that is slow to compute (one defense's
@@ -593,9 +610,9 @@ class Context:
         log = _last_of_each if log is None else log
         info_shape = jax.eval_shape(chunk_fn, state, jax.random.fold_in(key, 0))[1]
         info = jax.tree.map(lambda s: jax.numpy.zeros(s.shape, s.dtype), info_shape)
-        root = self.settings_dir if ckpt_every is not None else None
+        folder = self.checkpoint_folder(tag) if ckpt_every is not None else None
         saved = {"state": state, "info": info}
-        with _checkpoints(root, tag, saved, self.resume) as (start, saved, save):
+        with _checkpoints(folder, saved, self.resume) as (start, saved, save):
             state, info = saved["state"], saved["info"]
             for c in self.progress(range(start, n_chunks), desc=tag, total=n_chunks - start):
                 state, info = chunk_fn(state, jax.random.fold_in(key, c))
@@ -631,20 +648,16 @@ def settings_stamp(cfg: Any, seed: int, shared: Iterable[str] = ()) -> str:
 
 
 @contextlib.contextmanager
-def _checkpoints(root: Path | None, tag: str, init_state: Any, resume: bool):
-    """:meth:`Context.checkpointed` in ``root / tag``; without ``root`` nothing is saved."""
-    if root is None:
+def _checkpoints(folder: Path | None, init_state: Any, resume: bool):
+    """:meth:`Context.checkpointed` in ``folder`` (:meth:`Context.checkpoint_folder`); without
+    one nothing is saved."""
+    if folder is None:
         yield 0, init_state, lambda step, state: None
         return
     import shutil
 
-    import jax
-
     from hexad import cachex
 
-    folder = root / tag
-    if jax.process_count() > 1:  # each process its own local tier (its rank's steps)
-        folder = folder / f"process{jax.process_index()}"
     if not resume and folder.exists():
         # A fresh run replaces an earlier run's checkpoints in the same folder, as it replaces
         # its summary: CacheX refuses to save a step at or below one already there.

@@ -30,10 +30,13 @@ def _env(**extra) -> dict:
     return env | extra
 
 
-def _job(tmp_path: Path, args_of, timeout_s: float = 240) -> list[subprocess.CompletedProcess]:
-    """Runs the tiny study as the 2 processes of one job; ``args_of(i)`` gives process i's
-    command-line arguments. Output goes to files (a worker blocked on a full pipe would stall
-    the whole job)."""
+def _job(
+    tmp_path: Path, args_of, timeout_s: float = 240, study=(str(SCRIPT),), kill_when=None
+) -> list[subprocess.CompletedProcess]:
+    """Runs a study (the tiny one by default) as the 2 processes of one job; ``args_of(i)``
+    gives process i's command-line arguments. Output goes to files (a worker blocked on a full
+    pipe would stall the whole job). ``kill_when()``, polled while the job runs, kills process
+    1 (a lost node) once it holds."""
     port, procs, logs = _port(), [], []
     tmp_path.mkdir(parents=True, exist_ok=True)
     for i in range(2):
@@ -42,10 +45,13 @@ def _job(tmp_path: Path, args_of, timeout_s: float = 240) -> list[subprocess.Com
         out, err = tmp_path / f"p{i}.out", tmp_path / f"p{i}.err"
         logs.append((out, err))
         with open(out, "w") as o, open(err, "w") as e:
-            cmd = [sys.executable, str(SCRIPT), "--distributed", "--no-progress", *args_of(i)]
+            cmd = [sys.executable, *study, "--distributed", "--no-progress", *args_of(i)]
             procs.append(subprocess.Popen(cmd, stdout=o, stderr=e, env=env, cwd=ROOT))
     deadline, lost = time.monotonic() + timeout_s, None
     while any(p.poll() is None for p in procs):
+        if kill_when is not None and procs[1].poll() is None and kill_when():
+            procs[1].kill()
+            kill_when = None
         if lost is None and any(p.poll() not in (None, 0) for p in procs):
             lost = time.monotonic()  # a process died: the job is torn down, as a launcher does
         if lost is not None and time.monotonic() > lost + 5.0:
@@ -122,3 +128,30 @@ def test_a_coordinator_that_never_answers_is_a_clear_error(tmp_path):
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)  # fmt: skip
     assert r.returncode == 2
     assert "error: --distributed: could not join the job's coordinator 127.0.0.1:" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_quick_study_that_lost_a_process_resumes_to_the_uninterrupted_summary(tmp_path):
+    # prefmh_digits --quick checkpoints each finished rule: process 1 is killed once it has
+    # committed its first, and the job's --resume gives the uninterrupted job's summary.
+    # About 6 minutes on 2 cores (three jobs of two processes).
+    study = ("-m", "experiments.prefmh_digits", "--quick")
+    whole = _job(tmp_path / "a", lambda i: ["--out", str(tmp_path / "whole")], 900, study)
+    assert all(r.returncode == 0 for r in whole), whole[0].stderr[-2000:]
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    args = ["--out", str(out), "--ckpt", str(ckpt)]
+
+    def committed():  # process 1's first rule is durable: a step folder in its rules/ tier
+        return any(p.is_dir() for p in ckpt.glob("*/rules/process1/**/0"))
+
+    crashed = _job(tmp_path / "b", lambda i: args, 900, study, kill_when=committed)
+    assert crashed[1].returncode != 0 and not (out / "summary.json").exists()
+    resumed = _job(tmp_path / "c", lambda i: [*args, "--resume"], 900, study)
+    assert all(r.returncode == 0 for r in resumed), resumed[0].stderr[-2000:]
+    logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any(x.get("resumed") for x in logged)  # the rules committed before were restored
+    a = json.loads((tmp_path / "whole" / "summary.json").read_text())
+    b = json.loads((out / "summary.json").read_text())
+    drop = {"runtime_s"}
+    assert {k: v for k, v in b.items() if k not in drop} == {
+        k: v for k, v in a.items() if k not in drop}  # fmt: skip
