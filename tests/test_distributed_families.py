@@ -11,13 +11,13 @@ defenses' ``minimize`` share).
 About 45 s on 2 idle cores (two compiles of each family), so it runs in ``make test``.
 """
 
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from tests import _jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).with_name("_dist_families.py")
@@ -28,24 +28,11 @@ FAMILIES = ("rwefm", "prefmh", "policy", "compose", "backdoor")
 ATOL = 1e-6
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "lib"), str(ROOT)])
-    env["JAX_PLATFORMS"] = "cpu"
-    return env | extra
-
-
 def _run(tmp_path: Path, processes: int) -> dict:
     out = tmp_path / f"p{processes}.npz"
-    port, procs = _port(), []
+    port, procs = _jobs.port(), []
     for i in range(processes):
-        env = _env() if processes == 1 else _env(
+        env = _jobs.env() if processes == 1 else _jobs.env(
             JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
             JAX_PROCESS_ID=str(i), HEXAD_DISTRIBUTED_TIMEOUT_S="60")  # fmt: skip
         log = open(tmp_path / f"p{processes}-{i}.log", "w")  # noqa: SIM115 (closed below)

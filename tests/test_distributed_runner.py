@@ -4,8 +4,6 @@ process checkpoints into its own folder, and the summary is the one-process run'
 with different settings, and a coordinator that never answers, are clear errors."""
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,21 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import _jobs
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).with_name("_dist_study.py")
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "lib"), str(ROOT)])
-    env["JAX_PLATFORMS"] = "cpu"
-    return env | extra
 
 
 def _job(
@@ -37,10 +24,10 @@ def _job(
     gives process i's command-line arguments. Output goes to files (a worker blocked on a full
     pipe would stall the whole job). ``kill_when()``, polled while the job runs, kills process
     1 (a lost node) once it holds."""
-    port, procs, logs = _port(), [], []
+    port, procs, logs = _jobs.port(), [], []
     tmp_path.mkdir(parents=True, exist_ok=True)
     for i in range(2):
-        env = _env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+        env = _jobs.env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
                    JAX_PROCESS_ID=str(i), HEXAD_DISTRIBUTED_TIMEOUT_S="60")  # fmt: skip
         out, err = tmp_path / f"p{i}.out", tmp_path / f"p{i}.err"
         logs.append((out, err))
@@ -72,7 +59,7 @@ def _job(
 def test_two_processes_write_one_output_and_match_one_process(tmp_path):
     single = subprocess.run(
         [sys.executable, str(SCRIPT), "--no-progress", "--out", str(tmp_path / "one")],
-        capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=240,
+        capture_output=True, text=True, env=_jobs.env(), cwd=ROOT, timeout=240,
     )  # fmt: skip
     assert single.returncode == 0, single.stderr[-2000:]
     out, ckpt = tmp_path / "two", tmp_path / "ckpt"
@@ -122,7 +109,7 @@ def test_processes_with_different_configs_are_refused_by_name(tmp_path):
 
 
 def test_a_coordinator_that_never_answers_is_a_clear_error(tmp_path):
-    env = _env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{_port()}", JAX_NUM_PROCESSES="2",
+    env = _jobs.env(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{_jobs.port()}", JAX_NUM_PROCESSES="2",
                JAX_PROCESS_ID="1", HEXAD_DISTRIBUTED_TIMEOUT_S="5")  # fmt: skip
     r = subprocess.run([sys.executable, str(SCRIPT), "--distributed", "--out", str(tmp_path)],
                        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)  # fmt: skip

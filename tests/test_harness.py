@@ -127,17 +127,22 @@ def test_cli_lists_and_rejects_unknown(capsys):
         kernels_main.main(["no_such_kernel"])
 
 
-def test_cli_roofline_quick(tmp_path):
+def _cli_quick(tmp_path, module: str, timeout: float) -> tuple[str, list[dict]]:
+    """``python -m kernels <module> --quick --json``: its table and its JSON rows."""
     out = tmp_path / "bench.jsonl"
     proc = subprocess.run(
-        [sys.executable, "-m", "kernels", "roofline", "--quick", "--json", str(out)],
+        [sys.executable, "-m", "kernels", module, "--quick", "--json", str(out)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
-    assert proc.returncode == 0, proc.stderr
-    assert "roofline/matmul" in proc.stdout and "GFLOP/s" in proc.stdout
-    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, [json.loads(x) for x in out.read_text().splitlines()]
+
+
+def test_cli_roofline_quick(tmp_path):
+    table, rows = _cli_quick(tmp_path, "roofline", 300)
+    assert "roofline/matmul" in table and "GFLOP/s" in table
     assert {r["name"].split(" ")[0] for r in rows} == {"roofline/matmul", "roofline/stream"}
     assert all(r["median_s"] > 0 and r["ratio"] > 0 for r in rows)
 
@@ -231,15 +236,7 @@ def test_cli_broken_module_is_reported_and_does_not_hide_the_others(
 def test_cli_scaling_quick_has_every_row(tmp_path):
     # Worker processes (4 host devices; a 2-process job) step on command; each row is timed
     # against the 1-device step with the perfect-scaling bound. 100 s on 2 busy cores.
-    out = tmp_path / "bench.jsonl"
-    proc = subprocess.run(
-        [sys.executable, "-m", "kernels", "scaling", "--quick", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {json.loads(x)["name"]: json.loads(x) for x in out.read_text().splitlines()}
+    rows = {r["name"]: r for r in _cli_quick(tmp_path, "scaling", 600)[1]}
     want = {f"scaling/{f} {w} {d}" for f, w in (("rwefm", "step"), ("prefmh", "chains"))
             for d in ("d=2", "d=4", "2 proc x 2")}  # fmt: skip
     assert set(rows) == want
