@@ -53,7 +53,11 @@ class _Worker:
     """One worker process, or the processes of one job, told to step together."""
 
     def __init__(self, quick: bool, counts, processes: int = 1):
-        env = {k: v for k, v in os.environ.items()}
+        env = dict(os.environ)
+        # the caller's XLA flags (an ISA limit, say) but its device count: each sets its own
+        flags = [f for f in env.pop("XLA_FLAGS", "").split() if "device_count" not in f]
+        if flags:
+            env["XLA_FLAGS"] = " ".join(flags)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "lib"), str(ROOT)])
         args = [sys.executable, "-m", "kernels._scaling_worker", "1" if quick else "0",
                 ",".join(map(str, counts))]  # fmt: skip
@@ -61,7 +65,7 @@ class _Worker:
         if processes == 1:
             if not _on_accelerators():
                 env["JAX_PLATFORMS"] = "cpu"
-                env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+                env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=4"])
             envs.append(env)
         else:
             port = _port()
@@ -69,7 +73,8 @@ class _Worker:
                 envs.append(env | {
                     "JAX_PLATFORMS": "cpu", "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
                     "JAX_NUM_PROCESSES": str(processes), "JAX_PROCESS_ID": str(i),
-                    "XLA_FLAGS": f"--xla_force_host_platform_device_count={4 // processes}",
+                    "XLA_FLAGS": " ".join(
+                        [*flags, f"--xla_force_host_platform_device_count={4 // processes}"]),
                 })  # fmt: skip
         self.procs = [subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        text=True, env=e, cwd=ROOT) for e in envs]  # fmt: skip

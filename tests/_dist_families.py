@@ -11,15 +11,15 @@ Usage: python tests/_dist_families.py OUT.npz FAMILY [FAMILY ...]
 import os
 import sys
 
-import numpy as np
-
-if "JAX_NUM_PROCESSES" in os.environ:  # a job: 2 devices per process, set before jax starts
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-else:
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+if __name__ == "__main__":  # before jax starts; importing this file (doctest collection) sets
+    # nothing: a job's process has 2 devices, the one process 4
+    n = 2 if "JAX_NUM_PROCESSES" in os.environ else 4
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    os.environ["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={n}"])
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.experimental import multihost_utils  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402

@@ -15,9 +15,12 @@ def port() -> int:
 
 
 def env(**extra) -> dict:
-    """This environment for a job's process: the repository on the path, host CPU devices, no
-    inherited ``XLA_FLAGS`` (each process sets its own device count), plus ``extra``."""
-    out = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    """This environment for a job's process: the repository on the path, host CPU devices, the
+    inherited ``XLA_FLAGS`` but a device count (each process sets its own), plus ``extra``."""
+    out = dict(os.environ)
+    flags = [f for f in out.pop("XLA_FLAGS", "").split() if "device_count" not in f]
+    if flags:  # e.g. CI's --xla_cpu_max_isa=SSE4_2 reaches the job's processes too
+        out["XLA_FLAGS"] = " ".join(flags)
     out["PYTHONPATH"] = os.pathsep.join([str(ROOT / "lib"), str(ROOT)])
     out["JAX_PLATFORMS"] = "cpu"
     return out | extra

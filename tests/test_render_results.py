@@ -644,7 +644,7 @@ def test_each_rule_is_stated_once_and_the_verdicts_come_first(tmp_path, monkeypa
                          else "| claim | verdict | measured |"], paper.slug  # fmt: skip
         assert ("decided by rule **R1** below" in page) == (len(rules) == 1)
         assert page.index("## Verdicts") < page.index("## Rules") < page.index("## Runs")
-    assert len(render.PAPERS_BY_SLUG["rwefm"].claims) == 4  # four rows, one R1
+    assert len(render.PAPERS_BY_SLUG["rwefm"].claims) == 5  # four settings + the chart control
 
 
 def test_citations_name_keys_of_the_bibliography():
