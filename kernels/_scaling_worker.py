@@ -18,6 +18,12 @@ import sys
 TAG = "scaling-worker:"  # every reply starts with it: other lines (gloo's, jax's) are not ours
 
 
+def sizes(quick: bool) -> dict[str, tuple[int, int]]:
+    """The global problem sizes: RWEFM's (clouds, points) and Pref-MH's (chains, steps)."""
+    return {"rwefm": (8, 64) if quick else (32, 128),
+            "prefmh": (1024, 20) if quick else (4096, 50)}  # fmt: skip
+
+
 def _problems(quick: bool, mesh):
     """``{family: step()}`` on ``mesh``: one RWEFM training step on a batch of clouds split over
     the mesh, and a chunk of Pref-MH chains split over it (the global sizes fixed: strong
@@ -33,7 +39,7 @@ def _problems(quick: bool, mesh):
     from kernels.prefmh import _logdensity, _scan_ours
 
     s2 = Sphere(2)
-    bsz, npts = (8, 64) if quick else (32, 128)
+    bsz, npts = sizes(quick)["rwefm"]
     full = CloudBatch(np.asarray(s2.random_uniform(jax.random.key(0), (bsz, npts))),
                       np.ones((bsz, npts), np.float32))  # fmt: skip
     rows = sharding.process_rows(mesh, bsz)
@@ -51,7 +57,7 @@ def _problems(quick: bool, mesh):
         box["state"], _ = train(key, box["state"], batch)
         jax.block_until_ready(box["state"])
 
-    chains, steps = (1024, 20) if quick else (4096, 50)
+    chains, steps = sizes(quick)["prefmh"]
     algo = prefmh.prefmh(prefmh.bradley_terry_judge(_logdensity), prefmh.random_walk(1.0))
     run, init = _scan_ours(algo, steps)
     x0 = np.linspace(-3.0, 3.0, 2 * chains, dtype=np.float32).reshape(chains, 2)

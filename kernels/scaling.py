@@ -43,10 +43,10 @@ from pathlib import Path
 import jax
 
 from kernels._harness import Case
+from kernels._scaling_worker import TAG, sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTS = (1, 2, 4)
-TAG = "scaling-worker:"  # kernels._scaling_worker's replies start with it
 
 
 class _Worker:
@@ -58,6 +58,10 @@ class _Worker:
         flags = [f for f in env.pop("XLA_FLAGS", "").split() if "device_count" not in f]
         if flags:
             env["XLA_FLAGS"] = " ".join(flags)
+
+        def devices(k: int) -> str:
+            return " ".join([*flags, f"--xla_force_host_platform_device_count={k}"])
+
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "lib"), str(ROOT)])
         args = [sys.executable, "-m", "kernels._scaling_worker", "1" if quick else "0",
                 ",".join(map(str, counts))]  # fmt: skip
@@ -65,7 +69,7 @@ class _Worker:
         if processes == 1:
             if not _on_accelerators():
                 env["JAX_PLATFORMS"] = "cpu"
-                env["XLA_FLAGS"] = " ".join([*flags, "--xla_force_host_platform_device_count=4"])
+                env["XLA_FLAGS"] = devices(4)
             envs.append(env)
         else:
             port = _port()
@@ -73,8 +77,7 @@ class _Worker:
                 envs.append(env | {
                     "JAX_PLATFORMS": "cpu", "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
                     "JAX_NUM_PROCESSES": str(processes), "JAX_PROCESS_ID": str(i),
-                    "XLA_FLAGS": " ".join(
-                        [*flags, f"--xla_force_host_platform_device_count={4 // processes}"]),
+                    "XLA_FLAGS": devices(4 // processes),
                 })  # fmt: skip
         self.procs = [subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                        text=True, env=e, cwd=ROOT) for e in envs]  # fmt: skip
@@ -130,12 +133,11 @@ def cases(quick: bool) -> list[Case]:
     one = _Worker(quick, COUNTS)
     # the job runs on host devices: beside accelerator rows its peer would be another device
     job = None if _on_accelerators() else _Worker(quick, (4,), processes=2)
-    sizes = {"rwefm": ("clouds[8,64,3]" if quick else "clouds[32,128,3]", 8 if quick else 32,
-                       "clouds"),
-             "prefmh": ("chains=1024 steps=20" if quick else "chains=4096 steps=50",
-                        (1024 * 20) if quick else (4096 * 50), "steps")}  # fmt: skip
+    (bsz, npts), (chains, steps) = sizes(quick)["rwefm"], sizes(quick)["prefmh"]
+    rows = {"rwefm": (f"clouds[{bsz},{npts},3]", bsz, "clouds"),
+            "prefmh": (f"chains={chains} steps={steps}", chains * steps, "steps")}  # fmt: skip
     out = []
-    for family, (shapes, items, unit) in sizes.items():
+    for family, (shapes, items, unit) in rows.items():
         what = "step" if family == "rwefm" else "chains"
         runs = [(f"d={d}", one, d) for d in COUNTS if d > 1]
         runs += [("2 proc x 2", job, 4)] if job is not None else []

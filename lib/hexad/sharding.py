@@ -15,6 +15,8 @@ holds a full copy). On one process both are the identity on the whole batch.
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Sequence
 
 import jax
@@ -120,17 +122,16 @@ def process_rows(mesh: Mesh, n: int, axis: str = "data") -> slice:
     """
     placement = batch_sharding(mesh, axis)
     check_divisible(placement.mesh, axis, n, "n")
-    starts = sorted(
-        idx[0].indices(n)[:2] for idx in placement.addressable_devices_indices_map((n,)).values()
+    # (start, stop) of each of this process's shards, once each (other axes replicate them)
+    spans = sorted(
+        {idx[0].indices(n)[:2] for idx in placement.addressable_devices_indices_map((n,)).values()}
     )
-    lo, hi = starts[0][0], max(stop for _, stop in starts)
-    held = sum(stop - start for start, stop in dict(starts).items())
-    if held != hi - lo:
+    if any(a[1] != b[0] for a, b in itertools.pairwise(spans)):
         raise ValueError(
             f"mesh: this process's devices hold rows that are not one contiguous slice of "
             f"axis {axis!r}; order the mesh's devices by process (data_mesh does)"
         )
-    return slice(lo, hi)
+    return slice(spans[0][0], spans[-1][1])
 
 
 def from_process_rows(mesh: Mesh, local, n: int, axis: str = "data"):
@@ -172,4 +173,10 @@ def put(tree, placement: NamedSharding):
     """
     if placement.is_fully_addressable:
         return jax.device_put(tree, placement)
-    return jax.jit(lambda t: t, out_shardings=placement)(tree)
+    return _reshard(placement)(tree)
+
+
+@functools.lru_cache(maxsize=64)
+def _reshard(placement: NamedSharding):
+    """One jitted identity per placement, so a loop that places every chunk compiles once."""
+    return jax.jit(lambda t: t, out_shardings=placement)
