@@ -30,7 +30,10 @@ def case(request):
     return p, jax.jit(FULL)(p), y
 
 
-@pytest.mark.parametrize("kw", [dict(rank=8), dict(rank=2, max_rank=16)], ids=["fixed", "grown"])
+KWS = [dict(rank=8), dict(rank=2, max_rank=16), dict(rank=2, max_rank=16, rank_margin=3)]
+
+
+@pytest.mark.parametrize("kw", KWS, ids=["fixed", "grown", "tracked"])
 def test_partial_solve_matches_full_eigh(case, kw):
     p, full, y = case
     low = jax.jit(FULL.replace(**kw))(p)
@@ -49,7 +52,13 @@ def test_partial_solve_matches_full_eigh(case, kw):
     # The planted partition is the optimum: its objective is the reference value.
     opt = float(cc.nuclear_objective(p, jnp.asarray(truth)))
     np.testing.assert_allclose(float(low.objective), opt, rtol=10 * TOL)
-    if "max_rank" in kw:
+    if "rank_margin" in kw:
+        # The start Z = I keeps every eigenvalue, so k first grows (levels 2, 3, 4, 5, 7, 9,
+        # 12, 15, 16); it then tracks the kept rank 3 plus the margin 3: the level of 7. (With
+        # margins of 1 and 2 the step at the subspace's edge kept a fourth eigenvalue of 3e-7
+        # and 4e-8 at convergence: within tolerance, but the rank counted would read 4.)
+        assert int(low.subspace_rank) == 7
+    elif "max_rank" in kw:
         # It grew from 2 (too small for rank 3) and stopped at a sufficient size.
         assert 4 <= int(low.subspace_rank) <= 16
     else:
@@ -70,6 +79,39 @@ def test_warm_start_keeps_the_subspace_and_its_rank(case):
     assert int(again.n_iters) <= 5
     with pytest.raises(ValueError, match="subspace"):
         solver(p, (out.l, out.dual, out.rho, jnp.zeros((p.n, 17))))
+
+
+def test_tracked_rank_shrinks_from_a_large_warm_subspace(case):
+    p, _, _ = case
+    # A neighbouring grid value's solve (mu = 4) on a 16-column subspace as the warm start.
+    near = cc.graph_problem(_planted()[0], 4.0, psd=p.psd)
+    prev = jax.jit(FULL.replace(rank=16))(near)
+    start = (prev.l, prev.dual, prev.rho, prev.subspace)
+    again = jax.jit(FULL.replace(rank=2, max_rank=16, rank_margin=3))(p, start)
+    # It starts at the top level (16 live columns) and steps down to the kept rank 3 plus the
+    # margin 3 (level 7) in the 12 steps it takes to converge; the answer stays exact.
+    assert bool(again.converged) and not bool(again.rank_saturated)
+    assert int(again.rank) == 3 and int(again.subspace_rank) == 7
+    assert float(cc.nuclear_certificate(p, again.l, again.rho * again.dual).rel_gap) <= 1e-5
+
+
+def test_ritz_step_with_a_rank_deficient_residual_block():
+    # q holds the top 8 eigenvectors and two mixes (u_8 + u_20, u_9 + u_21) / sqrt 2: its
+    # residual block (I - q q^T) m q has rank 2 of 10 columns. The extension must stay
+    # orthonormal to q: a QR of the projected residual alone gave 8 columns along q (basis
+    # off orthonormal by 2.4e-2) and Ritz values above the largest eigenvalue (10.0055 for
+    # 10). span[q, m q] holds the top 10 eigenvectors, so one sweep returns them to rounding.
+    n, k = 40, 10
+    rng = np.random.default_rng(2)
+    u = np.linalg.qr(rng.normal(size=(n, n)))[0]
+    lam = np.linspace(10.0, -3.0, n)
+    m = jnp.asarray((u * lam) @ u.T)
+    mixes = [(u[:, 8] + u[:, 20]) / np.sqrt(2), (u[:, 9] + u[:, 21]) / np.sqrt(2)]
+    base = np.c_[u[:, :8], np.stack(mixes, 1)]
+    q = jnp.asarray(np.linalg.qr(base @ np.linalg.qr(rng.normal(size=(k, k)))[0])[0])
+    got, vec = cc.NuclearSolver(power_iters=1)._ritz_step(m, q, True)
+    np.testing.assert_allclose(np.sort(np.asarray(got))[::-1], lam[:k], atol=1e-9)
+    np.testing.assert_allclose(np.asarray(vec.T @ vec), np.eye(k), atol=1e-9)
 
 
 def test_too_small_fixed_rank_is_flagged(case):
@@ -144,6 +186,8 @@ def test_bad_rank_input_raises():
         (dict(rank=2, max_rank=1), "max_rank"),
         (dict(rank=2, max_rank=4), "max_rank"),
         (dict(max_rank=2), "max_rank"),
+        (dict(rank=2, rank_margin=1), "rank_margin"),
+        (dict(rank=1, max_rank=2, rank_margin=-1), "rank_margin"),
         (dict(rank=2, power_iters=0), "power_iters"),
         (dict(rank=2, check_iters=-1), "check_iters"),
     ):

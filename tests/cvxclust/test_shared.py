@@ -123,7 +123,11 @@ def test_keeps_three_separated_clusters_apart_where_the_linear_surrogate_merges_
     assert float(jnp.max(lin.l[:16, 16:])) < 0.01  # cluster 2 stays apart
 
 
-@pytest.mark.parametrize("kw", [dict(rank=8), dict(rank=2, max_rank=16)], ids=["fixed", "grown"])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(rank=8), dict(rank=2, max_rank=16), dict(rank=2, max_rank=16, rank_margin=2)],
+    ids=["fixed", "grown", "tracked"],
+)
 def test_rank_k_step_matches_full_eigh(kw):
     # The three clusters with a graph that agrees with them and two labels per cluster: the
     # PSD iterate M (24 + 6 + 3 = 33 square) has rank 3 at the optimum; rank 2 must grow.
@@ -147,7 +151,9 @@ def test_rank_k_step_matches_full_eigh(kw):
     np.testing.assert_allclose(float(low.objective), float(full.objective), rtol=1e-6)
     cert = cc.shared_atom_certificate(p, low.l, low.u, low.rho * low.dual)
     assert float(cert.rel_gap) <= 2e-5
-    if "max_rank" in kw:
+    if "rank_margin" in kw:  # tracks the kept rank 3 plus the margin 2
+        assert int(low.subspace_rank) == 5
+    elif "max_rank" in kw:
         assert 4 <= int(low.subspace_rank) <= 16
     else:
         assert int(low.subspace_rank) == 8

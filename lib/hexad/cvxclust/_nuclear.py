@@ -771,6 +771,14 @@ class NuclearSolver:
         the residuals meet ``tol`` but the outside check (below) fails; the solve then goes on
         from the current iterate and subspace. (Under ``jax.vmap`` the check, a
         ``lax.cond``, runs at every step.)
+      rank_margin: with ``max_rank``, ``None`` keeps the doubling rule above (``k`` only ever
+        grows); an int ``>= 0`` makes ``k`` track the rank the step keeps: the static sizes
+        are finer (``rank`` times ``5/4`` per level, rounded up, capped at ``max_rank``) and
+        after each step ``k`` moves one level up when the step is saturated or keeps more than
+        ``k - rank_margin`` eigenvalues, and one level down when the kept rank plus
+        ``rank_margin`` fits the level below (the subspace's leading Ritz vectors stay; the
+        others wait in the buffer as a warm start for a later growth). On a 500-node Cora
+        block the doubling rule grew ``k`` to 256 to keep about 50 eigenvalues.
       power_iters: Rayleigh-Ritz sweeps per ADMM step (rank-``k`` path only).
       check_iters: Lanczos steps of the outside check (rank-``k`` path only): the largest
         eigenvalue (PSD-hard) or the spectral norm (soft) of the ADMM matrix projected off the
@@ -803,6 +811,7 @@ class NuclearSolver:
     balance: float = flax.struct.field(pytree_node=False, default=10.0)
     rank: int | None = flax.struct.field(pytree_node=False, default=None)
     max_rank: int | None = flax.struct.field(pytree_node=False, default=None)
+    rank_margin: int | None = flax.struct.field(pytree_node=False, default=None)
     power_iters: int = flax.struct.field(pytree_node=False, default=2)
     check_iters: int = flax.struct.field(pytree_node=False, default=60)
     compute_objective: bool = flax.struct.field(pytree_node=False, default=True)
@@ -813,12 +822,15 @@ class NuclearSolver:
         _check_settings(self)
 
     def _levels(self, n: int) -> tuple[int, ...]:
-        """The static ranks of the rank-``k`` path: ``rank`` doubled up to ``max_rank``."""
+        """The static ranks of the rank-``k`` path: ``rank`` doubled up to ``max_rank`` (times
+        ``5/4``, rounded up, with ``rank_margin``)."""
         k = check_int("rank", self.rank, 1, n)
         top = k if self.max_rank is None else check_int("max_rank", self.max_rank, k, n)
         levels = [k]
         while levels[-1] < top:
-            levels.append(min(2 * levels[-1], top))
+            k = levels[-1]
+            nxt = 2 * k if self.rank_margin is None else max(k + 1, -(-5 * k // 4))
+            levels.append(min(nxt, top))
         return tuple(levels)
 
     def _ritz_step(self, m, q, psd: bool):
@@ -848,8 +860,11 @@ class NuclearSolver:
             mq = m @ q
             h = q.T @ mq
             r = mq - q @ h
-            r = r - q @ (q.T @ r)
-            r = jnp.linalg.qr(r)[0][:, : n - k]
+            # The residual block extends q through one Householder QR of [q, r]: its columns
+            # past k are orthonormal to q even when r is rank-deficient (k > n / 2, or a
+            # subspace close to invariant), where a QR of the projected r alone returned
+            # columns along q and a non-orthonormal basis (wrong Ritz pairs).
+            r = jnp.linalg.qr(jnp.concatenate([q, r], axis=1))[0][:, k : min(2 * k, n)]
             v = jnp.concatenate([q, r], axis=1)
             # v^T m v from three k x k blocks: q^T m r = (r^T m q)^T, as m is symmetric.
             c = r.T @ mq
@@ -954,7 +969,7 @@ class NuclearSolver:
             pres, dres, rho, w = admm_residuals(
                 l, z, s.z, g - z, s.rho, s.it, self.adapt_every, self.balance
             )
-            level, pres = eig.grow(m, q, s.level, t, sat, pres, dres, self.tol)
+            level, pres = eig.grow(m, q, s.level, t, sat, rank, pres, dres, self.tol)
             z, w, aa = _accelerate(acc, s, g, z, w, rho, pres, dres, self, z_step)
             return _NState(
                 s.it + 1,
@@ -1048,6 +1063,12 @@ class _EigenStep:
     def __init__(self, solver, n: int, psd: bool, dt, sub0=None):
         if solver.max_rank is not None and solver.rank is None:
             raise ValueError(f"max_rank: expected None without rank, got {solver.max_rank!r}")
+        if solver.rank_margin is not None:
+            if solver.max_rank is None:
+                raise ValueError(
+                    f"rank_margin: expected None without max_rank, got {solver.rank_margin!r}"
+                )
+            check_int("rank_margin", solver.rank_margin, 0)
         check_int("power_iters", solver.power_iters)
         check_int("check_iters", solver.check_iters, 0)
         self.solver, self.psd, self.dt = solver, psd, dt
@@ -1095,7 +1116,9 @@ class _EigenStep:
                 lam, vec = self.solver._ritz_step(m, q[:, :k], self.psd)
                 l, rank = self.prox(lam, vec, t)
                 kept = lam > t if self.psd else jnp.abs(lam) > t
-                return l, q.at[:, :k].set(vec), rank, jnp.all(kept)
+                # Leading Ritz vectors first: a smaller level keeps the ones that matter.
+                order = jnp.argsort(-lam if self.psd else -jnp.abs(lam))
+                return l, q.at[:, :k].set(vec[:, order]), rank, jnp.all(kept)
 
             return step
 
@@ -1110,16 +1133,25 @@ class _EigenStep:
         qa = q * mask[None, :].astype(self.dt)
         return self.solver._outside_spectrum(m, qa, self.psd, self.check) > t
 
-    def grow(self, m, q, level, t, sat, pres, dres, tol):
+    def grow(self, m, q, level, t, sat, rank, pres, dres, tol):
         """``(level, pres)`` after the growth rule: one level up on a saturated step, and when
         the residuals meet ``tol`` but the step was not the exact prox (then ``pres`` is set to
-        ``inf`` so that the solve goes on)."""
+        ``inf`` so that the solve goes on); with ``rank_margin``, also one up when the kept
+        ``rank`` plus the margin exceeds the level and one down when it fits the level below
+        (never on the last step, whose subspace the final check reads)."""
         if self.last == 0:
             return level, pres
         done = (pres <= tol) & (dres <= tol)
         short = jax.lax.cond(done & ~sat, lambda: self.short(m, q, level, t), lambda: sat)
         grow = short & (level < self.last)
-        return jnp.where(grow, level + 1, level), jnp.where(grow & done, jnp.inf, pres)
+        new = jnp.where(grow, level + 1, level)
+        if self.solver.rank_margin is not None:
+            sizes = jnp.asarray(self.levels, jnp.int32)
+            want = rank + self.solver.rank_margin
+            up = (want > sizes[level]) & (level < self.last) & ~done
+            down = ~sat & ~done & (level > 0) & (want <= sizes[jnp.maximum(level - 1, 0)])
+            new = jnp.where(grow | up, level + 1, jnp.where(down, level - 1, level))
+        return new, jnp.where(grow & done, jnp.inf, pres)
 
     def subspace_rank(self, level):
         """The subspace size at ``level`` (``n`` for the full ``eigh``)."""

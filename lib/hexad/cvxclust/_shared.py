@@ -435,7 +435,7 @@ class SharedAtomSolver:
       balance: the residual ratio past which balancing changes ``rho`` (as in
         :class:`~hexad.cvxclust.NuclearSolver`).
       relaxation: over-relaxation in ``(0, 2)``.
-      rank, max_rank, power_iters, check_iters: the rank-``k`` eigen step of
+      rank, max_rank, rank_margin, power_iters, check_iters: the rank-``k`` eigen step of
         :class:`~hexad.cvxclust.NuclearSolver` (PSD-hard), on the ``(n + p)``-sized iterate;
         ``rank`` ``None``: a full ``eigh`` per iteration.
       anderson: Anderson acceleration's memory (0: none), as in
@@ -455,6 +455,7 @@ class SharedAtomSolver:
     relaxation: float = flax.struct.field(pytree_node=False, default=1.0)
     rank: int | None = flax.struct.field(pytree_node=False, default=None)
     max_rank: int | None = flax.struct.field(pytree_node=False, default=None)
+    rank_margin: int | None = flax.struct.field(pytree_node=False, default=None)
     power_iters: int = flax.struct.field(pytree_node=False, default=2)
     check_iters: int = flax.struct.field(pytree_node=False, default=60)
     anderson: int = flax.struct.field(pytree_node=False, default=0)
@@ -479,7 +480,7 @@ class SharedAtomSolver:
                     f"init: expected [{big}, {big}] matrices, got {z0.shape}, {w0.shape}"
                 )
         eye_n = jnp.eye(n, dtype=bool)
-        knobs = ("rank", "max_rank", "power_iters", "check_iters")
+        knobs = ("rank", "max_rank", "rank_margin", "power_iters", "check_iters")
         eig = _EigenStep(NuclearSolver(**{k: getattr(self, k) for k in knobs}), big, True, dt)
         acc = _Anderson(self.anderson, (big, big), dt)
 
@@ -507,7 +508,7 @@ class SharedAtomSolver:
             pres, dres, rho, w = admm_residuals(
                 m, z, s.z, g - z, s.rho, s.it, self.adapt_every, self.balance
             )
-            level, pres = eig.grow(v, q, s.level, t, sat, pres, dres, self.tol)
+            level, pres = eig.grow(v, q, s.level, t, sat, rank, pres, dres, self.tol)
             z, w, aa = _accelerate(acc, s, g, z, w, rho, pres, dres, self, z_step)
             return _SState(
                 s.it + 1,
