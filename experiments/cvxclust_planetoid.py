@@ -7,14 +7,15 @@ chosen on the validation split from a grid:
 - ``graph``: graph + training labels, PSD-hard (``joint_problem`` without features, solved
   block by block by ``SplitNuclearSolver``; blocks of ``partial_from`` nodes or more, on Cora
   and Citeseer the main component, with the adaptive rank-``k`` eigen step of
-  ``NuclearSolver``, ``rank`` doubling up to ``max_rank``); grid: the label weight ``beta``;
+  ``NuclearSolver``, ``k`` tracking the kept rank plus ``rank_margin`` from ``rank`` up to
+  ``max_rank``); grid: the label weight ``beta``;
 - ``node``: node information alone as convex clustering (``FusionProblem``: reduced features,
   training labels under the softmax cross-entropy, ``knn``-NN Gaussian weights); grid:
   ``gamma``;
 - ``joint``: the shared-model joint program (``shared_atom_problem``, reduced features and
   training labels, ``mu0 = 1``); labels from each node's model scores; from ``partial_from``
   nodes the same rank-``k`` eigen step on its ``n + feature_dim + K`` PSD block, ``k``
-  doubling up to ``joint_max_rank`` (on Cora it keeps more eigenvalues than ``max_rank``);
+  up to ``joint_max_rank`` (on Cora it keeps more eigenvalues than ``max_rank``);
   grid: ``mu1``;
 - ``linear``: the linear-reward surrogate (``joint_problem`` with ``K_x`` of the reduced
   features, PSD-hard; one block, the same rank-``k`` step from ``partial_from`` nodes); grid:
@@ -85,6 +86,7 @@ class Config:
     rank: int = 16
     max_rank: int = 256
     joint_max_rank: int = 512
+    rank_margin: int = 16
     partial_from: int = 500
     partial_rho: float = 0.25
     relaxation: float = 1.6
@@ -94,6 +96,7 @@ class Config:
     def __post_init__(self):
         _runner.one_of(self, ("cora", "citeseer"), "datasets")
         _runner.at_least(self, 1, "feature_dim", "knn", "max_iters", "rank", "partial_from")
+        _runner.at_least(self, 0, "rank_margin")
         _runner.at_least(self, self.rank, "max_rank", "joint_max_rank")
         grids = ("graph_grid", "node_grid", "joint_grid", "linear_grid", "lr_cs")
         _runner.positive(self, "beta", "label_weight", "tol", "cert_tol", "partial_rho", *grids)
@@ -104,11 +107,16 @@ class Config:
 def _solvers(cfg: Config) -> dict:
     nuc = cc.NuclearSolver(tol=cfg.tol, max_iters=cfg.max_iters, compute_objective=False)
     # Blocks and programs of at least ``partial_from`` nodes take the adaptive rank-k step
-    # (``rank`` doubled up to ``max_rank`` while saturated, with the exact-prox check at the
-    # end), over-relaxed and started at ``partial_rho`` (on Cora's main block the dual residual
-    # leads the primal one several-fold at rho = 1); smaller ones the dense eigh.
+    # (``k`` tracking the kept rank plus ``rank_margin`` between ``rank`` and ``max_rank``,
+    # with the exact-prox check at the end), over-relaxed and started at ``partial_rho`` (on
+    # Cora's main block the dual residual leads the primal one several-fold at rho = 1);
+    # smaller ones the dense eigh.
     partial = nuc.replace(
-        rank=cfg.rank, max_rank=cfg.max_rank, rho=cfg.partial_rho, relaxation=cfg.relaxation
+        rank=cfg.rank,
+        max_rank=cfg.max_rank,
+        rank_margin=cfg.rank_margin,
+        rho=cfg.partial_rho,
+        relaxation=cfg.relaxation,
     )
     jitted = functools.cache(jax.jit)
 
@@ -123,7 +131,8 @@ def _solvers(cfg: Config) -> dict:
         if p.n < cfg.partial_from:
             return jitted(shared)(p)
         k, big = min(cfg.rank, p.n + p.p), min(cfg.joint_max_rank, p.n + p.p)
-        kw = dict(rank=k, max_rank=big, rho=cfg.partial_rho, relaxation=cfg.relaxation)
+        kw = dict(rank=k, max_rank=big, rank_margin=cfg.rank_margin, rho=cfg.partial_rho,
+                  relaxation=cfg.relaxation)  # fmt: skip
         return jitted(shared.replace(**kw))(p)
 
     return {
