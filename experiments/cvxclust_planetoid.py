@@ -34,14 +34,13 @@ Command:  python -m experiments.cvxclust_planetoid [--quick] [--out DIR] [--seed
           ``--resume`` restores them rather than solve again, so a long run can be stopped.
 Runtime:  --quick runs the karate club only (under a minute). In the full run the graph and
           linear programs take the rank-``k`` eigen step: on Cora's main graph-program block
-          (n = 2550) 0.35-0.8 s per ADMM iteration on 2 busy CPU cores (``k`` grows to 256,
-          about 140-200 eigenvalues kept), against a dense ``eigvalsh`` alone of 1.3 s; the
-          ADMM itself is slow there (at ``beta = 1``, residuals 1.4e-4 / 3.2e-5 after 1350
-          iterations, short of ``tol = 1e-4``; the relative duality gap of the returned point
-          1.8e-2 after 1500), so each such solve runs into ``max_iters`` (10-16 minutes)
-          uncertified. The joint program's rank-``k`` step on
-          Cora's 2731-square block takes about 1.2 s per iteration (``k`` to 512; a dense
-          ``eigh`` 4-7 s), about 30 minutes a solve, so the full run takes several hours.
+          (n = 2550, ``beta = 1``) about 0.11 s per ADMM iteration on an idle core (``k``
+          settles at 194 with about 175 eigenvalues kept; the doubling step it replaced sat
+          at 256 with two sweeps, 0.19 s; a dense ``eigh`` alone over a second); the ADMM
+          itself is slow there: the relative duality gap is 1.3e-2 after 3000 iterations
+          (342 s), so such a solve runs into ``max_iters`` uncertified at ``cert_tol``. The
+          joint program's step on Cora's 2731-square block keeps more eigenvalues (``k`` up
+          to 512), about 30 minutes a solve before this step, so the full run takes hours.
 
 summary.json keys: for ``d`` in ``karate`` (and ``cora``, ``citeseer`` in the full run) and
 ``p`` in ``graph``, ``node``, ``joint``, ``linear``: ``{d}_{p}_acc``, ``{d}_{p}_coverage``,
@@ -87,6 +86,7 @@ class Config:
     max_rank: int = 256
     joint_max_rank: int = 512
     rank_margin: int = 16
+    power_iters: int = 1
     partial_from: int = 500
     partial_rho: float = 0.25
     relaxation: float = 1.6
@@ -97,6 +97,7 @@ class Config:
         _runner.one_of(self, ("cora", "citeseer"), "datasets")
         _runner.at_least(self, 1, "feature_dim", "knn", "max_iters", "rank", "partial_from")
         _runner.at_least(self, 0, "rank_margin")
+        _runner.at_least(self, 1, "power_iters")
         _runner.at_least(self, self.rank, "max_rank", "joint_max_rank")
         grids = ("graph_grid", "node_grid", "joint_grid", "linear_grid", "lr_cs")
         _runner.positive(self, "beta", "label_weight", "tol", "cert_tol", "partial_rho", *grids)
@@ -108,13 +109,16 @@ def _solvers(cfg: Config) -> dict:
     nuc = cc.NuclearSolver(tol=cfg.tol, max_iters=cfg.max_iters, compute_objective=False)
     # Blocks and programs of at least ``partial_from`` nodes take the adaptive rank-k step
     # (``k`` tracking the kept rank plus ``rank_margin`` between ``rank`` and ``max_rank``,
-    # with the exact-prox check at the end), over-relaxed and started at ``partial_rho`` (on
-    # Cora's main block the dual residual leads the primal one several-fold at rho = 1);
-    # smaller ones the dense eigh.
+    # ``power_iters`` block Krylov sweeps a step, with the exact-prox check at the end),
+    # over-relaxed and started at ``partial_rho`` (on Cora's main block the dual residual
+    # leads the primal one several-fold at rho = 1); smaller ones the dense eigh. On Cora's
+    # main graph block one sweep reached the same gap as two after 3000 iterations (1.3e-2)
+    # in 342 s against 641 s for two sweeps of the doubling step (2 idle cores).
     partial = nuc.replace(
         rank=cfg.rank,
         max_rank=cfg.max_rank,
         rank_margin=cfg.rank_margin,
+        power_iters=cfg.power_iters,
         rho=cfg.partial_rho,
         relaxation=cfg.relaxation,
     )
@@ -132,7 +136,7 @@ def _solvers(cfg: Config) -> dict:
             return jitted(shared)(p)
         k, big = min(cfg.rank, p.n + p.p), min(cfg.joint_max_rank, p.n + p.p)
         kw = dict(rank=k, max_rank=big, rank_margin=cfg.rank_margin, rho=cfg.partial_rho,
-                  relaxation=cfg.relaxation)  # fmt: skip
+                  power_iters=cfg.power_iters, relaxation=cfg.relaxation)  # fmt: skip
         return jitted(shared.replace(**kw))(p)
 
     return {

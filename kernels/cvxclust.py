@@ -28,6 +28,14 @@ Run: ``python -m kernels cvxclust [--quick]``.
   planted partition's objective (``gap_truth``; 0 where the partition is the optimum) after
   those steps.
 
+- Planetoid scale (not with ``--quick``): the graph program's main block on Cora (n = 2550,
+  ``cvxclust_planetoid``'s ``graph`` program at ``beta = 1``), 20 ADMM iterations of the
+  rank-``k`` step tracking the kept rank (``rank_margin=16``, one block Krylov sweep a step,
+  as the study runs it) against the doubling step with two sweeps (the peer; the study's step
+  before), each from its own state after 200 iterations; the row name gives both subspace sizes,
+  the dense ``eigh``'s seconds and the tracking solve's seconds to a certified duality gap of
+  1e-2 from the cold start (100-iteration chunks, certified after each).
+
 Bounds: the fusion rows, the roofline of the bytes every iteration must move (the edge duals
 ``[E, 2]`` and the points ``[n, 2]``, read and written once, float32) times the iterations run;
 the nuclear rows, the roofline of one rank-k subspace product per iteration (``2 n^2 k`` FLOPs)
@@ -281,6 +289,99 @@ def _factor_case(n: int, rank: int = 64, steps: int = 100) -> Case:
     )
 
 
+def _cora_block() -> cc.NuclearProblem:
+    """The graph program's main block on Cora (``cvxclust_planetoid``'s ``graph`` program at
+    ``beta = 1``: the Planetoid training labels, balanced edge weights)."""
+    from hexad.data import load_planetoid
+
+    g = load_planetoid("cora")
+    n = len(g.labels)
+    a = cc.adjacency_from_edges(g.edges[g.edges[:, 0] != g.edges[:, 1]], n)
+    c_a, c_ac = cc.balanced_weights(a)
+    labeled = np.zeros(n, bool)
+    labeled[g.train_idx] = True
+    p = cc.joint_problem(
+        1.0, adjacency=a, edge_weight=c_a, nonedge_weight=c_ac, labels=g.labels,
+        labeled=labeled, num_classes=g.num_classes, beta=1.0,
+    )  # fmt: skip
+    ids, _ = cc.nuclear_blocks(p)
+    ix = np.ix_(*(np.flatnonzero(ids == np.bincount(ids).argmax()),) * 2)
+    return p.replace(target=p.target[ix], cost=p.cost[ix], linear=p.linear[ix])
+
+
+PLANETOID_GAP = 1e-2  # the certified gap the Planetoid row times (cvxclust_planetoid's goal)
+
+
+def _to_gap(solver, problem, chunk: int, cap: int) -> str:
+    """Seconds and iterations until the duality gap of the solve's point is at most
+    ``PLANETOID_GAP``: ``chunk`` iterations at a time, each chunk warm-started from the last
+    (its iterate, dual, rho and subspace) and certified after it; at most ``cap``."""
+    step = jax.jit(solver.replace(max_iters=chunk, tol=0.0))
+    init, total, iters, gap = None, 0.0, 0, float("inf")
+    while iters < cap and gap > PLANETOID_GAP:
+        t0 = time.perf_counter()
+        out = jax.block_until_ready(step(problem, init))
+        total += time.perf_counter() - t0
+        iters += chunk
+        init = (out.l, out.dual, out.rho, out.subspace)
+        gap = float(cc.nuclear_certificate(problem, out.l, out.rho * out.dual).rel_gap)
+    hit = "" if gap <= PLANETOID_GAP else ">"
+    return f"{hit}{total:.0f}s({iters}it,gap {gap:.1e})"
+
+
+def _planetoid_case(iters: int = 20, warm: int = 200) -> Case:
+    """The rank-tracking eigen step against the doubling one on Cora's main block: each path
+    first runs ``warm`` iterations from the cold start (so its subspace has settled where it
+    settles), then ``iters`` iterations from there are timed. The row name gives each path's
+    subspace and kept rank there, the dense ``eigh``'s seconds per iteration, and the tracking
+    solve's time to the certified gap ``PLANETOID_GAP`` from the cold start."""
+    problem = _cora_block()
+    n = problem.n
+    base = cc.NuclearSolver(tol=0.0, max_iters=iters, compute_objective=False, rho=0.25,
+                            relaxation=1.6, rank=16, max_rank=256)  # fmt: skip
+    paths = {"track": base.replace(rank_margin=16, power_iters=1), "double": base}
+    limit = ThreadpoolController().limit
+    fns, tags = {}, []
+    with limit(limits=1):
+        for name, solver in paths.items():
+            start = jax.jit(solver.replace(max_iters=warm))(problem)
+            init = (start.l, start.dual, start.rho, start.subspace)
+            compiled = jax.jit(solver).lower(problem, init).compile()
+            fns[name] = (compiled, init)
+            tags.append(f"{name} k={int(start.subspace_rank)} kept={int(start.rank)}")
+        eigh = jax.jit(jnp.linalg.eigh)
+        jax.block_until_ready(eigh(problem.target))
+        t0 = time.perf_counter()
+        jax.block_until_ready(eigh(problem.target))
+        tags.append(f"eigh {time.perf_counter() - t0:.2f}s/it")
+        tags.append(f"to_gap{PLANETOID_GAP:.0e}={_to_gap(paths['track'], problem, 100, 3000)}")
+
+    def run(name):
+        def call(p):
+            with limit(limits=1):
+                return jax.block_until_ready(fns[name][0](p, fns[name][1]))
+
+        return call
+
+    k = int(tags[0].split("k=")[1].split()[0])
+    return Case(
+        name=f"cvxclust/planetoid cora main block n={n} {iters} iters: " + "; ".join(tags),
+        fn=run("track"),
+        args=(problem,),
+        peer=run("double"),
+        peer_name="the doubling rank-k step",
+        peer_jit=False,
+        goal="ratio <= 0.5 vs the doubling step",
+        flops=iters * 2.0 * n * n * k,
+        bytes=iters * 4.0 * 4 * n * n,
+        bound_note="roofline of a rank-k subspace product and the n x n iterate's bytes",
+        shapes=f"A[{n},{n}]",
+        items=float(iters),
+        unit="iters",
+        **_PRECOMPILED,
+    )
+
+
 def cases(quick: bool) -> list[Case]:
     out = []
     for n in (200, 1000) if quick else (200, 1000, 10000, 100000):
@@ -288,4 +389,6 @@ def cases(quick: bool) -> list[Case]:
     for n in (100,) if quick else (100, 500, 2000):
         out += _nuclear_cases(n, peer=n <= 100, once=n == 500)
     out.append(_factor_case(500 if quick else 2000))
+    if not quick:
+        out.append(_planetoid_case())
     return out
