@@ -189,6 +189,18 @@ def _nuclear_cvx(problem) -> cp.Problem:
     return cp.Problem(cp.Minimize(obj), [lvar >= 0, lvar <= 1, cp.diag(lvar) == 1])
 
 
+def _subspace_bound(n: int, k: int, iters: int) -> dict:
+    """The nuclear rows' bound: every iteration multiplies the ``n x n`` iterate by the
+    ``n x k`` subspace at least once and reads the iterate, its dual and the target and writes
+    the iterate (float32)."""
+    return dict(
+        flops=iters * 2.0 * n * n * k,
+        bytes=iters * 4.0 * 4 * n * n,
+        bound_note="roofline of a rank-k subspace product and the n x n iterate's bytes",
+        shapes=f"A[{n},{n}]",
+    )
+
+
 def _nuclear_cases(n: int, peer: bool, once: bool = False) -> list[Case]:
     a, y = _sbm(n)
     problem = cc.graph_problem(a, float(np.sqrt(n)), psd=False)  # the soft nuclear program
@@ -221,16 +233,11 @@ def _nuclear_cases(n: int, peer: bool, once: bool = False) -> list[Case]:
         f"gap_truth={(ours - truth) / abs(truth):+.1e} "
         f"sat={bool(out.rank_saturated)} compile={compile_s:.1f}s"
     )
-    # Bound: every iteration multiplies the n x n iterate by the n x k subspace at least once
-    # and reads the iterate, its dual and the target and writes the iterate (float32).
     iters = int(out.n_iters)
     common = dict(
         fn=fn,
         args=(problem,),
-        flops=iters * 2.0 * n * n * rank,
-        bytes=iters * 4.0 * 4 * n * n,
-        bound_note="roofline of a rank-k subspace product and the n x n iterate's bytes",
-        shapes=f"A[{n},{n}]",
+        **_subspace_bound(n, rank, iters),
         items=float(n),
         unit="nodes",
         **_PRECOMPILED,
@@ -372,10 +379,7 @@ def _planetoid_case(iters: int = 20, warm: int = 200) -> Case:
         peer_name="the doubling rank-k step",
         peer_jit=False,
         goal="ratio <= 0.5 vs the doubling step",
-        flops=iters * 2.0 * n * n * k,
-        bytes=iters * 4.0 * 4 * n * n,
-        bound_note="roofline of a rank-k subspace product and the n x n iterate's bytes",
-        shapes=f"A[{n},{n}]",
+        **_subspace_bound(n, k, iters),
         items=float(iters),
         unit="iters",
         **_PRECOMPILED,
