@@ -70,12 +70,10 @@ Command:  python -m experiments.backdoor_dtb [--quick] [--out DIR] [--seed N] [-
 Runtime:  --quick (2,000 images, the CNN of widths 8-16, two seeds, two surrogate members,
           budget 6) 137 s on 2 idle CPU cores from an empty cache (``make demo`` in a fresh
           clone), mostly compilation (once per defense, data shape, surrogate member and
-          implant arm). The full study (3 seeds, budget 800) is not yet timed at this
-          protocol; from single stages timed on 2 cores shared with other jobs (BadNets
-          1,500 steps about 2 min; each defense at 800 steps 0.5-2 min, so a suite of 17
-          about 20 min; the oracle arm one real FP run per ``oracle_every`` steps, about 10
-          runs of 1.5 min) a seed takes about an hour and a half, the study four to five
-          hours: run it over sittings with
+          implant arm). The full study (3 seeds, budget 800): one seed part took 107 minutes
+          with a second part running beside it on 2 cores (BadNets and its calibration
+          suite about 20 minutes, each suite of 17 about 20-30, SAU the slowest defense at
+          about 5 minutes), so the study takes four to five hours: run it over sittings with
           ``--resume``.
           With ``--resume`` the implants are restored from their checkpoints and each
           finished defense suite from its figures, so a run can be spread over several
