@@ -114,14 +114,9 @@ def _solvers(cfg: Config) -> dict:
     # leads the primal one several-fold at rho = 1); smaller ones the dense eigh. On Cora's
     # main graph block one sweep reached the same gap as two after 3000 iterations (1.3e-2)
     # in 342 s against 641 s for two sweeps of the doubling step (2 idle cores).
-    partial = nuc.replace(
-        rank=cfg.rank,
-        max_rank=cfg.max_rank,
-        rank_margin=cfg.rank_margin,
-        power_iters=cfg.power_iters,
-        rho=cfg.partial_rho,
-        relaxation=cfg.relaxation,
-    )
+    step = dict(rank_margin=cfg.rank_margin, power_iters=cfg.power_iters, rho=cfg.partial_rho,
+                relaxation=cfg.relaxation)  # fmt: skip
+    partial = nuc.replace(rank=cfg.rank, max_rank=cfg.max_rank, **step)
     jitted = functools.cache(jax.jit)
 
     def linear(p):
@@ -135,9 +130,7 @@ def _solvers(cfg: Config) -> dict:
         if p.n < cfg.partial_from:
             return jitted(shared)(p)
         k, big = min(cfg.rank, p.n + p.p), min(cfg.joint_max_rank, p.n + p.p)
-        kw = dict(rank=k, max_rank=big, rank_margin=cfg.rank_margin, rho=cfg.partial_rho,
-                  power_iters=cfg.power_iters, relaxation=cfg.relaxation)  # fmt: skip
-        return jitted(shared.replace(**kw))(p)
+        return jitted(shared.replace(rank=k, max_rank=big, **step))(p)
 
     return {
         "graph": cc.SplitNuclearSolver(partial, small_solver=nuc, small_max=cfg.partial_from - 1),

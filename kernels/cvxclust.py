@@ -348,14 +348,14 @@ def _planetoid_case(iters: int = 20, warm: int = 200) -> Case:
                             relaxation=1.6, rank=16, max_rank=256)  # fmt: skip
     paths = {"track": base.replace(rank_margin=16, power_iters=1), "double": base}
     limit = ThreadpoolController().limit
-    fns, tags = {}, []
+    fns, tags, ks = {}, [], {}
     with limit(limits=1):
         for name, solver in paths.items():
             start = jax.jit(solver.replace(max_iters=warm))(problem)
             init = (start.l, start.dual, start.rho, start.subspace)
             compiled = jax.jit(solver).lower(problem, init).compile()
-            fns[name] = (compiled, init)
-            tags.append(f"{name} k={int(start.subspace_rank)} kept={int(start.rank)}")
+            fns[name], ks[name] = (compiled, init), int(start.subspace_rank)
+            tags.append(f"{name} k={ks[name]} kept={int(start.rank)}")
         eigh = jax.jit(jnp.linalg.eigh)
         jax.block_until_ready(eigh(problem.target))
         t0 = time.perf_counter()
@@ -370,7 +370,6 @@ def _planetoid_case(iters: int = 20, warm: int = 200) -> Case:
 
         return call
 
-    k = int(tags[0].split("k=")[1].split()[0])
     return Case(
         name=f"cvxclust/planetoid cora main block n={n} {iters} iters: " + "; ".join(tags),
         fn=run("track"),
@@ -379,7 +378,7 @@ def _planetoid_case(iters: int = 20, warm: int = 200) -> Case:
         peer_name="the doubling rank-k step",
         peer_jit=False,
         goal="ratio <= 0.5 vs the doubling step",
-        **_subspace_bound(n, k, iters),
+        **_subspace_bound(n, ks["track"], iters),
         items=float(iters),
         unit="iters",
         **_PRECOMPILED,

@@ -828,8 +828,8 @@ class NuclearSolver:
         top = k if self.max_rank is None else check_int("max_rank", self.max_rank, k, n)
         levels = [k]
         while levels[-1] < top:
-            k = levels[-1]
-            nxt = 2 * k if self.rank_margin is None else max(k + 1, -(-5 * k // 4))
+            cur = levels[-1]
+            nxt = 2 * cur if self.rank_margin is None else max(cur + 1, -(-5 * cur // 4))
             levels.append(min(nxt, top))
         return tuple(levels)
 
@@ -1144,13 +1144,13 @@ class _EigenStep:
         done = (pres <= tol) & (dres <= tol)
         short = jax.lax.cond(done & ~sat, lambda: self.short(m, q, level, t), lambda: sat)
         grow = short & (level < self.last)
-        new = jnp.where(grow, level + 1, level)
+        up, down = grow, jnp.array(False)
         if self.solver.rank_margin is not None:
             sizes = jnp.asarray(self.levels, jnp.int32)
             want = rank + self.solver.rank_margin
-            up = (want > sizes[level]) & (level < self.last) & ~done
+            up = grow | ((want > sizes[level]) & (level < self.last) & ~done)
             down = ~sat & ~done & (level > 0) & (want <= sizes[jnp.maximum(level - 1, 0)])
-            new = jnp.where(grow | up, level + 1, jnp.where(down, level - 1, level))
+        new = jnp.where(up, level + 1, jnp.where(down, level - 1, level))
         return new, jnp.where(grow & done, jnp.inf, pres)
 
     def subspace_rank(self, level):
