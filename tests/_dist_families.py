@@ -120,8 +120,46 @@ def backdoor(mesh):
     return _global(params), -1
 
 
+def _shapes(n, seed):
+    """``n`` random 8x8 one-channel images and their 2 classes (the backdoor families' data)."""
+    rng = np.random.default_rng(seed)
+    return rng.uniform(size=(n, 8, 8, 1)).astype(np.float32), rng.integers(0, 2, n)
+
+
+def dtb(mesh):
+    import hexad.backdoor as bd
+
+    m = bd.SmallCNN(2, (2,), 4)
+    x, y = _shapes(32, 2)
+    p0 = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    pr = bd.DTBProblem(bd.patch_trigger((8, 8, 1), 2), bd.patch_trigger((8, 8, 1), 2, (0, 0)),
+                       0, 1)  # fmt: skip
+    cfg = bd.DTBConfig(inner_steps=1, inner_batch=8, inner_lr=0.05, family=("ft", "noise_ft"),
+                       pad=1)  # fmt: skip
+    params, info = bd.implant(jax.random.key(1), m, p0, pr, jnp.asarray(x), jnp.asarray(y),
+                              jnp.asarray(x[:16]), jnp.asarray(y[:16]), cfg, optax.sgd(0.1),
+                              STEPS, 8, mesh=mesh)  # fmt: skip
+    return _global({"params": params, "loss": info.steps.loss}), -1
+
+
+def defense(mesh):
+    """The fine-tuning defenses (FT here) on the defender's clean split placed over the mesh,
+    each process holding only its rows: the drawn minibatches follow that placement."""
+    import hexad.backdoor as bd
+    from hexad.backdoor.defenses import DefenseData, finetune
+
+    n, m = 16, bd.SmallCNN(2, (2,), 4)
+    x, y = _shapes(n, 3)
+    rows = sharding.process_rows(mesh, n)
+    data = DefenseData(*sharding.from_process_rows(mesh, (x[rows], y[rows]), n))
+    p0 = m.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    out = finetune(jax.random.key(1), m, p0, data, n_steps=STEPS, lr=0.1, batch_size=8)
+    held = data.x_clean.addressable_shards
+    return _global(out.params), sum(s.data.shape[0] for s in held)
+
+
 FAMILIES = {"rwefm": rwefm, "prefmh": prefmh, "policy": policy, "compose": compose,
-            "backdoor": backdoor}  # fmt: skip
+            "backdoor": backdoor, "dtb": dtb, "defense": defense}  # fmt: skip
 
 
 def main(out: str, families: list[str]) -> None:

@@ -84,6 +84,7 @@ not_lowered(
     "sharding.check_divisible",
     "sharding.data_mesh",
     "sharding.process_rows",
+    "sharding.row_placement",
 )
 not_lowered(
     "places host data on a mesh (this process's rows, or a whole value resharded): run on 8 "

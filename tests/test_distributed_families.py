@@ -6,9 +6,12 @@ results as one process on a 4-device mesh, each process loading only its rows of
 Families: RWEFM's trainer (``init`` on the host batch, its state then replicated over the
 mesh; the step on each process's clouds), Pref-MH's chain runner, the offline-RL trainer
 (``policy.make_train``, BC), the PoE/KL composition (``policy.compose``, jitted over a batch of
-states) and the backdoor trainer (``backdoor.fit``, which DTB's models and the fine-tuning
-defenses' ``minimize`` share).
-About 45 s on 2 idle cores (two compiles of each family), so it runs in ``make test``.
+states), the backdoor trainer (``backdoor.fit``), DTB's implant (``backdoor.implant`` with a
+mesh: each step's outer and clean rows split) and the fine-tuning defenses (FT on a
+``DefenseData`` whose rows each process holds its part of: ``minimize``'s minibatches follow
+the data's placement).
+About 2 minutes beside another job on 2 cores (two compiles of each family), so it runs in
+``make test``.
 """
 
 import subprocess
@@ -21,7 +24,7 @@ from tests import _jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = Path(__file__).with_name("_dist_families.py")
-FAMILIES = ("rwefm", "prefmh", "policy", "compose", "backdoor")
+FAMILIES = ("rwefm", "prefmh", "policy", "compose", "backdoor", "dtb", "defense")
 # Chains and the composition are elementwise over rows: bit-equal. Trainers all-reduce their
 # gradients over 4 devices in another order across processes: measured at most 6e-8 absolute
 # (parameters of size up to 1.2) after 3 steps; 1e-6 leaves room for another CPU's kernels.
@@ -61,5 +64,5 @@ def test_two_processes_give_the_one_process_results(tmp_path):
         for k in keys:
             np.testing.assert_allclose(two[k], one[k], rtol=0, atol=ATOL, err_msg=k)
     # batches loaded per process: each of the 2 holds 8 of the 16 rows (one process: all 16)
-    for f in ("rwefm", "prefmh", "compose"):
+    for f in ("rwefm", "prefmh", "compose", "defense"):
         assert int(one[f"{f}/held_rows"]) == 16 and int(two[f"{f}/held_rows"]) == 8

@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, PartitionSpec
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 from hexad import sharding
 
@@ -135,6 +135,51 @@ def test_backdoor_trainer_step_splits_the_batch_over_the_mesh():
     assert _shards_batch(lowered), "the batch is not split over the 8 devices"
     out_state, _ = lowered.compile().output_shardings
     assert all(s.is_fully_replicated for s in jax.tree.leaves(out_state))
+
+
+def test_dtb_step_splits_outer_and_clean_rows_over_the_mesh():
+    import optax
+
+    from hexad import backdoor as bd
+
+    pr = bd.DTBProblem(bd.patch_trigger((8, 8, 1), 2), bd.patch_trigger((8, 8, 1), 2, (0, 0)),
+                       0, 1)  # fmt: skip
+    cfg = bd.DTBConfig(inner_steps=1, inner_batch=8, family=("ft",))
+    dtb = bd.make_dtb(bd.SmallCNN(2, (2,), 4), optax.sgd(0.1), cfg, pr, mesh=sharding.data_mesh())
+    b = bd.DTBBatch(jnp.zeros((16, 8, 8, 1)), jnp.zeros(16, int), jnp.zeros((8, 8, 8, 1)),
+                    jnp.zeros(8, int))  # fmt: skip
+    state = dtb.init(jax.random.key(0), b)
+    lowered = jax.jit(dtb.step).lower(jax.random.key(1), state, b)
+    assert _shards_batch(lowered), "the rows are not split over the 8 devices"
+    short = b._replace(x_clean=b.x_clean[:4], y_clean=b.y_clean[:4])
+    with pytest.raises(ValueError, match="^batch.x_clean: leading dimension 4"):
+        jax.jit(dtb.step).lower(jax.random.key(1), state, short)
+
+
+def test_minimize_draws_follow_the_data_placement():
+    import optax
+
+    from hexad.backdoor import _train, minimize
+
+    mesh = sharding.data_mesh()
+    x = np.linspace(-1.0, 1.0, 32, dtype=np.float32)
+    placed = sharding.from_process_rows(mesh, x, 32)
+    assert sharding.row_placement(placed).spec == PartitionSpec("data")
+    assert sharding.row_placement(x) is None
+    assert sharding.row_placement(sharding.put(x, NamedSharding(mesh, PartitionSpec()))) is None
+    loss = lambda p, k, b: jnp.mean((p - b) ** 2)
+    args = (jnp.ones(()), loss)
+    ref, _ = minimize(jax.random.key(0), *args, x, optax.sgd(0.1), 3, 16)
+    got, _ = minimize(jax.random.key(0), *args, placed, optax.sgd(0.1), 3, 16)
+    np.testing.assert_allclose(got, ref, rtol=1e-6)  # the same draws; a mean in another order
+    static = dict(loss_fn=loss, update=optax.sgd(0.1).update, batch_size=16, project=None,
+                  has_consts=False, rows=sharding.row_placement(placed))  # fmt: skip
+    carry = (jnp.ones(()), optax.sgd(0.1).init(jnp.ones(())))
+    lowered = _train._run_chunk.lower(carry, jax.random.split(jax.random.key(0), 1), placed,
+                                      None, **static)  # fmt: skip
+    assert _shards_batch(lowered), "the minibatch is not split over the 8 devices"
+    with pytest.raises(ValueError, match="^batch_size: expected a multiple of the 8 shards"):
+        minimize(jax.random.key(0), *args, placed, optax.sgd(0.1), 3, 12)
 
 
 # --- a process's rows of a batch (one process here; tests/test_distributed_families.py: two) ---

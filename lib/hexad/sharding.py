@@ -31,6 +31,7 @@ __all__ = [
     "from_process_rows",
     "process_rows",
     "put",
+    "row_placement",
 ]
 
 
@@ -174,6 +175,24 @@ def put(tree, placement: NamedSharding):
     if placement.is_fully_addressable:
         return jax.device_put(tree, placement)
     return _reshard(placement)(tree)
+
+
+def row_placement(tree) -> NamedSharding | None:
+    """The placement of the rows of ``tree`` (a pytree whose leaves share a leading axis): its
+    first leaf's leading-axis ``NamedSharding`` (Auto axes) when that leaf lies on a mesh with
+    its rows split (e.g. from :func:`from_process_rows` or :func:`put`), ``None`` when they are
+    not (a host or one-device array, or one replicated over a mesh). A loop that draws
+    minibatches from ``tree`` places each the same way, so the computation follows the data.
+
+    >>> row_placement(np.zeros(4)) is None
+    True
+    >>> row_placement(put(np.zeros(4), batch_sharding(data_mesh(jax.devices()[:1])))).spec
+    P('data',)
+    """
+    s = getattr(jax.tree.leaves(tree)[0], "sharding", None)
+    if not isinstance(s, NamedSharding) or not s.spec or s.spec[0] is None:
+        return None
+    return NamedSharding(auto_axes(s.mesh), PartitionSpec(s.spec[0]))
 
 
 @functools.lru_cache(maxsize=64)

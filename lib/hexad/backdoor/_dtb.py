@@ -82,10 +82,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh
 
-from hexad._base import Algorithm, TrainState, check_int
+from hexad import sharding
+from hexad._base import DATA_AXIS, Algorithm, TrainState, check_int
 from hexad.backdoor._models import apply_channel_mask, head_activation, head_input_layer
-from hexad.backdoor._train import cross_entropy
+from hexad.backdoor._train import _batch_spec, _place_rows, cross_entropy
 from hexad.backdoor._triggers import apply_trigger, check_images, shift
 from hexad.backdoor._types import DefenseOutput
 
@@ -645,12 +647,17 @@ def make_dtb(
     problem: DTBProblem,
     *,
     params: Any = None,
+    mesh: Mesh | None = None,
+    axis: str = DATA_AXIS,
 ) -> Algorithm:
     """Returns the DTB implant as an :class:`hexad._base.Algorithm` (``init`` + ``step``).
 
     ``init(key, example_batch) -> TrainState``: ``params`` if given (``key`` unused), else
     ``model.init(key, example_batch.x)``. ``step(key, state, batch) -> (TrainState,
     DTBInfo)``: one optimiser step on the gradient of :func:`dtb_objective`. The caller jits.
+    With ``mesh`` (any axis types; converted to Auto axes) the batch's outer rows and clean
+    rows are each split along ``axis`` (both counts divisible by its size): the outer terms
+    and every inner surrogate step run data-parallel, gradients all-reduced.
 
     >>> from hexad.backdoor import SmallCNN, patch_trigger
     >>> m = SmallCNN(2, (2,), 4)
@@ -666,6 +673,7 @@ def make_dtb(
     if not isinstance(config, DTBConfig):
         raise TypeError(f"config: expected a DTBConfig, got {type(config).__name__}")
     check_problem(problem, allow_same_target=config.w_hidden_post == 0)
+    rows = _batch_spec(mesh, axis)
 
     def objective(p, key, batch):
         return dtb_objective(key, model, config, p, problem, batch)
@@ -675,6 +683,11 @@ def make_dtb(
         return TrainState(p, optimizer.init(p), jnp.zeros((), jnp.int32))
 
     def step(key, state: TrainState, batch: DTBBatch):
+        if rows is not None:
+            sharding.check_divisible(rows.mesh, axis, batch.x.shape[0], "batch.x")
+            sharding.check_divisible(rows.mesh, axis, batch.x_clean.shape[0], "batch.x_clean")
+            x, y, xc, yc = _place_rows((batch.x, batch.y, batch.x_clean, batch.y_clean), rows)
+            batch = batch._replace(x=x, y=y, x_clean=xc, y_clean=yc)
         (_, info), g = jax.value_and_grad(objective, has_aux=True)(state.params, key, batch)
         upd, opt_state = optimizer.update(g, state.opt_state, state.params)
         return TrainState(optax.apply_updates(state.params, upd), opt_state, state.step + 1), info
@@ -691,14 +704,15 @@ def _implant_body(dtb_step, batch_size, clean_size, k, state, data, masks, delta
     return dtb_step(k3, state, DTBBatch(xs[i], ys[i], xc[j], yc[j], masks, deltas))
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4), static_argnames=("mesh", "axis"))
 def _member_step(model, optimizer, config, batch_size, clean_size, k, state, problem, data,
-                 masks, inner_lr, deltas=None):  # fmt: skip
+                 masks, inner_lr, deltas=None, *, mesh=None, axis=DATA_AXIS):  # fmt: skip
     """:func:`_implant_body` of one member's :func:`make_dtb` step, module-level: the
     triggers (``problem``) and the step size ``inner_lr`` are traced, so that one compile
     per member serves every seed and matched step size of a study (``config.inner_lr`` is a
     placeholder)."""
-    step = make_dtb(model, optimizer, _with_inner_lr(config, inner_lr), problem).step
+    cfg = _with_inner_lr(config, inner_lr)
+    step = make_dtb(model, optimizer, cfg, problem, mesh=mesh, axis=axis).step
     return _implant_body(step, batch_size, clean_size, k, state, data, masks, deltas)
 
 
@@ -786,6 +800,8 @@ def implant(
     held: tuple | None = None,
     eval_every: int = 20,
     delta_fn: Callable | None = None,
+    mesh: Mesh | None = None,
+    axis: str = DATA_AXIS,
 ):
     """Returns ``(params, ImplantInfo)``: ``n_steps`` outer DTB steps, and with ``held`` the
     parameters of the evaluated step with the lowest held-out objective.
@@ -832,6 +848,11 @@ def implant(
         last parameters.
       eval_every: outer steps between two held-out evaluations (each costs about one outer
         step per family member).
+      mesh: optional data-parallel mesh (:func:`make_dtb`'s): each step's outer rows
+        (``batch_size``) and clean rows (``R K inner_batch``) split along ``axis``, both
+        divisible by its size; the held-out evaluation and the host's draws are unchanged,
+        so a run on a mesh follows the same draws as one without.
+      axis: the mesh axis of the rows (static).
 
     >>> from hexad.backdoor import SmallCNN, patch_trigger
     >>> m = SmallCNN(2, (2,), 4)
@@ -865,6 +886,10 @@ def implant(
     rounds = 2 if "ft2" in config.family else 1
     bc = max(rounds * config.inner_steps * config.inner_batch, config.inner_batch, 1)
     bc = bc if config.inner_batch else min(batch_size, x_clean.shape[0])
+    if mesh is not None:
+        rows = _batch_spec(mesh, axis)
+        sharding.check_divisible(rows.mesh, axis, batch_size, "batch_size")
+        sharding.check_divisible(rows.mesh, axis, bc, "config.inner_batch (the clean rows)")
     # One jitted step per family member, the member drawn on the host from the key that
     # dtb_objective would draw it from (the same draws as the traced lax.switch, which
     # XLA:CPU runs as a conditional where convolutions are ~13x slower than straight-line).
@@ -908,6 +933,8 @@ def implant(
             masks,
             lr,
             deltas,
+            mesh=None if mesh is None else sharding.auto_axes(mesh),
+            axis=axis,
         )
         info = info._replace(member=jnp.asarray(m, info.member.dtype))
         infos.append(info)

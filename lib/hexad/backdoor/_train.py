@@ -8,13 +8,14 @@ caller jits); :func:`minimize` and :func:`fit` are host loops over jitted chunks
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from hexad import sharding
 from hexad._base import DATA_AXIS, Algorithm, TrainState, check_int
@@ -61,6 +62,13 @@ def _batch_spec(mesh: Mesh | None, axis: str):
             f"axis: expected one of the mesh axes {tuple(mesh.axis_names)}, got {axis!r}"
         )
     return sharding.batch_sharding(mesh, axis)
+
+
+def _place_rows(tree, placement: NamedSharding | None):
+    """Every leaf of ``tree`` (traced) constrained to ``placement`` along its rows."""
+    if placement is None:
+        return tree
+    return jax.tree.map(lambda a: jax.lax.with_sharding_constraint(a, placement), tree)
 
 
 def make_trainer(
@@ -149,8 +157,15 @@ def minimize(
     """Returns ``(params, losses [n_steps])`` after ``n_steps`` of ``optimizer``.
 
     Each step draws a minibatch of ``batch_size`` rows of ``data`` and differentiates
-    ``loss_fn(params, key, batch)``. This loop is shared by fitting, every fine-tuning defense
-    and the DTB implant.
+    ``loss_fn(params, key, batch)``. This loop is shared by fitting and every fine-tuning
+    defense.
+
+    On a mesh, the computation follows the data: when ``data``'s rows are split over a mesh
+    axis (:func:`hexad.sharding.row_placement`, e.g. a defender's :class:`DefenseData` placed with
+    :func:`hexad.sharding.from_process_rows`, each process holding its own rows), every drawn
+    minibatch is split the same way (``batch_size`` must then divide evenly over that axis),
+    so the forward and backward passes are data-parallel and the gradients all-reduced; data
+    whose rows are not split runs as before.
 
     The steps run as ``ceil(n_steps / chunk)`` calls of one jitted chunk, each ``chunk``
     steps of straight-line code (a Python loop traced once), driven from the host. Why not a
@@ -187,10 +202,20 @@ def minimize(
     n_steps = check_int("n_steps", n_steps)
     batch_size = check_int("batch_size", batch_size)
     chunk = check_int("chunk", chunk)
+    rows = sharding.row_placement(data)
+    if rows is not None:
+        axes = rows.spec[0] if isinstance(rows.spec[0], tuple) else (rows.spec[0],)
+        split = math.prod(rows.mesh.shape[a] for a in axes)
+        if batch_size % split:
+            raise ValueError(
+                f"batch_size: expected a multiple of the {split} shards data's rows are split "
+                f"over (mesh axes {axes}), got {batch_size}"
+            )
     carry = (params, optimizer.init(params))
     keys = jax.random.split(key, n_steps)
     losses = []
-    static = dict(loss_fn=loss_fn, update=optimizer.update, batch_size=batch_size, project=project)
+    static = dict(loss_fn=loss_fn, update=optimizer.update, batch_size=batch_size,
+                  project=project, rows=rows)  # fmt: skip
     for start in range(0, n_steps, chunk):
         # a short last chunk compiles once more, at its own length
         ks = keys[start : start + chunk]
@@ -202,9 +227,10 @@ def minimize(
 
 
 @functools.partial(
-    jax.jit, static_argnames=("loss_fn", "update", "batch_size", "project", "has_consts")
+    jax.jit, static_argnames=("loss_fn", "update", "batch_size", "project", "has_consts", "rows")
 )
-def _run_chunk(carry, keys, data, consts, *, loss_fn, update, batch_size, project, has_consts):
+def _run_chunk(carry, keys, data, consts, *, loss_fn, update, batch_size, project, has_consts,
+               rows):  # fmt: skip
     """One chunk of :func:`minimize`: one step per key, as straight-line code (no ``while``).
 
     Module-level, so its compile cache is shared by every call with equal static arguments:
@@ -216,7 +242,8 @@ def _run_chunk(carry, keys, data, consts, *, loss_fn, update, batch_size, projec
         p, s = c
         k1, k2 = jax.random.split(k)
         lf = (lambda q, kk, b: loss_fn(q, kk, b, consts)) if has_consts else loss_fn
-        loss, g = jax.value_and_grad(lf)(p, k2, sample_batch(k1, data, batch_size))
+        batch = _place_rows(sample_batch(k1, data, batch_size), rows)
+        loss, g = jax.value_and_grad(lf)(p, k2, batch)
         upd, s = update(g, s, p)
         p = optax.apply_updates(p, upd)
         return ((project(p) if project is not None else p), s), loss

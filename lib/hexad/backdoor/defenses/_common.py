@@ -46,7 +46,8 @@ def check_data(model, params, data, need_train: bool = False, name: str = "data"
             got = None if y is None else tuple(y.shape)
             raise ValueError(f"{name}.{yn}: expected shape [{x.shape[0]}], got {got}")
         if isinstance(k, int) and y.shape[0]:  # labels (y_bd: attack targets) the model has
-            lo, hi = int(np.min(np.asarray(y))), int(np.max(np.asarray(y)))
+            # reduced where the labels live: on a mesh spanning processes, each holds its rows
+            lo, hi = int(jnp.min(jnp.asarray(y))), int(jnp.max(jnp.asarray(y)))
             if lo < 0 or hi >= k:
                 raise ValueError(
                     f"{name}.{yn}: expected class labels in [0, {k}) (the model's "
