@@ -886,10 +886,10 @@ def implant(
     rounds = 2 if "ft2" in config.family else 1
     bc = max(rounds * config.inner_steps * config.inner_batch, config.inner_batch, 1)
     bc = bc if config.inner_batch else min(batch_size, x_clean.shape[0])
-    if mesh is not None:
-        rows = _batch_spec(mesh, axis)
-        sharding.check_divisible(rows.mesh, axis, batch_size, "batch_size")
-        sharding.check_divisible(rows.mesh, axis, bc, "config.inner_batch (the clean rows)")
+    if mesh is not None:  # the Auto-axes mesh once, not per step; errors named here
+        mesh = _batch_spec(mesh, axis).mesh
+        sharding.check_divisible(mesh, axis, batch_size, "batch_size")
+        sharding.check_divisible(mesh, axis, bc, "config.inner_batch (the clean rows)")
     # One jitted step per family member, the member drawn on the host from the key that
     # dtb_objective would draw it from (the same draws as the traced lax.switch, which
     # XLA:CPU runs as a conditional where convolutions are ~13x slower than straight-line).
@@ -933,7 +933,7 @@ def implant(
             masks,
             lr,
             deltas,
-            mesh=None if mesh is None else sharding.auto_axes(mesh),
+            mesh=mesh,
             axis=axis,
         )
         info = info._replace(member=jnp.asarray(m, info.member.dtype))

@@ -119,8 +119,7 @@ def make_trainer(
         x, y = batch
         if spec is not None:
             sharding.check_divisible(mesh, axis, x.shape[0], "batch")
-            x = jax.lax.with_sharding_constraint(x, spec)
-            y = jax.lax.with_sharding_constraint(y, spec)
+            x, y = _place_rows((x, y), spec)
         (loss, acc), g = jax.value_and_grad(loss_fn, has_aux=True)(state.params, x, y)
         upd, opt_state = optimizer.update(g, state.opt_state, state.params)
         p = optax.apply_updates(state.params, upd)
@@ -310,10 +309,7 @@ def fit(
 
     def loss_fn(p, k, batch):
         xb, yb = batch
-        xb = shift(k, xb, pad)  # pad 0: xb itself, k unused
-        if spec is not None:
-            xb = jax.lax.with_sharding_constraint(xb, spec)
-            yb = jax.lax.with_sharding_constraint(yb, spec)
+        xb, yb = _place_rows((shift(k, xb, pad), yb), spec)  # pad 0: xb itself, k unused
         return cross_entropy(apply_fn(p, xb), yb)
 
     return minimize(key, params, loss_fn, (x, y), optimizer, n_steps, batch_size, chunk)
